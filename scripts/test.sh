@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The whole test suite, from a fresh Debian 12 machine or an already prepared one:
+# installs and starts what the tests need (idempotent), checks formatting and lints, builds,
+# then runs the Rust tests and the black-box MCP tests against a real Docker engine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+step() { printf '\n== %s ==\n' "$*"; }
+
+step "test environment"
+bash scripts/setup-test-env.sh
+# shellcheck disable=SC1091
+source .test-env/env
+
+step "format and lints"
+cargo fmt --all -- --check
+cargo clippy --all-targets --all-features --locked -- -D warnings
+
+step "build"
+cargo build --all-features --locked
+
+step "rust tests"
+cargo test --all-features --locked
+
+step "black-box MCP tests"
+export KILNTAINERS_BIN="$PWD/target/debug/mcp-sandbox-computer-vm-for-ai"
+"$KILNTAINERS_TEST_VENV/bin/python" -m pytest tests/blackbox -q -p no:cacheprovider

@@ -1,0 +1,207 @@
+//! Command execution through the exec API: create the exec with the exec tag, attach, feed
+//! stdin and half-close it, demultiplex stdout/stderr into the sink, then read the exit code.
+//! Docker has no kill-exec call; killing is the sweep in [`crate::backends::kill_sweep_script`].
+
+use std::time::Duration;
+
+use bollard::Docker;
+use bollard::container::LogOutput;
+use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
+use futures_util::StreamExt;
+use tokio::io::AsyncWriteExt;
+use tokio_util::sync::CancellationToken;
+
+use super::{DockerBackend, describe, status_of};
+use crate::backends::{
+    BackendError, ExecEnd, ExecSpec, OutputSink, SandboxRef, SinkControl, Stream,
+};
+
+/// Bound for the kill sweep exec (`backends.md` §1.3).
+pub(super) const KILL_SWEEP_TIMEOUT: Duration = Duration::from_secs(10);
+/// After the output stream ends the exec can still read as running for a moment; this bounds
+/// how long we wait for the engine to record the exit code.
+const EXIT_CODE_WAIT: Duration = Duration::from_secs(5);
+/// Read buffer for the attached stream; larger than bollard's default to cut frame overhead.
+const OUTPUT_BUFFER: usize = 64 * 1024;
+
+/// Why an attach failed, before any output.
+fn create_error(sandbox: &SandboxRef, error: &bollard::errors::Error) -> BackendError {
+    match status_of(error) {
+        Some(404) => BackendError::Vanished(sandbox.computer_id.clone()),
+        Some(409) => BackendError::NotRunning(sandbox.sandbox_id.clone()),
+        _ => BackendError::Provider(format!(
+            "Docker exec in container {} failed: {}",
+            sandbox.sandbox_id,
+            describe(error)
+        )),
+    }
+}
+
+pub(super) async fn exec(
+    backend: &DockerBackend,
+    sandbox: &SandboxRef,
+    spec: &ExecSpec,
+    sink: &mut dyn OutputSink,
+    cancel: &CancellationToken,
+) -> Result<ExecEnd, BackendError> {
+    let docker = backend.client().await?;
+    let options = CreateExecOptions {
+        cmd: Some(spec.argv.clone()),
+        attach_stdin: Some(spec.stdin.is_some()),
+        attach_stdout: Some(true),
+        attach_stderr: Some(true),
+        tty: Some(false),
+        env: Some(vec![spec.exec_id.env_entry()]),
+        working_dir: spec.working_dir.clone(),
+        ..Default::default()
+    };
+    let created = docker
+        .create_exec(&sandbox.sandbox_id, options)
+        .await
+        .map_err(|e| create_error(sandbox, &e))?;
+    let start = StartExecOptions {
+        detach: false,
+        tty: false,
+        output_capacity: Some(OUTPUT_BUFFER),
+    };
+    let started = docker
+        .start_exec(&created.id, Some(start))
+        .await
+        .map_err(|e| create_error(sandbox, &e))?;
+    let StartExecResults::Attached {
+        mut output,
+        mut input,
+    } = started
+    else {
+        return Err(BackendError::Provider(format!(
+            "Docker exec in container {} did not attach",
+            sandbox.sandbox_id
+        )));
+    };
+
+    // Stdin is written concurrently with reading output: a command that answers before it has
+    // read all its input would otherwise deadlock against us.
+    let stdin = spec.stdin.clone();
+    let writer = async move {
+        if let Some(data) = stdin {
+            input.write_all(&data).await?;
+            input.flush().await?;
+            // Half-close so the command sees EOF.
+            input.shutdown().await?;
+        }
+        // Keep the write half alive until reading ends: dropping it can close the stream.
+        std::future::pending::<std::io::Result<()>>().await
+    };
+    tokio::pin!(writer);
+    let mut writer_failed = None;
+    loop {
+        tokio::select! {
+            written = &mut writer, if writer_failed.is_none() => {
+                // The command may exit without reading stdin (broken pipe): not our error.
+                writer_failed = Some(written.err());
+            }
+            item = output.next() => match item {
+                Some(Ok(LogOutput::StdOut { message })) => {
+                    if sink.push(Stream::Stdout, &message) == SinkControl::Stop {
+                        return Ok(ExecEnd::StoppedBySink);
+                    }
+                }
+                Some(Ok(LogOutput::StdErr { message })) => {
+                    if sink.push(Stream::Stderr, &message) == SinkControl::Stop {
+                        return Ok(ExecEnd::StoppedBySink);
+                    }
+                }
+                Some(Ok(_)) => {}
+                Some(Err(e)) => {
+                    return Err(died_or(backend, sandbox, format!("Docker exec stream from container {} broke: {e}", sandbox.sandbox_id)).await);
+                }
+                None => break,
+            },
+            () = cancel.cancelled() => return Ok(ExecEnd::StoppedBySink),
+        }
+    }
+    let exit_code = exit_code_of(docker, &created.id).await;
+    match exit_code {
+        Some(code) if code == 0 => Ok(ExecEnd::Exited(code)),
+        other => {
+            // A non-zero or missing code may mean the container itself died.
+            if !backend_running(backend, sandbox).await {
+                return Err(BackendError::DiedDuringExec(sandbox.sandbox_id.clone()));
+            }
+            other.map(ExecEnd::Exited).ok_or_else(|| {
+                BackendError::Provider(format!(
+                    "Docker did not report an exit code for exec in container {}",
+                    sandbox.sandbox_id
+                ))
+            })
+        }
+    }
+}
+
+async fn backend_running(backend: &DockerBackend, sandbox: &SandboxRef) -> bool {
+    matches!(backend.inspect(&sandbox.sandbox_id).await, Ok(Some(inspect)) if super::is_running(&inspect))
+}
+
+async fn died_or(backend: &DockerBackend, sandbox: &SandboxRef, message: String) -> BackendError {
+    if backend_running(backend, sandbox).await {
+        BackendError::Provider(message)
+    } else {
+        BackendError::DiedDuringExec(sandbox.sandbox_id.clone())
+    }
+}
+
+/// Polls `inspect_exec` until the engine reports the exit code (bounded).
+async fn exit_code_of(docker: &Docker, exec_id: &str) -> Option<i64> {
+    let deadline = tokio::time::Instant::now() + EXIT_CODE_WAIT;
+    let mut pause = Duration::from_millis(2);
+    loop {
+        match docker.inspect_exec(exec_id).await {
+            Ok(inspect) if inspect.running != Some(true) => return inspect.exit_code,
+            Ok(_) if tokio::time::Instant::now() < deadline => {}
+            _ => return None,
+        }
+        tokio::time::sleep(pause).await;
+        pause = (pause * 2).min(Duration::from_millis(100));
+    }
+}
+
+/// Runs a short internal command (readiness, kill sweep) and returns its exit code and stdout.
+pub(super) async fn run_simple(
+    docker: &Docker,
+    container: &str,
+    argv: Vec<String>,
+    limit: Duration,
+) -> Result<(i64, Vec<u8>), String> {
+    let work = async {
+        let options = CreateExecOptions {
+            cmd: Some(argv),
+            attach_stdout: Some(true),
+            attach_stderr: Some(true),
+            tty: Some(false),
+            ..Default::default()
+        };
+        let created = docker
+            .create_exec(container, options)
+            .await
+            .map_err(|e| describe(&e))?;
+        let started = docker
+            .start_exec(&created.id, None)
+            .await
+            .map_err(|e| describe(&e))?;
+        let mut stdout = Vec::new();
+        if let StartExecResults::Attached { mut output, .. } = started {
+            while let Some(item) = output.next().await {
+                if let Ok(LogOutput::StdOut { message }) = item {
+                    stdout.extend_from_slice(&message);
+                }
+            }
+        }
+        let code = exit_code_of(docker, &created.id)
+            .await
+            .ok_or("no exit code reported")?;
+        Ok((code, stdout))
+    };
+    tokio::time::timeout(limit, work)
+        .await
+        .map_err(|_| format!("timed out after {}s", limit.as_secs()))?
+}

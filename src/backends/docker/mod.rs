@@ -1,0 +1,528 @@
+//! Docker and Podman through the Engine API (bollard), never the CLI (D12). Owns the
+//! connection, container lookup, inventory, restart, removal and crash GC; creation lives in
+//! [`create`] and command execution in [`exec`].
+//!
+//! The word *container* appears only under this folder. Label keys come from
+//! [`crate::backends::labels::docker`] so the Python reference's containers are found as ours.
+
+mod create;
+mod exec;
+mod run_flags_api;
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use bollard::Docker;
+use bollard::errors::Error as DockerError;
+use bollard::models::ContainerInspectResponse;
+use bollard::query_parameters::{
+    InspectContainerOptions, ListContainersOptionsBuilder, RemoveContainerOptionsBuilder,
+    RestartContainerOptionsBuilder, StartContainerOptions,
+};
+use futures_util::{StreamExt, TryStreamExt};
+use tokio::sync::OnceCell;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use super::labels::{self, docker as label};
+use super::{
+    Backend, BackendError, ComputerInfo, CreateSpec, ExecEnd, ExecSpec, Found, OutputSink,
+    Progress, Restarted, SandboxRef,
+};
+use crate::config::{Config, DEFAULT_IMAGE, DockerConfig, Engine};
+use crate::ids::{ComputerId, ExecId, InstanceId};
+
+/// bollard's client timeout bounds request → response headers only; streamed bodies (exec
+/// output, pulls) are bounded by our own timers. 30 s covers a slow remote engine.
+const API_TIMEOUT: Duration = Duration::from_secs(30);
+/// Readiness exec after create/start/restart (`lifecycle.md` §10).
+const READINESS_TIMEOUT: Duration = Duration::from_secs(15);
+/// Stop grace for restart: the keep-alive exits at once on SIGTERM, so 2 s only matters for
+/// the reference's `tail -f /dev/null` containers.
+const RESTART_GRACE_SECS: i32 = 2;
+/// Inspections in flight at once while listing, so a large inventory does not flood the engine.
+const LIST_CONCURRENCY: usize = 8;
+
+pub struct DockerBackend {
+    config: DockerConfig,
+    shell: String,
+    default_timeout_secs: u64,
+    network: bool,
+    /// Connected and version-negotiated client; retried on the next call after a failure.
+    client: OnceCell<Docker>,
+    pulls: create::PullGate,
+}
+
+impl DockerBackend {
+    pub fn new(config: &Config) -> Result<Self, BackendError> {
+        Ok(Self {
+            config: config.docker.clone(),
+            shell: config.shell.clone(),
+            default_timeout_secs: config.limits.default_timeout_secs,
+            network: config.network,
+            client: OnceCell::new(),
+            pulls: create::PullGate::default(),
+        })
+    }
+
+    fn engine_name(&self) -> &'static str {
+        self.config.engine.display_name()
+    }
+
+    fn unreachable(&self, detail: impl std::fmt::Display) -> BackendError {
+        let engine = self.engine_name();
+        let mut message = format!("Cannot connect to {engine}. Is the {engine} daemon running?");
+        if self.config.engine == Engine::Podman {
+            message.push_str("\nStart the Podman API service with: podman system service --time=0 (rootful) or systemctl --user start podman.socket (rootless).");
+        }
+        warn!(engine, %detail, "engine unreachable");
+        BackendError::Unavailable(message)
+    }
+
+    /// The engine address: `--docker-host`, else `DOCKER_HOST`, else the engine's socket.
+    fn endpoint(&self) -> Option<String> {
+        if let Some(host) = &self.config.host {
+            return Some(host.clone());
+        }
+        let from_env = std::env::var("DOCKER_HOST").ok().filter(|h| !h.is_empty());
+        match self.config.engine {
+            Engine::Docker => {
+                Some(from_env.unwrap_or_else(|| "unix:///var/run/docker.sock".to_owned()))
+            }
+            Engine::Podman => {
+                let mut candidates: Vec<String> = from_env
+                    .into_iter()
+                    .filter(|h| h.starts_with("unix://"))
+                    .collect();
+                if let Ok(dir) = std::env::var("XDG_RUNTIME_DIR") {
+                    candidates.push(format!("unix://{dir}/podman/podman.sock"));
+                }
+                // The uid of /proc/self is ours; avoids a libc dependency for getuid().
+                if let Some(uid) = current_uid() {
+                    candidates.push(format!("unix:///run/user/{uid}/podman/podman.sock"));
+                }
+                candidates.push("unix:///run/podman/podman.sock".to_owned());
+                candidates
+                    .into_iter()
+                    .find(|c| std::path::Path::new(c.trim_start_matches("unix://")).exists())
+            }
+        }
+    }
+
+    async fn client(&self) -> Result<&Docker, BackendError> {
+        self.client
+            .get_or_try_init(|| async {
+                let endpoint = self.endpoint().ok_or_else(|| self.unreachable("no Podman API socket found"))?;
+                let docker = Docker::connect_with_host(&endpoint)
+                    .map_err(|e| self.unreachable(e))?
+                    .with_timeout(API_TIMEOUT);
+                docker.ping().await.map_err(|e| self.unreachable(e))?;
+                let docker = docker.negotiate_version().await.map_err(|e| self.unreachable(e))?;
+                info!(engine = self.engine_name(), %endpoint, api = ?docker.client_version(), "connected");
+                Ok(docker)
+            })
+            .await
+    }
+
+    fn container_name(id: &ComputerId) -> String {
+        format!("{}{}", label::NAME_PREFIX, id)
+    }
+
+    async fn inspect(
+        &self,
+        name_or_id: &str,
+    ) -> Result<Option<ContainerInspectResponse>, BackendError> {
+        let docker = self.client().await?;
+        match docker
+            .inspect_container(name_or_id, None::<InspectContainerOptions>)
+            .await
+        {
+            Ok(inspect) => Ok(Some(inspect)),
+            Err(e) if status_of(&e) == Some(404) => Ok(None),
+            Err(e) => Err(BackendError::Provider(format!(
+                "Docker inspect of '{name_or_id}' failed: {}",
+                describe(&e)
+            ))),
+        }
+    }
+
+    /// Reads our labels off an inspected container.
+    fn sandbox_from(
+        &self,
+        id: &ComputerId,
+        inspect: &ContainerInspectResponse,
+    ) -> Result<SandboxRef, BackendError> {
+        let labels = inspect.config.as_ref().and_then(|c| c.labels.as_ref());
+        let full_id = inspect.id.as_deref().filter(|i| i.len() >= 12);
+        let (Some(labels), Some(full_id)) = (labels, full_id) else {
+            return Err(BackendError::Provider(format!(
+                "Docker returned invalid inspect data for computer '{id}'."
+            )));
+        };
+        if labels.get(label::COMPUTER_ID).map(String::as_str) != Some(id.as_str()) {
+            return Err(BackendError::Provider(format!(
+                "Docker name '{}' is already in use by a container not owned by this server.",
+                Self::container_name(id)
+            )));
+        }
+        Ok(SandboxRef {
+            computer_id: id.clone(),
+            sandbox_id: full_id[..12].to_owned(),
+            temporary: labels::parse_temporary(labels.get(label::TEMPORARY).map(String::as_str)),
+            image: labels
+                .get(label::IMAGE)
+                .cloned()
+                .unwrap_or_else(|| self.config.image.clone()),
+        })
+    }
+
+    async fn remove_container(&self, name_or_id: &str) -> Result<(), BackendError> {
+        let docker = self.client().await?;
+        let options = RemoveContainerOptionsBuilder::default()
+            .force(true)
+            .v(true)
+            .build();
+        match docker.remove_container(name_or_id, Some(options)).await {
+            Ok(()) => Ok(()),
+            // Gone already, or Docker is already removing it (AutoRemove): the goal is met.
+            Err(e) if matches!(status_of(&e), Some(404 | 409)) => Ok(()),
+            Err(e) => Err(BackendError::Provider(format!(
+                "Docker remove of '{name_or_id}' failed: {}",
+                describe(&e)
+            ))),
+        }
+    }
+
+    /// Starts the container if needed, checks it stayed up, then runs the readiness exec.
+    async fn start_and_check(&self, sandbox: &SandboxRef) -> Result<(), BackendError> {
+        let docker = self.client().await?;
+        let name = Self::container_name(&sandbox.computer_id);
+        let inspect = self
+            .inspect(&name)
+            .await?
+            .ok_or_else(|| BackendError::Vanished(sandbox.computer_id.clone()))?;
+        if !is_running(&inspect) {
+            if let Err(e) = docker
+                .start_container(&name, None::<StartContainerOptions>)
+                .await
+            {
+                return Err(match status_of(&e) {
+                    Some(404) => BackendError::Provider(format!(
+                        "Computer '{}' disappeared while it was starting.",
+                        sandbox.computer_id
+                    )),
+                    _ => BackendError::Provider(format!(
+                        "Docker start of '{name}' failed: {}",
+                        describe(&e)
+                    )),
+                });
+            }
+            let inspect = self.inspect(&name).await?.ok_or_else(|| {
+                BackendError::Provider(format!(
+                    "Computer '{}' disappeared while it was starting.",
+                    sandbox.computer_id
+                ))
+            })?;
+            if !is_running(&inspect) {
+                return Err(self.exited_immediately(&sandbox.sandbox_id));
+            }
+        }
+        self.readiness(sandbox).await
+    }
+
+    fn exited_immediately(&self, sandbox_id: &str) -> BackendError {
+        BackendError::Provider(format!(
+            "Container {sandbox_id} exited immediately after start. Shell '{}' may not be available in the image. Use --shell /bin/sh for images without bash.",
+            self.shell
+        ))
+    }
+
+    async fn readiness(&self, sandbox: &SandboxRef) -> Result<(), BackendError> {
+        let argv = vec![
+            self.shell.clone(),
+            "-c".to_owned(),
+            format!("echo {}", super::READY_MARKER),
+        ];
+        let outcome = exec::run_simple(
+            self.client().await?,
+            &sandbox.sandbox_id,
+            argv,
+            READINESS_TIMEOUT,
+        )
+        .await;
+        match outcome {
+            Ok((0, stdout)) if String::from_utf8_lossy(&stdout).contains(super::READY_MARKER) => {
+                Ok(())
+            }
+            Ok((code, _)) => {
+                let mut message = format!(
+                    "Container {} started but readiness check failed (unexpected output)",
+                    sandbox.sandbox_id
+                );
+                if code == 126 || code == 127 {
+                    message.push_str(&format!(
+                        "\nShell '{}' may not be available in the image. Use --shell /bin/sh for images without bash.",
+                        self.shell
+                    ));
+                }
+                Err(BackendError::Provider(message))
+            }
+            Err(e) => Err(BackendError::Provider(format!(
+                "Container {} started but readiness check failed ({e})",
+                sandbox.sandbox_id
+            ))),
+        }
+    }
+}
+
+#[async_trait]
+impl Backend for DockerBackend {
+    fn kind(&self) -> &'static str {
+        "docker"
+    }
+
+    fn tool_instructions(&self) -> String {
+        let shell = shell_basename(&self.shell);
+        let timeout = self.default_timeout_secs;
+        if self.config.image == DEFAULT_IMAGE {
+            format!(
+                "Execute a shell command in an isolated Debian Linux sandbox. Commands run in {shell}. Each call is independent — no state (shell variables, working directory) persists between calls (however filesystem does persist). Use the working_directory parameter or chain commands with && to control execution context. \n\n{}",
+                super::stdin_and_timeout_paragraph(timeout)
+            )
+        } else {
+            super::generic_description(
+                &format!(
+                    "an isolated Linux container built from image `{}`",
+                    self.config.image
+                ),
+                shell,
+                timeout,
+            )
+        }
+    }
+
+    async fn validate(&self) -> Result<(), BackendError> {
+        self.client().await.map(drop)
+    }
+
+    async fn create(
+        &self,
+        spec: &CreateSpec,
+        progress: &dyn Progress,
+    ) -> Result<SandboxRef, BackendError> {
+        create::create(self, spec, progress).await
+    }
+
+    async fn lookup(&self, id: &ComputerId) -> Result<Option<Found>, BackendError> {
+        let Some(inspect) = self.inspect(&Self::container_name(id)).await? else {
+            return Ok(None);
+        };
+        let sandbox = self.sandbox_from(id, &inspect)?;
+        Ok(Some(Found {
+            sandbox,
+            running: is_running(&inspect),
+        }))
+    }
+
+    async fn ensure_running(&self, sandbox: &SandboxRef) -> Result<SandboxRef, BackendError> {
+        self.start_and_check(sandbox).await?;
+        // The container id cannot change by starting, but re-read it so a concurrent factory
+        // reset by another server is noticed.
+        match self.lookup(&sandbox.computer_id).await? {
+            Some(found) => Ok(found.sandbox),
+            None => Err(BackendError::Vanished(sandbox.computer_id.clone())),
+        }
+    }
+
+    async fn list(&self) -> Result<Vec<ComputerInfo>, BackendError> {
+        let docker = self.client().await?;
+        let filters = HashMap::from([("label".to_owned(), vec![label::COMPUTER_ID.to_owned()])]);
+        let options = ListContainersOptionsBuilder::default()
+            .all(true)
+            .filters(&filters)
+            .build();
+        let summaries = docker.list_containers(Some(options)).await.map_err(|e| {
+            BackendError::Provider(format!("Docker container listing failed: {}", describe(&e)))
+        })?;
+        let invalid = || {
+            BackendError::Provider("Docker returned invalid computer inventory data.".to_owned())
+        };
+        let mut targets = Vec::new();
+        for summary in summaries {
+            let raw_id = summary
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(label::COMPUTER_ID))
+                .ok_or_else(invalid)?;
+            // Containers labelled by someone else with a non-slug id are not ours to show.
+            let Ok(id) = ComputerId::parse(raw_id) else {
+                continue;
+            };
+            if summary
+                .names
+                .iter()
+                .flatten()
+                .any(|n| n.trim_start_matches('/') == Self::container_name(&id))
+            {
+                targets.push((id, summary.id.ok_or_else(invalid)?));
+            }
+        }
+        let rows: Vec<Option<ComputerInfo>> = futures_util::stream::iter(targets)
+            .map(|(id, container)| async move {
+                let inspect = self.inspect(&container).await?;
+                let Some(inspect) = inspect else {
+                    return Ok(None);
+                };
+                let sandbox = self.sandbox_from(&id, &inspect)?;
+                let state = inspect
+                    .state
+                    .as_ref()
+                    .and_then(|s| s.status)
+                    .map(|s| s.to_string())
+                    .unwrap_or_default();
+                Ok::<_, BackendError>(Some(ComputerInfo {
+                    sandbox,
+                    state,
+                    created_at: inspect.created.clone(),
+                }))
+            })
+            .buffer_unordered(LIST_CONCURRENCY)
+            .try_collect()
+            .await?;
+        Ok(rows.into_iter().flatten().collect())
+    }
+
+    async fn restart(&self, sandbox: &SandboxRef) -> Result<Restarted, BackendError> {
+        let docker = self.client().await?;
+        let name = Self::container_name(&sandbox.computer_id);
+        let options = RestartContainerOptionsBuilder::default()
+            .t(RESTART_GRACE_SECS)
+            .build();
+        docker
+            .restart_container(&name, Some(options))
+            .await
+            .map_err(|e| match status_of(&e) {
+                Some(404) => BackendError::Vanished(sandbox.computer_id.clone()),
+                _ => BackendError::Provider(format!(
+                    "Docker restart of '{name}' failed: {}",
+                    describe(&e)
+                )),
+            })?;
+        let sandbox = match self.lookup(&sandbox.computer_id).await? {
+            Some(found) if found.running => found.sandbox,
+            Some(found) => return Err(self.exited_immediately(&found.sandbox.sandbox_id)),
+            None => {
+                return Err(BackendError::Provider(format!(
+                    "Computer '{}' disappeared after restart.",
+                    sandbox.computer_id
+                )));
+            }
+        };
+        self.readiness(&sandbox).await?;
+        Ok(Restarted {
+            sandbox,
+            state_preserved: true,
+        })
+    }
+
+    async fn remove(&self, sandbox: &SandboxRef) -> Result<(), BackendError> {
+        self.remove_container(&Self::container_name(&sandbox.computer_id))
+            .await
+    }
+
+    async fn exec(
+        &self,
+        sandbox: &SandboxRef,
+        spec: &ExecSpec,
+        sink: &mut dyn OutputSink,
+        cancel: &CancellationToken,
+    ) -> Result<ExecEnd, BackendError> {
+        exec::exec(self, sandbox, spec, sink, cancel).await
+    }
+
+    async fn kill_exec(&self, sandbox: &SandboxRef, exec_id: &ExecId) -> Result<(), BackendError> {
+        let argv = vec![
+            self.shell.clone(),
+            "-c".to_owned(),
+            super::kill_sweep_script(exec_id),
+        ];
+        let docker = self.client().await?;
+        exec::run_simple(docker, &sandbox.sandbox_id, argv, exec::KILL_SWEEP_TIMEOUT)
+            .await
+            .map(drop)
+            .map_err(|e| {
+                BackendError::Provider(format!("kill sweep in {} failed: {e}", sandbox.sandbox_id))
+            })
+    }
+
+    async fn collect_orphans(
+        &self,
+        dead: &HashSet<InstanceId>,
+    ) -> Result<Vec<ComputerId>, BackendError> {
+        let docker = self.client().await?;
+        let filters = HashMap::from([("label".to_owned(), vec![label::INSTANCE.to_owned()])]);
+        let options = ListContainersOptionsBuilder::default()
+            .all(true)
+            .filters(&filters)
+            .build();
+        let summaries = docker.list_containers(Some(options)).await.map_err(|e| {
+            BackendError::Provider(format!("Docker container listing failed: {}", describe(&e)))
+        })?;
+        let mut removed = Vec::new();
+        for summary in summaries {
+            let Some(labels) = summary.labels.as_ref() else {
+                continue;
+            };
+            let temporary =
+                labels::parse_temporary(labels.get(label::TEMPORARY).map(String::as_str));
+            let instance = labels
+                .get(label::INSTANCE)
+                .and_then(|i| InstanceId::parse(i));
+            let id = labels
+                .get(label::COMPUTER_ID)
+                .and_then(|i| ComputerId::parse(i).ok());
+            let (Some(instance), Some(id), Some(container)) = (instance, id, summary.id.as_deref())
+            else {
+                continue;
+            };
+            if temporary && dead.contains(&instance) {
+                self.remove_container(container).await?;
+                removed.push(id);
+            }
+        }
+        Ok(removed)
+    }
+}
+
+fn is_running(inspect: &ContainerInspectResponse) -> bool {
+    inspect
+        .state
+        .as_ref()
+        .and_then(|s| s.running)
+        .unwrap_or(false)
+}
+
+fn status_of(error: &DockerError) -> Option<u16> {
+    match error {
+        DockerError::DockerResponseServerError { status_code, .. } => Some(*status_code),
+        _ => None,
+    }
+}
+
+/// The engine's own message when it sent one, else the client error.
+fn describe(error: &DockerError) -> String {
+    match error {
+        DockerError::DockerResponseServerError { message, .. } => message.trim().to_owned(),
+        other => other.to_string(),
+    }
+}
+
+fn shell_basename(shell: &str) -> &str {
+    shell.rsplit('/').next().unwrap_or(shell)
+}
+
+fn current_uid() -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata("/proc/self").ok().map(|m| m.uid())
+}

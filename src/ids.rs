@@ -1,0 +1,170 @@
+//! Validated identifiers: [`ComputerId`] (the user-facing slug), [`InstanceId`] (one server
+//! process) and [`ExecId`] (the tag carried by every command's process tree).
+//!
+//! Everything past the MCP argument layer takes these types, never `&str`, so the slug rule of
+//! `lifecycle.md` §1 is checked exactly once. This module knows nothing about providers.
+
+use std::fmt;
+
+use rand::RngExt;
+
+/// The exact message for a malformed `computer_id` (`lifecycle.md` §1).
+pub const INVALID_COMPUTER_ID: &str = "computer_id must be 1-63 lowercase letters, numbers, or hyphens; it must start and end with a letter or number.";
+
+/// A canonical computer slug: trimmed, 1-63 chars of `[a-z0-9-]`, alphanumeric at both ends.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ComputerId(String);
+
+impl ComputerId {
+    /// Trims surrounding whitespace and checks the slug rule.
+    pub fn parse(raw: &str) -> Result<Self, InvalidComputerId> {
+        let slug = raw.trim();
+        let bytes = slug.as_bytes();
+        let edge_ok = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+        let valid = !bytes.is_empty()
+            && bytes.len() <= 63
+            && bytes.iter().all(|&b| edge_ok(b) || b == b'-')
+            && bytes.first().copied().is_some_and(edge_ok)
+            && bytes.last().copied().is_some_and(edge_ok);
+        if valid {
+            Ok(Self(slug.to_owned()))
+        } else {
+            Err(InvalidComputerId)
+        }
+    }
+
+    /// A readable random slug `<adjective>-<noun>-<hex4>`; uniqueness is the caller's check.
+    pub fn random() -> Self {
+        const ADJECTIVES: [&str; 12] = [
+            "amber", "brisk", "calm", "clever", "coral", "crisp", "gentle", "lucky", "quiet",
+            "rapid", "silver", "steady",
+        ];
+        const NOUNS: [&str; 12] = [
+            "badger", "comet", "falcon", "gecko", "heron", "lynx", "otter", "panda", "raven",
+            "tiger", "whale", "wolf",
+        ];
+        let mut rng = rand::rng();
+        let adjective = ADJECTIVES[rng.random_range(0..ADJECTIVES.len())];
+        let noun = NOUNS[rng.random_range(0..NOUNS.len())];
+        let suffix: u16 = rng.random();
+        Self(format!("{adjective}-{noun}-{suffix:04x}"))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for ComputerId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The slug rule was violated; displays as [`INVALID_COMPUTER_ID`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{}", INVALID_COMPUTER_ID)]
+pub struct InvalidComputerId;
+
+/// One running server process: 16 random lowercase hex digits.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct InstanceId(String);
+
+impl InstanceId {
+    pub fn random() -> Self {
+        let value: u64 = rand::rng().random();
+        Self(format!("{value:016x}"))
+    }
+
+    /// Accepts only the shape [`InstanceId::random`] produces, so a lock file name or a label
+    /// value from elsewhere cannot smuggle in a path.
+    pub fn parse(raw: &str) -> Option<Self> {
+        let ok = raw.len() == 16
+            && raw
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+        ok.then(|| Self(raw.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for InstanceId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The exec tag: a UUID v4 set as `KILNTAINERS_EXEC_ID` on a command so its whole process tree
+/// can be found and killed (`backends.md` §1.3).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ExecId(String);
+
+impl ExecId {
+    pub const ENV_NAME: &'static str = "KILNTAINERS_EXEC_ID";
+
+    pub fn random() -> Self {
+        Self(uuid::Uuid::new_v4().to_string())
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// `KILNTAINERS_EXEC_ID=<uuid>`, the form placed in the process environment.
+    pub fn env_entry(&self) -> String {
+        format!("{}={}", Self::ENV_NAME, self.0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn accepts_and_trims_valid_slugs() {
+        assert_eq!(
+            ComputerId::parse(" dev-box ").map(|c| c.0),
+            Ok("dev-box".to_owned())
+        );
+        assert!(ComputerId::parse("a").is_ok());
+        assert!(ComputerId::parse("a--b").is_ok());
+        assert!(ComputerId::parse(&"a".repeat(63)).is_ok());
+    }
+
+    #[test]
+    fn rejects_invalid_slugs() {
+        for bad in [
+            "",
+            "   ",
+            "UPPER",
+            "with space",
+            "-leading",
+            "trailing-",
+            "under_score",
+            "é",
+        ] {
+            assert_eq!(ComputerId::parse(bad), Err(InvalidComputerId), "{bad:?}");
+        }
+        assert!(ComputerId::parse(&"a".repeat(64)).is_err());
+        assert_eq!(InvalidComputerId.to_string(), INVALID_COMPUTER_ID);
+    }
+
+    #[test]
+    fn random_slugs_are_valid_and_readable() {
+        for _ in 0..100 {
+            let id = ComputerId::random();
+            assert!(ComputerId::parse(id.as_str()).is_ok(), "{id}");
+            assert_eq!(id.as_str().split('-').count(), 3);
+        }
+    }
+
+    #[test]
+    fn instance_ids_round_trip_and_reject_paths() {
+        let id = InstanceId::random();
+        assert_eq!(InstanceId::parse(id.as_str()), Some(id));
+        assert_eq!(InstanceId::parse("../../etc/passwd"), None);
+    }
+}

@@ -1,0 +1,14 @@
+//! `mcp-sandbox-computer-vm-for-ai`: an MCP server that gives AI agents named, isolated Linux
+//! computers. Modules in reading order, from the wire down to the providers; see
+//! ARCHITECTURE.md for the map and its invariants.
+
+pub mod backends;
+pub mod cli;
+pub mod config;
+pub mod exec;
+pub mod ids;
+pub mod mcp;
+pub mod registry;
+pub mod shutdown;
+pub mod state;
+pub mod transport;

@@ -1,0 +1,102 @@
+//! Entry point: parse the command line, set up logging on stderr, build the backend and the
+//! registry, start crash GC in the background, and run the chosen transport. Nothing else.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use tracing_subscriber::EnvFilter;
+
+use mcp_sandbox_computer_vm_for_ai::backends;
+use mcp_sandbox_computer_vm_for_ai::cli::Cli;
+use mcp_sandbox_computer_vm_for_ai::config::{Config, Transport};
+use mcp_sandbox_computer_vm_for_ai::ids::InstanceId;
+use mcp_sandbox_computer_vm_for_ai::mcp::{Surface, description};
+use mcp_sandbox_computer_vm_for_ai::registry::{Registry, orphans};
+use mcp_sandbox_computer_vm_for_ai::state::{self, InstanceLock};
+use mcp_sandbox_computer_vm_for_ai::transport;
+
+fn fail(message: impl std::fmt::Display) -> ExitCode {
+    eprintln!("kilntainers: error: {message}");
+    ExitCode::from(1)
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let lifecycle_env = std::env::var("ENABLE_LIFECYCLE_TOOLS").ok();
+    let config = match Config::from_cli(&cli, lifecycle_env.as_deref()) {
+        Ok(config) => config,
+        Err(error) => return fail(error),
+    };
+    let filter = EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| EnvFilter::new("warn,mcp_sandbox_computer_vm_for_ai=info"));
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(filter)
+        .with_ansi(false)
+        .init();
+
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => return fail(format!("cannot start the async runtime: {error}")),
+    };
+    let code = runtime.block_on(run(config));
+    // Blocking stdin readers must not keep the process alive after cleanup.
+    runtime.shutdown_background();
+    ExitCode::from(u8::try_from(code).unwrap_or(1))
+}
+
+async fn run(config: Config) -> i32 {
+    let backend = match backends::build(&config) {
+        Ok(backend) => backend,
+        Err(error) => {
+            eprintln!("kilntainers: error: {error}");
+            return 1;
+        }
+    };
+    let instance = InstanceId::random();
+    let state_dir = state::state_dir();
+    let _instance_lock = match state_dir
+        .as_deref()
+        .map(|dir| InstanceLock::acquire(dir, &instance, config.backend.name()))
+    {
+        Some(Ok(lock)) => Some(lock),
+        Some(Err(error)) => {
+            tracing::warn!(%error, "no instance lock: temporary computers of this process cannot be collected after a crash");
+            None
+        }
+        None => None,
+    };
+    let description = description::assemble(backend.tool_instructions(), &config.description);
+    let registry = Registry::new(
+        backend.clone(),
+        instance.clone(),
+        config.shell.clone(),
+        config.limits,
+    );
+    let surface = Surface::new(registry, &description);
+
+    if let Some(dir) = state_dir {
+        // Crash GC never delays MCP traffic.
+        tokio::spawn(async move { orphans::collect(backend, &dir, &instance).await });
+    }
+    let lifecycle = if config.lifecycle_tools { "on" } else { "off" };
+    match &config.transport {
+        Transport::Stdio => {
+            eprintln!(
+                "kilntainers: mcp-sandbox-computer-vm-for-ai {} serving stdio (backend: {}, lifecycle tools: {lifecycle})",
+                env!("CARGO_PKG_VERSION"),
+                config.backend.name()
+            );
+            transport::stdio::serve(surface).await
+        }
+        Transport::Http(_) => {
+            eprintln!(
+                "kilntainers: error: --transport http is not available in this version yet; use stdio."
+            );
+            1
+        }
+    }
+}

@@ -1,0 +1,132 @@
+//! Result formatting: payload objects become one text block, serialised like Python's
+//! `json.dumps` defaults so text output is byte-identical to the reference, plus the same
+//! object as `structuredContent` (`mcp-surface.md` §8, D2).
+//!
+//! This is the only place that turns a payload or an error message into a `CallToolResult`.
+
+use std::fmt::Write as _;
+
+use rmcp::model::{CallToolResult, ContentBlock};
+use serde_json::{Map, Value};
+
+/// Serialises `value` exactly like Python's `json.dumps(value)`: `", "` and `": "` separators,
+/// no newlines, non-ASCII escaped as `\uXXXX` (surrogate pairs above U+FFFF).
+pub fn python_json(value: &Value) -> String {
+    let mut out = String::new();
+    write_value(&mut out, value);
+    out
+}
+
+fn write_value(out: &mut String, value: &Value) {
+    match value {
+        Value::Null => out.push_str("null"),
+        Value::Bool(b) => out.push_str(if *b { "true" } else { "false" }),
+        Value::Number(n) => out.push_str(&n.to_string()),
+        Value::String(s) => write_string(out, s),
+        Value::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                write_value(out, item);
+            }
+            out.push(']');
+        }
+        Value::Object(map) => {
+            out.push('{');
+            for (i, (key, item)) in map.iter().enumerate() {
+                if i > 0 {
+                    out.push_str(", ");
+                }
+                write_string(out, key);
+                out.push_str(": ");
+                write_value(out, item);
+            }
+            out.push('}');
+        }
+    }
+}
+
+fn write_string(out: &mut String, s: &str) {
+    out.push('"');
+    for ch in s.chars() {
+        match ch {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            '\n' => out.push_str("\\n"),
+            '\r' => out.push_str("\\r"),
+            '\t' => out.push_str("\\t"),
+            '\u{08}' => out.push_str("\\b"),
+            '\u{0c}' => out.push_str("\\f"),
+            ' '..='~' => out.push(ch),
+            _ => {
+                let mut units = [0u16; 2];
+                for unit in ch.encode_utf16(&mut units) {
+                    // Writing into a String cannot fail.
+                    let _ = write!(out, "\\u{unit:04x}");
+                }
+            }
+        }
+    }
+    out.push('"');
+}
+
+/// A successful tool result: text JSON + identical `structuredContent`.
+pub fn success(payload: Map<String, Value>) -> CallToolResult {
+    let value = Value::Object(payload);
+    let mut result = CallToolResult::success(vec![ContentBlock::text(python_json(&value))]);
+    result.structured_content = Some(value);
+    result
+}
+
+/// A tool error: the bare message as text (the reference's words) and `{"error": msg}` as
+/// structured content (D2).
+pub fn error(message: impl Into<String>) -> CallToolResult {
+    let message = message.into();
+    let mut structured = Map::new();
+    structured.insert("error".to_owned(), Value::String(message.clone()));
+    let mut result = CallToolResult::error(vec![ContentBlock::text(message)]);
+    result.structured_content = Some(Value::Object(structured));
+    result
+}
+
+/// A lifecycle-tool error: the reference returned the JSON object as text for these.
+pub fn error_json(message: impl Into<String>) -> CallToolResult {
+    let mut structured = Map::new();
+    structured.insert("error".to_owned(), Value::String(message.into()));
+    let value = Value::Object(structured);
+    let mut result = CallToolResult::error(vec![ContentBlock::text(python_json(&value))]);
+    result.structured_content = Some(value);
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn matches_python_json_dumps() {
+        let value = json!({"a": "x/y", "b": [1, true, null], "c": "tab\there\u{1}", "d": "é😀"});
+        assert_eq!(
+            python_json(&value),
+            r#"{"a": "x/y", "b": [1, true, null], "c": "tab\there\u0001", "d": "\u00e9\ud83d\ude00"}"#
+        );
+    }
+
+    #[test]
+    fn keeps_key_order() {
+        let mut map = Map::new();
+        map.insert("z".into(), json!(1));
+        map.insert("a".into(), json!(2));
+        assert_eq!(python_json(&Value::Object(map)), r#"{"z": 1, "a": 2}"#);
+    }
+
+    #[test]
+    fn error_results_carry_structured_error() {
+        let result = error("boom");
+        assert_eq!(result.is_error, Some(true));
+        assert_eq!(result.structured_content, Some(json!({"error": "boom"})));
+    }
+}

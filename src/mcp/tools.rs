@@ -1,0 +1,296 @@
+//! Tool definitions (names, schemas, descriptions, annotations exactly as `mcp-surface.md` §2,
+//! §4) and one thin function per tool that decodes arguments, calls the registry and formats
+//! the result. No provider logic and no lifecycle rules live here.
+
+use std::sync::Arc;
+
+use rmcp::model::{CallToolResult, JsonObject, MetaObject, Tool, ToolAnnotations};
+use serde_json::{Map, Value, json};
+use tokio_util::sync::CancellationToken;
+
+use super::args::{ArgError, Args};
+use super::format;
+use crate::backends::{BackendError, Progress};
+use crate::exec::{ExecOutcome, ExecRequest, Program, STDIN_LIMIT};
+use crate::ids::ComputerId;
+use crate::registry::{Registry, RegistryError, Session};
+
+pub const TERMINAL_EXECUTE: &str = "terminal_execute";
+
+fn object(value: Value) -> Arc<JsonObject> {
+    Arc::new(value.as_object().cloned().unwrap_or_default())
+}
+
+fn ui_meta() -> MetaObject {
+    let mut meta = MetaObject::new();
+    meta.0
+        .insert("ui".to_owned(), json!({"visibility": ["model", "app"]}));
+    meta
+}
+
+/// `terminal_execute` with the description assembled at startup.
+pub fn terminal_execute_tool(description: &str) -> Tool {
+    let input = json!({
+        "type": "object",
+        "properties": {
+            "command": {"type": "string", "title": "Command", "description": "Shell command string (mutually exclusive with args)."},
+            "args": {"type": "array", "items": {"type": "string"}, "title": "Args", "description": "List of arguments for direct execution (mutually exclusive with command)."},
+            "stdin": {"type": "string", "title": "Stdin", "description": "Content to pipe to stdin."},
+            "working_directory": {"type": "string", "title": "Working Directory", "description": "Working directory for the command (must be absolute)."},
+            "timeout": {"type": "integer", "title": "Timeout", "description": "Timeout in seconds (defaults to server config)."},
+            "computer_id": {"type": "string", "title": "Computer Id", "description": "Stable computer slug. Omit to create and select a readable random ID for this MCP session."},
+            "temporary": {"type": "boolean", "default": true, "title": "Temporary", "description": "Remove the computer when its MCP session shuts down. Set false to keep it provider-side and reconnect by computer_id."}
+        }
+    });
+    let output = json!({
+        "type": "object",
+        "properties": {
+            "computer_id": {"type": "string"},
+            "temporary": {"type": "boolean"},
+            "stdout": {"type": "string"},
+            "stderr": {"type": "string"},
+            "exit_code": {"type": "integer"},
+            "exec_duration_ms": {"type": "integer"},
+            "error": {"type": "string"}
+        },
+        "anyOf": [
+            {"required": ["computer_id", "temporary", "stdout", "stderr", "exit_code", "exec_duration_ms"]},
+            {"required": ["error"]}
+        ]
+    });
+    let mut annotations = ToolAnnotations::new();
+    annotations.open_world_hint = Some(true);
+    Tool::new(TERMINAL_EXECUTE, description.to_owned(), object(input))
+        .with_raw_output_schema(object(output))
+        .with_annotations(annotations)
+        .with_meta(ui_meta())
+}
+
+/// Validates a `terminal_execute` call (`mcp-surface.md` §4.2) before anything is created.
+struct ExecuteCall {
+    request: ExecRequest,
+    computer_id: Option<ComputerId>,
+    temporary: bool,
+}
+
+fn decode_execute(
+    arguments: Option<&JsonObject>,
+    default_timeout: u64,
+) -> Result<ExecuteCall, String> {
+    let args = Args::new(TERMINAL_EXECUTE, arguments);
+    let decode = || -> Result<_, ArgError> {
+        Ok((
+            args.string("command")?,
+            args.string_list("args")?,
+            args.string("stdin")?,
+            args.string("working_directory")?,
+            args.integer("timeout")?,
+            args.string("computer_id")?,
+            args.boolean("temporary")?,
+        ))
+    };
+    let (command, argv, stdin, working_dir, timeout, computer_id, temporary) =
+        decode().map_err(|e| e.to_string())?;
+    // Empty values mean "absent" (§4.2 step 2).
+    let command = command.filter(|c| !c.is_empty());
+    let argv = argv.filter(|a| !a.is_empty());
+    let stdin = stdin.filter(|s| !s.is_empty());
+    let working_dir = working_dir.filter(|w| !w.is_empty());
+    let program = match (command, argv) {
+        (Some(_), Some(_)) => {
+            return Err("Cannot provide both 'command' and 'args'. Use 'command' for shell commands or 'args' for direct execution.".to_owned());
+        }
+        (None, None) => return Err("Must provide either 'command' or 'args'.".to_owned()),
+        (Some(command), None) => Program::Shell(command),
+        (None, Some(argv)) => Program::Args(argv),
+    };
+    if let Some(dir) = &working_dir
+        && !dir.starts_with('/')
+    {
+        return Err(format!(
+            "working_directory must be an absolute path, got: {dir}"
+        ));
+    }
+    let timeout_secs = match timeout {
+        Some(t) if t < 1 => return Err("timeout must be at least 1 second.".to_owned()),
+        Some(t) => t.unsigned_abs(),
+        None => default_timeout,
+    };
+    if let Some(stdin) = &stdin
+        && stdin.len() > STDIN_LIMIT
+    {
+        return Err(format!(
+            "stdin content exceeds the 2 MiB limit ({} bytes). Split into smaller chunks or use a different approach.",
+            stdin.len()
+        ));
+    }
+    let computer_id = computer_id
+        .map(|raw| ComputerId::parse(&raw))
+        .transpose()
+        .map_err(|e| e.to_string())?;
+    Ok(ExecuteCall {
+        request: ExecRequest {
+            program,
+            stdin,
+            working_dir,
+            timeout_secs,
+        },
+        computer_id,
+        temporary: temporary.unwrap_or(true),
+    })
+}
+
+/// `terminal_execute`: `Ok(None)` when the client cancelled (no result is sent).
+pub async fn terminal_execute(
+    registry: &Registry,
+    session: &Session,
+    arguments: Option<&JsonObject>,
+    progress: &dyn Progress,
+    cancel: &CancellationToken,
+) -> Option<CallToolResult> {
+    let call = match decode_execute(arguments, registry.limits().default_timeout_secs) {
+        Ok(call) => call,
+        Err(message) => return Some(format::error(message)),
+    };
+    let executed = registry
+        .execute(
+            session,
+            call.computer_id,
+            call.temporary,
+            &call.request,
+            progress,
+            cancel,
+        )
+        .await;
+    let executed = match executed {
+        Ok(executed) => executed,
+        Err(RegistryError::Cancelled) => return None,
+        Err(error) => return Some(format::error(user_message(&error))),
+    };
+    let (stdout, stderr, exit_code, duration) = match executed.outcome {
+        ExecOutcome::Completed {
+            stdout,
+            stderr,
+            exit_code,
+            duration,
+        } => (
+            String::from_utf8_lossy(&stdout).into_owned(),
+            String::from_utf8_lossy(&stderr).into_owned(),
+            exit_code,
+            duration,
+        ),
+        ExecOutcome::TimedOut {
+            timeout_secs,
+            duration,
+        } => (
+            String::new(),
+            ExecOutcome::timeout_notice(timeout_secs),
+            124,
+            duration,
+        ),
+        ExecOutcome::OutputLimitExceeded { limit, duration } => (
+            String::new(),
+            ExecOutcome::output_limit_notice(limit),
+            1,
+            duration,
+        ),
+    };
+    let mut payload = Map::new();
+    payload.insert(
+        "computer_id".into(),
+        json!(executed.sandbox.computer_id.as_str()),
+    );
+    payload.insert("temporary".into(), json!(executed.sandbox.temporary));
+    payload.insert("stdout".into(), json!(stdout));
+    payload.insert("stderr".into(), json!(stderr));
+    payload.insert("exit_code".into(), json!(exit_code));
+    payload.insert(
+        "exec_duration_ms".into(),
+        json!(u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)),
+    );
+    Some(format::success(payload))
+}
+
+/// The one mapping from typed errors to the words a model sees.
+pub fn user_message(error: &RegistryError) -> String {
+    match error {
+        RegistryError::Backend(BackendError::DiedDuringExec(sandbox_id)) => {
+            format!("Sandbox {sandbox_id} died during command execution")
+        }
+        other => other.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn decode(value: Value) -> Result<ExecuteCall, String> {
+        decode_execute(value.as_object(), 120)
+    }
+
+    #[test]
+    fn validation_messages_in_order() {
+        assert_eq!(
+            decode(json!({"command": "a", "args": ["b"]}))
+                .err()
+                .as_deref(),
+            Some(
+                "Cannot provide both 'command' and 'args'. Use 'command' for shell commands or 'args' for direct execution."
+            )
+        );
+        assert_eq!(
+            decode(json!({})).err().as_deref(),
+            Some("Must provide either 'command' or 'args'.")
+        );
+        assert_eq!(
+            decode(json!({"command": "", "args": []})).err().as_deref(),
+            Some("Must provide either 'command' or 'args'.")
+        );
+        assert_eq!(
+            decode(json!({"command": "pwd", "working_directory": "tmp"}))
+                .err()
+                .as_deref(),
+            Some("working_directory must be an absolute path, got: tmp")
+        );
+        assert_eq!(
+            decode(json!({"command": "x", "timeout": 0}))
+                .err()
+                .as_deref(),
+            Some("timeout must be at least 1 second.")
+        );
+        let big = "a".repeat(STDIN_LIMIT + 1);
+        assert_eq!(
+            decode(json!({"command": "x", "stdin": big}))
+                .err()
+                .as_deref(),
+            Some(
+                "stdin content exceeds the 2 MiB limit (2097153 bytes). Split into smaller chunks or use a different approach."
+            )
+        );
+        assert!(decode(json!({"command": "x", "stdin": "a".repeat(STDIN_LIMIT)})).is_ok());
+        assert_eq!(
+            decode(json!({"command": "x", "computer_id": "UPPER"}))
+                .err()
+                .as_deref(),
+            Some(crate::ids::INVALID_COMPUTER_ID)
+        );
+    }
+
+    #[test]
+    fn nulls_are_absent_and_strings_coerce() {
+        let call = decode(json!({"command": "x", "args": null, "timeout": "5", "temporary": null, "computer_id": " dev-box "})).unwrap();
+        assert_eq!(call.request.timeout_secs, 5);
+        assert!(call.temporary);
+        assert_eq!(
+            call.computer_id.map(|c| c.to_string()).as_deref(),
+            Some("dev-box")
+        );
+        assert_eq!(
+            decode(json!({"command": "x", "timeout": 1.5}))
+                .err()
+                .as_deref(),
+            Some("Invalid arguments for tool terminal_execute: timeout: expected an integer")
+        );
+    }
+}

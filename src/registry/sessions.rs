@@ -1,0 +1,58 @@
+//! Per-session state: the session's default computer and the computers it holds, with the
+//! mode it holds each in (`lifecycle.md` §2). Mutated only by the registry.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+
+use crate::ids::ComputerId;
+
+use super::lock;
+
+pub struct Session {
+    pub(super) id: u64,
+    /// Serialises default assignment only, so concurrent omitted-id calls create one default.
+    pub(super) default_lock: tokio::sync::Mutex<()>,
+    default_id: Mutex<Option<ComputerId>>,
+    owned: Mutex<HashMap<ComputerId, bool>>,
+}
+
+impl Session {
+    pub(super) fn new(id: u64) -> Self {
+        Self {
+            id,
+            default_lock: tokio::sync::Mutex::new(()),
+            default_id: Mutex::new(None),
+            owned: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub fn default_id(&self) -> Option<ComputerId> {
+        lock(&self.default_id).clone()
+    }
+
+    pub(super) fn set_default(&self, id: Option<ComputerId>) {
+        *lock(&self.default_id) = id;
+    }
+
+    /// The mode this session holds `id` in, if it holds it.
+    pub(super) fn owned_mode(&self, id: &ComputerId) -> Option<bool> {
+        lock(&self.owned).get(id).copied()
+    }
+
+    pub(super) fn own(&self, id: ComputerId, temporary: bool) {
+        lock(&self.owned).insert(id, temporary);
+    }
+
+    /// Drops the hold and clears the default if it pointed at `id` (deletion, vanishing).
+    pub(super) fn forget(&self, id: &ComputerId) {
+        lock(&self.owned).remove(id);
+        let mut default_id = lock(&self.default_id);
+        if default_id.as_ref() == Some(id) {
+            *default_id = None;
+        }
+    }
+
+    pub(super) fn take_owned(&self) -> HashMap<ComputerId, bool> {
+        std::mem::take(&mut *lock(&self.owned))
+    }
+}
