@@ -1,0 +1,7 @@
+//! Integration suites: `tidy` keeps the code map honest; `stdio` drives the real binary with
+//! the Rust MCP client against a real Docker engine; `engines` does the same on Podman and on
+//! gVisor.
+
+mod engines;
+mod stdio;
+mod tidy;
