@@ -5,6 +5,7 @@
 pub mod backends;
 pub mod cli;
 pub mod config;
+pub mod dashboard;
 pub mod exec;
 pub mod ids;
 pub mod mcp;

@@ -76,7 +76,7 @@ async fn run(config: Config) -> i32 {
         config.shell.clone(),
         config.limits,
     );
-    let surface = Surface::new(registry, &description);
+    let surface = Surface::new(registry, &description, config.lifecycle_tools);
 
     if let Some(dir) = state_dir {
         // Crash GC never delays MCP traffic.

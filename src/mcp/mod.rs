@@ -7,20 +7,24 @@
 pub mod args;
 pub mod description;
 pub mod format;
+mod lifecycle;
 mod progress;
 pub mod tools;
 
 use std::sync::Arc;
 
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, Implementation, ListPromptsResult,
-    ListResourceTemplatesResult, ListResourcesResult, ListToolsResult, PaginatedRequestParams,
-    PromptsCapability, ResourcesCapability, ServerCapabilities, ServerConfig, Tool,
-    ToolsCapability,
+    CallToolRequestParams, CallToolResponse, Implementation, JsonObject, ListPromptsResult,
+    ListResourceTemplatesResult, ListResourcesResult, ListToolsResult, MetaObject,
+    PaginatedRequestParams, PromptsCapability, ReadResourceRequestParams, ReadResourceResponse,
+    ReadResourceResult, Resource, ResourceContents, ResourcesCapability, ServerCapabilities,
+    ServerConfig, Tool, ToolsCapability,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler};
+use serde_json::json;
 
+use crate::dashboard;
 use crate::registry::{Registry, Session};
 
 /// Sent to every client that initialises (`mcp-surface.md` §1).
@@ -30,14 +34,40 @@ const INSTRUCTIONS: &str = "This server provides isolated Linux sandbox computer
 pub struct Surface {
     pub registry: Arc<Registry>,
     tools: Vec<Tool>,
+    /// Lifecycle tools, the dashboard resource and the UI extension (D1).
+    lifecycle_tools: bool,
 }
 
 impl Surface {
-    pub fn new(registry: Arc<Registry>, tool_description: &str) -> Arc<Self> {
+    pub fn new(
+        registry: Arc<Registry>,
+        tool_description: &str,
+        lifecycle_tools: bool,
+    ) -> Arc<Self> {
+        let mut tools = vec![tools::terminal_execute_tool(tool_description)];
+        if lifecycle_tools {
+            tools.extend(lifecycle::tools());
+        }
         Arc::new(Self {
             registry,
-            tools: vec![tools::terminal_execute_tool(tool_description)],
+            tools,
+            lifecycle_tools,
         })
+    }
+
+    fn dashboard_meta() -> MetaObject {
+        let mut meta = MetaObject::new();
+        meta.0
+            .insert("ui".to_owned(), json!({"csp": {}, "prefersBorder": true}));
+        meta
+    }
+
+    fn dashboard_resource() -> Resource {
+        Resource::new(dashboard::RESOURCE_URI, "Sandbox Computer Dashboard")
+            .with_title("Sandbox Computer Dashboard")
+            .with_description("Interactive lifecycle and terminal dashboard for sandbox computers.")
+            .with_mime_type(dashboard::MIME_TYPE)
+            .with_meta(Self::dashboard_meta())
     }
 }
 
@@ -70,6 +100,15 @@ impl ServerHandler for SessionHandler {
         let mut prompts = PromptsCapability::default();
         prompts.list_changed = Some(false);
         capabilities.prompts = Some(prompts);
+        if self.surface.lifecycle_tools {
+            let mut ui = JsonObject::new();
+            ui.insert("mimeTypes".to_owned(), json!([dashboard::MIME_TYPE]));
+            capabilities.extensions = Some(
+                [("io.modelcontextprotocol/ui".to_owned(), ui)]
+                    .into_iter()
+                    .collect(),
+            );
+        }
         ServerConfig::new(capabilities)
             .with_server_info(
                 Implementation::new("Kilntainers", env!("CARGO_PKG_VERSION"))
@@ -95,7 +134,32 @@ impl ServerHandler for SessionHandler {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, ErrorData> {
-        Ok(ListResourcesResult::with_all_items(Vec::new()))
+        let resources = if self.surface.lifecycle_tools {
+            vec![Surface::dashboard_resource()]
+        } else {
+            Vec::new()
+        };
+        Ok(ListResourcesResult::with_all_items(resources))
+    }
+
+    async fn read_resource(
+        &self,
+        request: ReadResourceRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ReadResourceResponse, ErrorData> {
+        if !self.surface.lifecycle_tools || request.uri != dashboard::RESOURCE_URI {
+            return Err(ErrorData::resource_not_found(
+                format!("Resource not found: {}", request.uri),
+                None,
+            ));
+        }
+        let contents = ResourceContents::TextResourceContents {
+            uri: dashboard::RESOURCE_URI.to_owned(),
+            mime_type: Some(dashboard::MIME_TYPE.to_owned()),
+            text: dashboard::html(dashboard::Mode::App),
+            meta: Some(Surface::dashboard_meta()),
+        };
+        Ok(ReadResourceResult::new(vec![contents]).into())
     }
 
     async fn list_resource_templates(
@@ -131,6 +195,28 @@ impl ServerHandler for SessionHandler {
                     &context.ct,
                 )
                 .await
+            }
+            name if !self.surface.lifecycle_tools || self.get_tool(name).is_none() => {
+                return Err(ErrorData::invalid_params("tool not found", None));
+            }
+            lifecycle::DASHBOARD | lifecycle::LIST => Some(lifecycle::list(registry).await),
+            lifecycle::CREATE => Some(
+                lifecycle::create(
+                    registry,
+                    &self.session,
+                    request.arguments.as_ref(),
+                    &progress,
+                )
+                .await,
+            ),
+            lifecycle::RESTART => {
+                Some(lifecycle::restart(registry, request.arguments.as_ref()).await)
+            }
+            lifecycle::FACTORY_RESET => Some(
+                lifecycle::factory_reset(registry, request.arguments.as_ref(), &progress).await,
+            ),
+            lifecycle::DELETE => {
+                Some(lifecycle::delete(registry, request.arguments.as_ref()).await)
             }
             _ => return Err(ErrorData::invalid_params("tool not found", None)),
         };

@@ -1,0 +1,311 @@
+//! The six lifecycle tools (`mcp-surface.md` §7, `lifecycle.md` §5): definitions with their
+//! output schemas, and one thin function each that decodes arguments, calls the registry and
+//! formats the payload. Errors use the reference's `{"error": …}` shape in text and structure.
+
+use std::sync::Arc;
+
+use rmcp::model::{CallToolResult, JsonObject, MetaObject, Tool, ToolAnnotations};
+use serde_json::{Map, Value, json};
+
+use super::args::Args;
+use super::format;
+use super::tools::user_message;
+use crate::backends::{ComputerInfo, Progress};
+use crate::dashboard;
+use crate::ids::ComputerId;
+use crate::registry::{Registry, Session};
+
+pub const DASHBOARD: &str = "computer_dashboard";
+pub const LIST: &str = "computer_list";
+pub const CREATE: &str = "computer_create";
+pub const RESTART: &str = "computer_restart";
+pub const FACTORY_RESET: &str = "computer_factory_reset";
+pub const DELETE: &str = "computer_delete";
+
+fn object(value: Value) -> Arc<JsonObject> {
+    Arc::new(value.as_object().cloned().unwrap_or_default())
+}
+
+fn annotations(read_only: Option<bool>, destructive: Option<bool>) -> ToolAnnotations {
+    let mut annotations = ToolAnnotations::new();
+    annotations.read_only_hint = read_only;
+    annotations.destructive_hint = destructive;
+    annotations
+}
+
+fn meta(value: Value) -> MetaObject {
+    MetaObject(value.as_object().cloned().unwrap_or_default())
+}
+
+/// `{type: object, properties, required, anyOf: [success keys | error]}`.
+fn output_schema(properties: Value, success: &[&str], defs: Option<Value>) -> Arc<JsonObject> {
+    let mut properties = properties.as_object().cloned().unwrap_or_default();
+    properties.insert("error".into(), json!({"type": "string"}));
+    let mut schema = json!({
+        "type": "object",
+        "properties": properties,
+        "anyOf": [{"required": success}, {"required": ["error"]}]
+    });
+    if let (Some(defs), Some(map)) = (defs, schema.as_object_mut()) {
+        map.insert("$defs".into(), defs);
+    }
+    object(schema)
+}
+
+fn computer_info_defs() -> Value {
+    json!({"ComputerInfo": {
+        "type": "object",
+        "properties": {
+            "computer_id": {"type": "string"},
+            "sandbox_id": {"type": "string"},
+            "backend": {"type": "string"},
+            "state": {"type": "string"},
+            "temporary": {"type": "boolean"},
+            "image": {"type": ["string", "null"]},
+            "created_at": {"type": ["string", "null"]}
+        },
+        "required": ["computer_id", "sandbox_id", "backend", "state", "temporary", "image", "created_at"]
+    }})
+}
+
+fn id_input(description: &str) -> Arc<JsonObject> {
+    object(json!({
+        "type": "object",
+        "properties": {"computer_id": {"type": "string", "title": "Computer Id", "description": description}},
+        "required": ["computer_id"]
+    }))
+}
+
+/// The six tools in registration order (after `terminal_execute`).
+pub fn tools() -> Vec<Tool> {
+    let visibility = json!({"visibility": ["model", "app"]});
+    let plain_meta = || meta(json!({"ui": visibility.clone()}));
+    let list_output = || {
+        output_schema(
+            json!({"computers": {"type": "array", "items": {"$ref": "#/$defs/ComputerInfo"}}, "count": {"type": "integer"}, "warning": {"type": "string"}}),
+            &["computers", "count"],
+            Some(computer_info_defs()),
+        )
+    };
+    let empty_input = || object(json!({"type": "object", "properties": {}}));
+    vec![
+        Tool::new(
+            DASHBOARD,
+            "Open the interactive MCP App dashboard for listing computers, running terminal commands, restarting, factory-resetting, and deleting.",
+            empty_input(),
+        )
+        .with_title("Sandbox Computer Dashboard")
+        .with_raw_output_schema(list_output())
+        .with_annotations(annotations(Some(true), None))
+        .with_meta(meta(json!({
+            "ui": {"visibility": ["model", "app"], "resourceUri": dashboard::RESOURCE_URI},
+            "ui/resourceUri": dashboard::RESOURCE_URI
+        }))),
+        Tool::new(LIST, "List all sandbox computers managed by the selected backend.", empty_input())
+            .with_raw_output_schema(list_output())
+            .with_annotations(annotations(Some(true), None))
+            .with_meta(plain_meta()),
+        Tool::new(
+            CREATE,
+            "Create a temporary or permanent sandbox computer. If computer_id is omitted, a readable random slug is returned.",
+            object(json!({
+                "type": "object",
+                "properties": {
+                    "computer_id": {"type": "string", "title": "Computer Id", "description": "Optional lowercase slug. Omit to generate a readable random ID."},
+                    "temporary": {"type": "boolean", "default": true, "title": "Temporary", "description": "Remove on MCP session shutdown when true; persist and allow reattachment by ID when false."}
+                }
+            })),
+        )
+        .with_raw_output_schema(output_schema(
+            json!({"ok": {"type": "boolean"}, "computer_id": {"type": "string"}, "sandbox_id": {"type": "string"}, "temporary": {"type": "boolean"}}),
+            &["ok", "computer_id", "sandbox_id", "temporary"],
+            None,
+        ))
+        .with_annotations(annotations(None, Some(false)))
+        .with_meta(plain_meta()),
+        Tool::new(RESTART, "Restart a computer without erasing its writable filesystem.", id_input("Computer slug to restart"))
+            .with_raw_output_schema(output_schema(
+                json!({"ok": {"type": "boolean"}, "computer_id": {"type": "string"}, "sandbox_id": {"type": "string"}, "temporary": {"type": "boolean"}, "state_preserved": {"type": "boolean"}, "warning": {"type": "string"}}),
+                &["ok", "computer_id", "sandbox_id", "temporary", "state_preserved"],
+                None,
+            ))
+            .with_annotations(annotations(None, Some(false)))
+            .with_meta(plain_meta()),
+        Tool::new(
+            FACTORY_RESET,
+            "Erase a computer's writable filesystem and recreate it from the base image.",
+            id_input("Computer slug whose writable state will be erased"),
+        )
+        .with_raw_output_schema(output_schema(
+            json!({"ok": {"type": "boolean"}, "computer_id": {"type": "string"}, "sandbox_id": {"type": "string"}, "temporary": {"type": "boolean"}}),
+            &["ok", "computer_id", "sandbox_id", "temporary"],
+            None,
+        ))
+        .with_annotations(annotations(None, Some(true)))
+        .with_meta(plain_meta()),
+        Tool::new(DELETE, "Permanently delete a computer and all of its writable state.", id_input("Computer slug to permanently delete"))
+            .with_raw_output_schema(output_schema(
+                json!({"ok": {"type": "boolean"}, "computer_id": {"type": "string"}, "deleted": {"type": "boolean"}}),
+                &["ok", "computer_id", "deleted"],
+                None,
+            ))
+            .with_annotations(annotations(None, Some(true)))
+            .with_meta(plain_meta()),
+    ]
+}
+
+fn info_json(row: &ComputerInfo, backend: &str) -> Value {
+    let mut item = Map::new();
+    item.insert(
+        "computer_id".into(),
+        json!(row.sandbox.computer_id.as_str()),
+    );
+    item.insert("sandbox_id".into(), json!(row.sandbox.sandbox_id));
+    item.insert("backend".into(), json!(backend));
+    item.insert("state".into(), json!(row.state));
+    item.insert("temporary".into(), json!(row.sandbox.temporary));
+    item.insert("image".into(), json!(row.sandbox.image));
+    item.insert("created_at".into(), json!(row.created_at));
+    Value::Object(item)
+}
+
+/// `computer_list` and `computer_dashboard` (the same payload).
+pub async fn list(registry: &Registry) -> CallToolResult {
+    let (rows, warning) = registry.list().await;
+    let backend = registry.backend().kind();
+    let mut payload = Map::new();
+    payload.insert(
+        "computers".into(),
+        Value::Array(rows.iter().map(|r| info_json(r, backend)).collect()),
+    );
+    payload.insert("count".into(), json!(rows.len()));
+    if let Some(warning) = warning {
+        payload.insert("warning".into(), json!(warning));
+    }
+    format::success(payload)
+}
+
+fn parse_id(raw: &str) -> Result<ComputerId, CallToolResult> {
+    ComputerId::parse(raw).map_err(|e| format::error_json(e.to_string()))
+}
+
+pub async fn create(
+    registry: &Registry,
+    session: &Session,
+    arguments: Option<&JsonObject>,
+    progress: &dyn Progress,
+) -> CallToolResult {
+    let args = Args::new(CREATE, arguments);
+    let decoded = args
+        .string("computer_id")
+        .and_then(|id| Ok((id, args.boolean("temporary")?)));
+    let (raw_id, temporary) = match decoded {
+        Ok(decoded) => decoded,
+        Err(error) => return format::error_json(error.to_string()),
+    };
+    let computer_id = match raw_id.filter(|id| !id.is_empty()) {
+        Some(raw) => match parse_id(&raw) {
+            Ok(id) => Some(id),
+            Err(result) => return result,
+        },
+        None => None,
+    };
+    match registry
+        .acquire(
+            session,
+            computer_id,
+            temporary.unwrap_or(true),
+            false,
+            progress,
+        )
+        .await
+    {
+        Ok(sandbox) => {
+            let mut payload = Map::new();
+            payload.insert("ok".into(), json!(true));
+            payload.insert("computer_id".into(), json!(sandbox.computer_id.as_str()));
+            payload.insert("sandbox_id".into(), json!(sandbox.sandbox_id));
+            payload.insert("temporary".into(), json!(sandbox.temporary));
+            format::success(payload)
+        }
+        Err(error) => format::error_json(user_message(&error)),
+    }
+}
+
+/// Decodes the required `computer_id` of restart, reset and delete.
+fn required_id(
+    tool: &'static str,
+    arguments: Option<&JsonObject>,
+) -> Result<ComputerId, CallToolResult> {
+    let raw = Args::new(tool, arguments)
+        .required_string("computer_id")
+        .map_err(|e| format::error_json(e.to_string()))?;
+    parse_id(&raw)
+}
+
+pub async fn restart(registry: &Registry, arguments: Option<&JsonObject>) -> CallToolResult {
+    let id = match required_id(RESTART, arguments) {
+        Ok(id) => id,
+        Err(result) => return result,
+    };
+    match registry.restart(&id).await {
+        Ok(restarted) => {
+            let mut payload = Map::new();
+            payload.insert("ok".into(), json!(true));
+            payload.insert("computer_id".into(), json!(id.as_str()));
+            payload.insert("sandbox_id".into(), json!(restarted.sandbox.sandbox_id));
+            payload.insert("temporary".into(), json!(restarted.sandbox.temporary));
+            payload.insert("state_preserved".into(), json!(restarted.state_preserved));
+            if !restarted.state_preserved {
+                payload.insert(
+                    "warning".into(),
+                    json!(format!(
+                        "{} cannot restart a computer and keep its files; '{id}' was recreated from its base image and its previous files are gone.",
+                        registry.backend().kind()
+                    )),
+                );
+            }
+            format::success(payload)
+        }
+        Err(error) => format::error_json(user_message(&error)),
+    }
+}
+
+pub async fn factory_reset(
+    registry: &Registry,
+    arguments: Option<&JsonObject>,
+    progress: &dyn Progress,
+) -> CallToolResult {
+    let id = match required_id(FACTORY_RESET, arguments) {
+        Ok(id) => id,
+        Err(result) => return result,
+    };
+    match registry.factory_reset(&id, progress).await {
+        Ok(sandbox) => {
+            let mut payload = Map::new();
+            payload.insert("ok".into(), json!(true));
+            payload.insert("computer_id".into(), json!(id.as_str()));
+            payload.insert("sandbox_id".into(), json!(sandbox.sandbox_id));
+            payload.insert("temporary".into(), json!(sandbox.temporary));
+            format::success(payload)
+        }
+        Err(error) => format::error_json(user_message(&error)),
+    }
+}
+
+pub async fn delete(registry: &Registry, arguments: Option<&JsonObject>) -> CallToolResult {
+    let id = match required_id(DELETE, arguments) {
+        Ok(id) => id,
+        Err(result) => return result,
+    };
+    match registry.delete(&id).await {
+        Ok(()) => {
+            let mut payload = Map::new();
+            payload.insert("ok".into(), json!(true));
+            payload.insert("computer_id".into(), json!(id.as_str()));
+            payload.insert("deleted".into(), json!(true));
+            format::success(payload)
+        }
+        Err(error) => format::error_json(user_message(&error)),
+    }
+}
