@@ -185,8 +185,16 @@ pub async fn list(registry: &Registry) -> CallToolResult {
     format::success(payload)
 }
 
-fn parse_id(raw: &str) -> Result<ComputerId, CallToolResult> {
-    ComputerId::parse(raw).map_err(|e| format::error_json(e.to_string()))
+fn parse_id(raw: &str) -> Result<ComputerId, String> {
+    ComputerId::parse(raw).map_err(|e| e.to_string())
+}
+
+/// A lifecycle payload or message, in the reference's result shapes.
+fn respond(result: Result<Map<String, Value>, String>) -> CallToolResult {
+    match result {
+        Ok(payload) => format::success(payload),
+        Err(message) => format::error_json(message),
+    }
 }
 
 pub async fn create(
@@ -195,61 +203,49 @@ pub async fn create(
     arguments: Option<&JsonObject>,
     progress: &dyn Progress,
 ) -> CallToolResult {
-    let args = Args::new(CREATE, arguments);
-    let decoded = args
-        .string("computer_id")
-        .and_then(|id| Ok((id, args.boolean("temporary")?)));
-    let (raw_id, temporary) = match decoded {
-        Ok(decoded) => decoded,
-        Err(error) => return format::error_json(error.to_string()),
-    };
-    let computer_id = match raw_id.filter(|id| !id.is_empty()) {
-        Some(raw) => match parse_id(&raw) {
-            Ok(id) => Some(id),
-            Err(result) => return result,
-        },
-        None => None,
-    };
-    match registry
-        .acquire(
-            session,
-            computer_id,
-            temporary.unwrap_or(true),
-            false,
-            progress,
-        )
-        .await
-    {
-        Ok(sandbox) => {
+    respond(
+        async {
+            let args = Args::new(CREATE, arguments);
+            let raw_id = args.string("computer_id").map_err(|e| e.to_string())?;
+            let temporary = args.boolean("temporary").map_err(|e| e.to_string())?;
+            let computer_id = raw_id
+                .filter(|id| !id.is_empty())
+                .map(|raw| parse_id(&raw))
+                .transpose()?;
+            let sandbox = registry
+                .acquire(
+                    session,
+                    computer_id,
+                    temporary.unwrap_or(true),
+                    false,
+                    progress,
+                )
+                .await
+                .map_err(|e| user_message(&e))?;
             let mut payload = Map::new();
             payload.insert("ok".into(), json!(true));
             payload.insert("computer_id".into(), json!(sandbox.computer_id.as_str()));
             payload.insert("sandbox_id".into(), json!(sandbox.sandbox_id));
             payload.insert("temporary".into(), json!(sandbox.temporary));
-            format::success(payload)
+            Ok(payload)
         }
-        Err(error) => format::error_json(user_message(&error)),
-    }
+        .await,
+    )
 }
 
 /// Decodes the required `computer_id` of restart, reset and delete.
-fn required_id(
-    tool: &'static str,
-    arguments: Option<&JsonObject>,
-) -> Result<ComputerId, CallToolResult> {
+fn required_id(tool: &'static str, arguments: Option<&JsonObject>) -> Result<ComputerId, String> {
     let raw = Args::new(tool, arguments)
         .required_string("computer_id")
-        .map_err(|e| format::error_json(e.to_string()))?;
+        .map_err(|e| e.to_string())?;
     parse_id(&raw)
 }
 
 pub async fn restart(registry: &Registry, arguments: Option<&JsonObject>) -> CallToolResult {
-    let id = match required_id(RESTART, arguments) {
-        Ok(id) => id,
-        Err(result) => return result,
-    };
-    match registry.restart(&id).await {
-        Ok(restarted) => {
+    respond(
+        async {
+            let id = required_id(RESTART, arguments)?;
+            let restarted = registry.restart(&id).await.map_err(|e| user_message(&e))?;
             let mut payload = Map::new();
             payload.insert("ok".into(), json!(true));
             payload.insert("computer_id".into(), json!(id.as_str()));
@@ -257,18 +253,18 @@ pub async fn restart(registry: &Registry, arguments: Option<&JsonObject>) -> Cal
             payload.insert("temporary".into(), json!(restarted.sandbox.temporary));
             payload.insert("state_preserved".into(), json!(restarted.state_preserved));
             if !restarted.state_preserved {
+                let backend = registry.backend().kind();
                 payload.insert(
                     "warning".into(),
                     json!(format!(
-                        "{} cannot restart a computer and keep its files; '{id}' was recreated from its base image and its previous files are gone.",
-                        registry.backend().kind()
+                        "{backend} cannot restart a computer and keep its files; '{id}' was recreated from its base image and its previous files are gone."
                     )),
                 );
             }
-            format::success(payload)
+            Ok(payload)
         }
-        Err(error) => format::error_json(user_message(&error)),
-    }
+        .await,
+    )
 }
 
 pub async fn factory_reset(
@@ -276,36 +272,35 @@ pub async fn factory_reset(
     arguments: Option<&JsonObject>,
     progress: &dyn Progress,
 ) -> CallToolResult {
-    let id = match required_id(FACTORY_RESET, arguments) {
-        Ok(id) => id,
-        Err(result) => return result,
-    };
-    match registry.factory_reset(&id, progress).await {
-        Ok(sandbox) => {
+    respond(
+        async {
+            let id = required_id(FACTORY_RESET, arguments)?;
+            let sandbox = registry
+                .factory_reset(&id, progress)
+                .await
+                .map_err(|e| user_message(&e))?;
             let mut payload = Map::new();
             payload.insert("ok".into(), json!(true));
             payload.insert("computer_id".into(), json!(id.as_str()));
             payload.insert("sandbox_id".into(), json!(sandbox.sandbox_id));
             payload.insert("temporary".into(), json!(sandbox.temporary));
-            format::success(payload)
+            Ok(payload)
         }
-        Err(error) => format::error_json(user_message(&error)),
-    }
+        .await,
+    )
 }
 
 pub async fn delete(registry: &Registry, arguments: Option<&JsonObject>) -> CallToolResult {
-    let id = match required_id(DELETE, arguments) {
-        Ok(id) => id,
-        Err(result) => return result,
-    };
-    match registry.delete(&id).await {
-        Ok(()) => {
+    respond(
+        async {
+            let id = required_id(DELETE, arguments)?;
+            registry.delete(&id).await.map_err(|e| user_message(&e))?;
             let mut payload = Map::new();
             payload.insert("ok".into(), json!(true));
             payload.insert("computer_id".into(), json!(id.as_str()));
             payload.insert("deleted".into(), json!(true));
-            format::success(payload)
+            Ok(payload)
         }
-        Err(error) => format::error_json(user_message(&error)),
-    }
+        .await,
+    )
 }
