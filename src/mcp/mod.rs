@@ -71,17 +71,47 @@ impl Surface {
     }
 }
 
-/// One MCP session's handler. Dropping it does not end the session; the transport calls
-/// [`Registry::close_session`] when the session ends.
+/// One MCP session's handler. When its last clone is dropped (the transport ended the
+/// session: EOF, client DELETE, idle expiry, shutdown) the session's computers are released.
 #[derive(Clone)]
 pub struct SessionHandler {
     surface: Arc<Surface>,
     session: Arc<Session>,
+    _release: Arc<ReleaseOnDrop>,
 }
 
 impl SessionHandler {
-    pub fn new(surface: Arc<Surface>, session: Arc<Session>) -> Self {
-        Self { surface, session }
+    /// A handler for a new session of its own.
+    pub fn new(surface: Arc<Surface>) -> Self {
+        let session = surface.registry.open_session();
+        Self::with_session(surface, session)
+    }
+
+    /// A handler for one sessionless request, holding computers by lease.
+    pub fn sessionless(surface: Arc<Surface>, lease_ttl: std::time::Duration) -> Self {
+        let session = surface.registry.sessionless(lease_ttl);
+        Self::with_session(surface, session)
+    }
+
+    fn with_session(surface: Arc<Surface>, session: Arc<Session>) -> Self {
+        let release = ReleaseOnDrop { registry: surface.registry.clone(), session: session.clone() };
+        Self { surface, session, _release: Arc::new(release) }
+    }
+}
+
+/// Releases a session's holds when dropped. `Drop` cannot await, so it hands the work to the
+/// runtime; the shutdown sweep covers anything a dying runtime no longer runs.
+struct ReleaseOnDrop {
+    registry: Arc<Registry>,
+    session: Arc<Session>,
+}
+
+impl Drop for ReleaseOnDrop {
+    fn drop(&mut self) {
+        let (registry, session) = (self.registry.clone(), self.session.clone());
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move { registry.close_session(&session).await });
+        }
     }
 }
 

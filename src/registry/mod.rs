@@ -13,6 +13,7 @@ mod sessions;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 use tracing::{info, instrument, warn};
@@ -98,6 +99,8 @@ struct SlotState {
     in_flight: Option<InFlight>,
     /// Why the in-flight exec was cancelled by a lifecycle op, if it was.
     interrupted_by: Option<Interruption>,
+    /// Held by sessionless requests until this instant.
+    lease_until: Option<Instant>,
 }
 
 /// The exec running on a computer, so lifecycle ops and shutdown can stop it.
@@ -162,9 +165,63 @@ impl Registry {
         let id = self
             .next_session
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let session = Arc::new(Session::new(id));
+        let session = Arc::new(Session::new(id, None));
         lock(&self.sessions).insert(id, Arc::downgrade(&session));
         session
+    }
+
+    /// A holder for one sessionless request: computers it touches are kept alive by a lease of
+    /// `ttl`, renewed on every use (`lifecycle.md` §2). Nothing needs closing afterwards.
+    pub fn sessionless(&self, ttl: Duration) -> Arc<Session> {
+        let id = self.next_session.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Arc::new(Session::new(id, Some(ttl)))
+    }
+
+    /// Extends the lease of `slot` to at least now + `ttl` (sessionless holders only).
+    fn renew_lease(slot: &Slot, session: &Session) {
+        if let Some(ttl) = session.lease_ttl {
+            let until = Instant::now() + ttl;
+            let mut state = lock(&slot.state);
+            if state.lease_until.is_none_or(|current| current < until) {
+                state.lease_until = Some(until);
+            }
+        }
+    }
+
+    /// Drops computers held only by an expired lease and with no exec in flight; temporary
+    /// ones are removed provider-side. Run periodically by transports with sessionless clients.
+    pub async fn reap_expired_leases(&self) {
+        let now = Instant::now();
+        let candidates: Vec<(ComputerId, Arc<Slot>)> = lock(&self.slots)
+            .iter()
+            .filter(|(_, slot)| {
+                let state = lock(&slot.state);
+                state.owners.is_empty() && state.lease_until.is_some_and(|until| until <= now)
+            })
+            .map(|(id, slot)| (id.clone(), slot.clone()))
+            .collect();
+        for (id, slot) in candidates {
+            let expired = {
+                let Ok(_lifecycle) = slot.lifecycle.try_lock() else { continue };
+                let Ok(_exec) = slot.exec.try_lock() else { continue };
+                let mut state = lock(&slot.state);
+                let still_expired = state.owners.is_empty()
+                    && state.lease_until.is_some_and(|until| until <= Instant::now());
+                if !still_expired {
+                    continue;
+                }
+                state.lease_until = None;
+                state.record.take()
+            };
+            if let Some(sandbox) = expired.filter(|s| s.temporary) {
+                info!(computer_id = %id, "lease expired; removing temporary computer");
+                if let Err(error) = self.backend.remove(&sandbox).await {
+                    warn!(computer_id = %id, %error, "could not remove temporary computer");
+                }
+            }
+            drop(slot);
+            self.prune_slot(&id);
+        }
     }
 
     fn slot(&self, id: &ComputerId) -> Arc<Slot> {
@@ -181,7 +238,7 @@ impl Registry {
         if let Some(slot) = slots.get(id) {
             let idle = {
                 let state = lock(&slot.state);
-                state.record.is_none() && state.owners.is_empty()
+                state.record.is_none() && state.owners.is_empty() && state.lease_until.is_none()
             };
             if idle && Arc::strong_count(slot) == 1 {
                 slots.remove(id);
@@ -205,7 +262,8 @@ impl Registry {
             tracing::Span::current().record("computer_id", id.as_str());
             return self.acquire_for(session, &id, temporary, progress).await;
         }
-        if !use_default {
+        // Sessionless requests have no default: each omitted-id call gets a new computer.
+        if !use_default || session.lease_ttl.is_some() {
             let id = self.unused_random_id().await?;
             return self.acquire_for(session, &id, temporary, progress).await;
         }
@@ -274,7 +332,11 @@ impl Registry {
             let mut state = lock(&slot.state);
             state.record = Some(sandbox.clone());
             state.last_state.get_or_insert_with(|| "running".to_owned());
-            state.owners.insert(session.id);
+            if session.lease_ttl.is_none() {
+                state.owners.insert(session.id);
+            }
+            drop(state);
+            Self::renew_lease(&slot, session);
             session.own(id.clone(), sandbox.temporary);
             Ok(sandbox)
         }
@@ -333,6 +395,7 @@ impl Registry {
             .await?;
         let id = acquired.computer_id.clone();
         let slot = self.slot(&id);
+        Self::renew_lease(&slot, session);
         let _turn = slot.exec.lock().await;
         let mut restarted_once = false;
         loop {
@@ -366,6 +429,7 @@ impl Registry {
                 state.in_flight = None;
                 state.interrupted_by.take()
             };
+            Self::renew_lease(&slot, session);
             return match result {
                 Ok(outcome) => Ok(Executed { sandbox, outcome }),
                 Err(ExecError::Cancelled) => match interrupted_by {
@@ -404,6 +468,7 @@ impl Registry {
             let mut state = lock(&slot.state);
             state.record = None;
             state.owners.clear();
+            state.lease_until = None;
         }
         let sessions: Vec<Arc<Session>> = lock(&self.sessions)
             .values()
@@ -427,6 +492,10 @@ impl Registry {
     /// Ends a session: drops its holds and removes temporary computers nobody holds any more.
     #[instrument(skip_all, fields(session = session.id))]
     pub async fn close_session(&self, session: &Session) {
+        if session.lease_ttl.is_some() {
+            // Sessionless holds are leases; they expire on their own.
+            return;
+        }
         lock(&self.sessions).remove(&session.id);
         session.set_default(None);
         for (id, _) in session.take_owned() {
@@ -437,7 +506,8 @@ impl Registry {
             let to_remove = {
                 let mut state = lock(&slot.state);
                 state.owners.remove(&session.id);
-                if state.owners.is_empty() {
+                let leased = state.lease_until.is_some_and(|until| until > Instant::now());
+                if state.owners.is_empty() && !leased {
                     state.record.take()
                 } else {
                     None

@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
+use std::time::Duration;
 
 use crate::ids::ComputerId;
 
@@ -14,11 +15,15 @@ pub struct Session {
     pub(super) default_lock: tokio::sync::Mutex<()>,
     default_id: Mutex<Option<ComputerId>>,
     owned: Mutex<HashMap<ComputerId, bool>>,
+    /// `Some(ttl)` for a sessionless (2026-07-28) request: it holds temporary computers by a
+    /// lease renewed on use instead of as an owner, and has no default computer.
+    pub(super) lease_ttl: Option<Duration>,
 }
 
 impl Session {
-    pub(super) fn new(id: u64) -> Self {
+    pub(super) fn new(id: u64, lease_ttl: Option<Duration>) -> Self {
         Self {
+            lease_ttl,
             id,
             default_lock: tokio::sync::Mutex::new(()),
             default_id: Mutex::new(None),

@@ -13,8 +13,7 @@ use crate::shutdown;
 /// Serves until EOF or a signal; returns the process exit code.
 pub async fn serve(surface: Arc<Surface>) -> i32 {
     let registry = surface.registry.clone();
-    let session = registry.open_session();
-    let handler = SessionHandler::new(surface, session.clone());
+    let handler = SessionHandler::new(surface);
     let serving = async {
         match handler.serve(stdio_pipes()).await {
             Ok(running) => {
