@@ -25,3 +25,6 @@ cargo test --all-features --locked
 step "black-box MCP tests"
 export KILNTAINERS_BIN="$PWD/target/debug/mcp-sandbox-computer-vm-for-ai"
 "$KILNTAINERS_TEST_VENV/bin/python" -m pytest tests/blackbox -q -p no:cacheprovider
+
+step "dashboard in headless Chromium and the MCP Inspector CLI"
+bash scripts/browser-test.sh

@@ -94,8 +94,15 @@ impl SessionHandler {
     }
 
     fn with_session(surface: Arc<Surface>, session: Arc<Session>) -> Self {
-        let release = ReleaseOnDrop { registry: surface.registry.clone(), session: session.clone() };
-        Self { surface, session, _release: Arc::new(release) }
+        let release = ReleaseOnDrop {
+            registry: surface.registry.clone(),
+            session: session.clone(),
+        };
+        Self {
+            surface,
+            session,
+            _release: Arc::new(release),
+        }
     }
 }
 

@@ -173,7 +173,9 @@ impl Registry {
     /// A holder for one sessionless request: computers it touches are kept alive by a lease of
     /// `ttl`, renewed on every use (`lifecycle.md` §2). Nothing needs closing afterwards.
     pub fn sessionless(&self, ttl: Duration) -> Arc<Session> {
-        let id = self.next_session.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let id = self
+            .next_session
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         Arc::new(Session::new(id, Some(ttl)))
     }
 
@@ -202,11 +204,17 @@ impl Registry {
             .collect();
         for (id, slot) in candidates {
             let expired = {
-                let Ok(_lifecycle) = slot.lifecycle.try_lock() else { continue };
-                let Ok(_exec) = slot.exec.try_lock() else { continue };
+                let Ok(_lifecycle) = slot.lifecycle.try_lock() else {
+                    continue;
+                };
+                let Ok(_exec) = slot.exec.try_lock() else {
+                    continue;
+                };
                 let mut state = lock(&slot.state);
                 let still_expired = state.owners.is_empty()
-                    && state.lease_until.is_some_and(|until| until <= Instant::now());
+                    && state
+                        .lease_until
+                        .is_some_and(|until| until <= Instant::now());
                 if !still_expired {
                     continue;
                 }
@@ -506,7 +514,9 @@ impl Registry {
             let to_remove = {
                 let mut state = lock(&slot.state);
                 state.owners.remove(&session.id);
-                let leased = state.lease_until.is_some_and(|until| until > Instant::now());
+                let leased = state
+                    .lease_until
+                    .is_some_and(|until| until > Instant::now());
                 if state.owners.is_empty() && !leased {
                     state.record.take()
                 } else {

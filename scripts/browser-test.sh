@@ -1,0 +1,80 @@
+#!/usr/bin/env bash
+# Dashboard and MCP Inspector tests (tests/browser): installs what they need, then runs them.
+# Idempotent; works from a fresh clone on a fresh Debian 12 machine and when run again.
+#
+#   scripts/browser-test.sh            install what is missing, build, run all browser tests
+#   scripts/browser-test.sh FILE...    run only these test files (relative to tests/browser)
+#
+# Steps:
+#   1. apt: chromium (+ fonts-liberation, fonts-dejavu-core for stable screenshots) if missing
+#   2. node >= 20 and npm must be present (Debian 12's own nodejs is 18: not enough)
+#   3. `npm ci` in tests/browser, skipped while package-lock.json is unchanged since the last one
+#   4. Docker and the sandbox-busybox:full image: scripts/setup-test-env.sh when either is
+#      missing (with SKIP_PODMAN=1 SKIP_RUNSC=1 unless set otherwise)
+#   5. the server: $KILNTAINERS_BIN if set, else `cargo build --locked` (the dashboard HTML is
+#      compiled into the binary, so a stale binary would test a stale page)
+#   6. node --test: dashboard.test.mjs (app mode via the ext-apps AppBridge), web.test.mjs
+#      (GET / over HTTP), inspector.test.mjs (MCP Inspector CLI 0.15.0)
+#
+# Screenshots land in tests/browser/output/. Exit status is the test runner's.
+set -euo pipefail
+
+# shellcheck disable=SC2034 # read by lib.sh
+LOG_PREFIX="[browser-test]"
+SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd -P)"
+# shellcheck source=scripts/lib.sh
+source "$SCRIPT_DIR/lib.sh"
+cd "$REPO_ROOT"
+
+BROWSER_DIR="$REPO_ROOT/tests/browser"
+TEST_FILES=("$@")
+if ((${#TEST_FILES[@]} == 0)); then
+    TEST_FILES=(dashboard.test.mjs web.test.mjs inspector.test.mjs)
+fi
+
+# 1. Chromium from Debian (Playwright's own browser download cannot work here).
+t0="$(now)"
+apt_ensure chromium fonts-liberation fonts-dejavu-core || die "could not install chromium"
+[[ -x /usr/bin/chromium ]] || die "/usr/bin/chromium is missing after installing chromium"
+log "chromium         $(elapsed "$t0")  $(/usr/bin/chromium --version 2>/dev/null | head -n 1)"
+
+# 2. Node.js.
+command -v node >/dev/null 2>&1 || die "node (>= 20) is required"
+command -v npm >/dev/null 2>&1 || die "npm is required"
+node_major="$(node -p 'process.versions.node.split(".")[0]')"
+((node_major >= 20)) || die "node >= 20 is required (found $(node --version))"
+
+# 3. npm packages, pinned by package-lock.json.
+t0="$(now)"
+stamp="$BROWSER_DIR/node_modules/.kilntainers-lock.sha256"
+want="$(sha256sum "$BROWSER_DIR/package-lock.json" | cut -d' ' -f1)"
+if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
+    log "npm ci in tests/browser"
+    (cd "$BROWSER_DIR" && npm ci --no-audit --no-fund --loglevel=error) || die "npm ci failed"
+    printf '%s\n' "$want" >"$stamp"
+    log "npm ci           $(elapsed "$t0")"
+else
+    log "npm packages     up to date"
+fi
+
+# 4. Docker engine and the test image.
+if ! docker info >/dev/null 2>&1 || ! docker image inspect sandbox-busybox:full >/dev/null 2>&1; then
+    log "Docker or sandbox-busybox:full missing: running scripts/setup-test-env.sh"
+    SKIP_PODMAN="${SKIP_PODMAN:-1}" SKIP_RUNSC="${SKIP_RUNSC:-1}" bash "$SCRIPT_DIR/setup-test-env.sh"
+fi
+docker image inspect sandbox-busybox:full >/dev/null 2>&1 || die "image sandbox-busybox:full is missing"
+
+# 5. The server binary.
+if [[ -n "${KILNTAINERS_BIN:-}" ]]; then
+    [[ -x "$KILNTAINERS_BIN" ]] || die "KILNTAINERS_BIN=$KILNTAINERS_BIN is not an executable"
+else
+    t0="$(now)"
+    cargo build --locked --quiet || die "cargo build failed"
+    export KILNTAINERS_BIN="$REPO_ROOT/target/debug/mcp-sandbox-computer-vm-for-ai"
+    log "cargo build      $(elapsed "$t0")"
+fi
+
+# 6. The tests.
+log "running ${TEST_FILES[*]} against $KILNTAINERS_BIN"
+cd "$BROWSER_DIR"
+exec node --test --test-concurrency=1 --test-reporter=spec "${TEST_FILES[@]}"

@@ -1,0 +1,186 @@
+// The dashboard in web mode: GET / of the real server in HTTP mode, talking Streamable HTTP to
+// /mcp from headless Debian Chromium (dashboard.md §4, §7).
+import assert from "node:assert/strict";
+import { randomBytes } from "node:crypto";
+import { after, before, describe, it } from "node:test";
+
+import { join } from "node:path";
+
+import {
+  OUTPUT_DIR,
+  assertPrerequisites,
+  ensureOutputDir,
+  containerListed,
+  launchBrowser,
+  removeComputers,
+  startHttpServer,
+  waitFor,
+} from "./lib/harness.mjs";
+
+const TOKEN = randomBytes(12).toString("hex");
+const created = new Set();
+const requests = []; // every /mcp request the page made: {method, headers, body}
+let server;
+let browser;
+let page;
+
+let failed = null;
+function step(name, fn) {
+  it(name, async (t) => {
+    if (failed) return t.skip(`an earlier step failed: ${failed}`);
+    try {
+      await fn(t);
+    } catch (error) {
+      failed = name;
+      throw error;
+    }
+  });
+}
+
+const text = async (selector) => (await page.locator(selector).textContent()) ?? "";
+async function waitStatus(expected, timeoutMs = 30_000) {
+  await waitFor(
+    async () => {
+      const t = await text("#status");
+      return typeof expected === "string" ? t === expected : expected.test(t);
+    },
+    timeoutMs,
+    `status ${expected} (now: ${await text("#status").catch(() => "?")})`,
+  );
+}
+const mcpRequests = (pred = () => true) => requests.filter(pred);
+const rpc = (r) => {
+  try {
+    return JSON.parse(r.body || "null");
+  } catch {
+    return null;
+  }
+};
+
+describe("dashboard in web mode over Streamable HTTP", () => {
+  before(async () => {
+    assertPrerequisites();
+    ensureOutputDir();
+    server = await startHttpServer({ token: TOKEN });
+    browser = await launchBrowser({ viewport: { width: 1100, height: 900 } });
+    page = browser.page;
+    page.on("pageerror", (e) => console.error(`[page error] ${e.message}`));
+    page.on("request", (req) => {
+      if (new URL(req.url()).pathname === "/mcp") {
+        requests.push({ method: req.method(), headers: req.headers(), body: req.postData() });
+      }
+    });
+  });
+
+  after(async () => {
+    removeComputers([...created]);
+    await browser?.close();
+    await server?.close();
+  });
+
+  step("GET / serves the dashboard in web mode", async () => {
+    const res = await page.goto(`${server.url}/`);
+    assert.equal(res.status(), 200);
+    const headers = res.headers();
+    assert.equal(
+      headers["content-security-policy"],
+      "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:; connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+    );
+    assert.equal(headers["x-content-type-options"], "nosniff");
+    assert.equal(headers["referrer-policy"], "no-referrer");
+    assert.equal(headers["cache-control"], "no-store");
+    assert.match(await page.content(), /<meta name="kilntainers-mode" content="web">/);
+    assert.equal(await page.locator("#fullscreen").isVisible(), false);
+  });
+
+  step("401 shows the access token prompt", async () => {
+    await waitFor(() => page.locator("#auth").isVisible(), 10_000, "token prompt");
+    assert.equal(await page.getByLabel("Access token").getAttribute("type"), "password");
+    assert.match(await text("#status"), /access token/i);
+    const init = mcpRequests((r) => rpc(r)?.method === "initialize");
+    assert.equal(init.length, 1);
+    assert.equal(init[0].headers.authorization, undefined);
+    await page.screenshot({ path: join(OUTPUT_DIR, "web-token-prompt.png"), fullPage: true });
+  });
+
+  step("connects with the token: initialize, session header, protocol header", async () => {
+    await page.getByLabel("Access token").fill(TOKEN);
+    await page.getByRole("button", { name: "Connect" }).click();
+    await waitStatus(/^(Connected|\d+ computers?)$/, 15_000);
+    assert.equal(await page.locator("#auth").isVisible(), false);
+    const init = mcpRequests((r) => rpc(r)?.method === "initialize").at(-1);
+    assert.equal(init.headers.authorization, `Bearer ${TOKEN}`);
+    assert.equal(rpc(init).params.protocolVersion, "2025-11-25");
+    assert.equal(rpc(init).params.clientInfo.name, "sandbox-computer-dashboard-web");
+    assert.equal(init.headers["mcp-session-id"], undefined);
+    assert.match(init.headers.accept, /application\/json/);
+    assert.match(init.headers.accept, /text\/event-stream/);
+    // Silent refresh after connecting: a computer_list with both session headers.
+    await waitFor(() => mcpRequests((r) => rpc(r)?.params?.name === "computer_list").length > 0, 10_000, "computer_list");
+    const list = mcpRequests((r) => rpc(r)?.params?.name === "computer_list")[0];
+    assert.ok(list.headers["mcp-session-id"], "no Mcp-Session-Id on requests after initialize");
+    assert.equal(list.headers["mcp-protocol-version"], "2025-11-25");
+    const notified = mcpRequests((r) => rpc(r)?.method === "notifications/initialized");
+    assert.equal(notified.length, 1);
+  });
+
+  step("creates a temporary computer and runs a command in it", async () => {
+    await page.getByRole("button", { name: "Create computer" }).click();
+    await waitStatus(/^Computer [a-z0-9-]+ is ready\.$/, 60_000);
+    const id = (await text("#status")).match(/^Computer ([a-z0-9-]+) is ready\.$/)[1];
+    created.add(id);
+    assert.ok(containerListed(id));
+    assert.equal(await page.locator(`li[data-id="${id}"] .pill`).textContent(), "temporary");
+    await page.locator("#command").fill("echo hello-from-web");
+    await page.getByRole("button", { name: "Run command" }).click();
+    await waitStatus("Command finished with exit 0.", 60_000);
+    assert.match(await text("#output"), /\$ echo hello-from-web\nhello-from-web\n\[exit 0 · \d+ ms\]/);
+    await page.emulateMedia({ colorScheme: "dark" });
+    await page.screenshot({ path: join(OUTPUT_DIR, "web-dark.png"), fullPage: true });
+    await page.emulateMedia({ colorScheme: "light" });
+  });
+
+  step("re-initializes transparently after Session not found", async () => {
+    const sid = mcpRequests((r) => r.headers["mcp-session-id"]).at(-1).headers["mcp-session-id"];
+    const del = await fetch(`${server.url}/mcp`, {
+      method: "DELETE",
+      headers: { "Mcp-Session-Id": sid, Authorization: `Bearer ${TOKEN}` },
+    });
+    assert.ok(del.ok, `DELETE /mcp answered ${del.status}`);
+    const before = mcpRequests((r) => rpc(r)?.method === "initialize").length;
+    await page.getByRole("button", { name: "Refresh", exact: true }).click();
+    await waitStatus(/^\d+ computers?$/, 20_000);
+    assert.equal(mcpRequests((r) => rpc(r)?.method === "initialize").length, before + 1, "no re-initialize");
+    const last = mcpRequests((r) => rpc(r)?.params?.name === "computer_list").at(-1);
+    assert.notEqual(last.headers["mcp-session-id"], sid, "still using the deleted session");
+    // The old session owned the temporary computer: ending it removed the computer.
+    for (const id of created) await waitFor(() => !containerListed(id), 20_000, `${id} removed with its session`);
+  });
+
+  step("sends DELETE /mcp with the session id on pagehide", async () => {
+    const sid = mcpRequests((r) => r.headers["mcp-session-id"]).at(-1).headers["mcp-session-id"];
+    await page.goto("about:blank");
+    // Playwright does not report keepalive requests of an unloading document, so the proof is
+    // the server's: within seconds (the idle timeout is 300 s) the session answers 404, which
+    // only a DELETE carrying this session id and the bearer token can cause.
+    await waitFor(
+      async () => {
+        const res = await fetch(`${server.url}/mcp`, {
+          method: "POST",
+          headers: {
+            "Content-Type": "application/json",
+            Accept: "application/json, text/event-stream",
+            "Mcp-Session-Id": sid,
+            "MCP-Protocol-Version": "2025-11-25",
+            Authorization: `Bearer ${TOKEN}`,
+          },
+          body: JSON.stringify({ jsonrpc: "2.0", id: 1, method: "tools/list", params: {} }),
+        });
+        await res.text();
+        return res.status === 404;
+      },
+      10_000,
+      "the session to be gone",
+    );
+  });
+});
