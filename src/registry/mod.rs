@@ -203,32 +203,36 @@ impl Registry {
             .map(|(id, slot)| (id.clone(), slot.clone()))
             .collect();
         for (id, slot) in candidates {
-            let expired = {
-                let Ok(_lifecycle) = slot.lifecycle.try_lock() else {
-                    continue;
-                };
-                let Ok(_exec) = slot.exec.try_lock() else {
-                    continue;
-                };
-                let mut state = lock(&slot.state);
-                let still_expired = state.owners.is_empty()
-                    && state
-                        .lease_until
-                        .is_some_and(|until| until <= Instant::now());
-                if !still_expired {
-                    continue;
-                }
-                state.lease_until = None;
-                state.record.take()
-            };
-            if let Some(sandbox) = expired.filter(|s| s.temporary) {
-                info!(computer_id = %id, "lease expired; removing temporary computer");
-                if let Err(error) = self.backend.remove(&sandbox).await {
-                    warn!(computer_id = %id, %error, "could not remove temporary computer");
-                }
-            }
+            self.reap_if_expired(&slot).await;
             drop(slot);
             self.prune_slot(&id);
+        }
+    }
+
+    /// Holds the computer's lifecycle lock through removal so no acquire can pick up a
+    /// computer that is being removed.
+    async fn reap_if_expired(&self, slot: &Slot) {
+        let Ok(_lifecycle) = slot.lifecycle.try_lock() else {
+            return;
+        };
+        let expired = {
+            let Ok(_exec) = slot.exec.try_lock() else {
+                return;
+            };
+            let mut state = lock(&slot.state);
+            let still_expired = state.owners.is_empty()
+                && state
+                    .lease_until
+                    .is_some_and(|until| until <= Instant::now());
+            if !still_expired {
+                return;
+            }
+            state.lease_until = None;
+            Self::release_record(&mut state)
+        };
+        if let Some(sandbox) = expired {
+            info!(computer_id = %sandbox.computer_id, "lease expired; removing temporary computer");
+            self.remove_then_forget(slot, &sandbox).await;
         }
     }
 
@@ -518,20 +522,46 @@ impl Registry {
                     .lease_until
                     .is_some_and(|until| until > Instant::now());
                 if state.owners.is_empty() && !leased {
-                    state.record.take()
+                    Self::release_record(&mut state)
                 } else {
                     None
                 }
             };
-            if let Some(sandbox) = to_remove.filter(|s| s.temporary) {
+            if let Some(sandbox) = to_remove {
                 Self::interrupt(&slot, Interruption::Delete);
-                if let Err(error) = self.backend.remove(&sandbox).await {
-                    warn!(computer_id = %id, %error, "could not remove temporary computer");
-                }
+                self.remove_then_forget(&slot, &sandbox).await;
             }
             drop(_lifecycle);
             drop(slot);
             self.prune_slot(&id);
+        }
+    }
+
+    /// Forgets a permanent record at once; returns a temporary one, which stays recorded until
+    /// it is really gone so a concurrent shutdown sweep still sees (and removes) it.
+    fn release_record(state: &mut SlotState) -> Option<SandboxRef> {
+        match &state.record {
+            Some(record) if record.temporary => Some(record.clone()),
+            _ => {
+                state.record = None;
+                None
+            }
+        }
+    }
+
+    /// Removes a temporary computer provider-side, then drops its record. On failure the record
+    /// stays, so the shutdown sweep tries again.
+    async fn remove_then_forget(&self, slot: &Slot, sandbox: &SandboxRef) {
+        match self.backend.remove(sandbox).await {
+            Ok(()) => {
+                let mut state = lock(&slot.state);
+                if state.record.as_ref() == Some(sandbox) && state.owners.is_empty() {
+                    state.record = None;
+                }
+            }
+            Err(error) => {
+                warn!(computer_id = %sandbox.computer_id, %error, "could not remove temporary computer");
+            }
         }
     }
 

@@ -21,6 +21,9 @@ pub(super) const KILL_SWEEP_TIMEOUT: Duration = Duration::from_secs(10);
 /// After the output stream ends the exec can still read as running for a moment; this bounds
 /// how long we wait for the engine to record the exit code.
 const EXIT_CODE_WAIT: Duration = Duration::from_secs(5);
+/// How long a signal-killed exec waits for the engine to report the container's own death
+/// (`docker kill` ends the exec stream a moment before the container reads as exited).
+const DEATH_SETTLE: Duration = Duration::from_millis(500);
 /// Read buffer for the attached stream; larger than bollard's default to cut frame overhead.
 const OUTPUT_BUFFER: usize = 64 * 1024;
 
@@ -125,7 +128,7 @@ pub(super) async fn exec(
         Some(code) if code == 0 => Ok(ExecEnd::Exited(code)),
         other => {
             // A non-zero or missing code may mean the container itself died.
-            if !backend_running(backend, sandbox).await {
+            if container_died(backend, sandbox, other).await {
                 return Err(BackendError::DiedDuringExec(sandbox.sandbox_id.clone()));
             }
             other.map(ExecEnd::Exited).ok_or_else(|| {
@@ -135,6 +138,32 @@ pub(super) async fn exec(
                 ))
             })
         }
+    }
+}
+
+/// Whether the container died under the exec. A signal death (code ≥ 128) or a missing code
+/// can arrive before the engine has marked the container dead, so those are re-checked for a
+/// short while; ordinary failures cost one inspect.
+async fn container_died(
+    backend: &DockerBackend,
+    sandbox: &SandboxRef,
+    exit_code: Option<i64>,
+) -> bool {
+    let signalled = exit_code.is_none_or(|code| code >= 128);
+    let deadline = tokio::time::Instant::now()
+        + if signalled {
+            DEATH_SETTLE
+        } else {
+            Duration::ZERO
+        };
+    loop {
+        if !backend_running(backend, sandbox).await {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 

@@ -1,0 +1,687 @@
+"""Shared helpers for the black-box MCP tests.
+
+The server binary is started over stdio and driven with the official Python MCP client SDK
+(`mcp` on PyPI: `ClientSession`, `StdioServerParameters`, `stdio_client`).  Assertions about
+containers use the docker CLI.  Nothing here knows about the server's internals.
+
+Conventions
+-----------
+* Binary: env `KILNTAINERS_BIN`, default `<repo>/target/debug/mcp-sandbox-computer-vm-for-ai`.
+* Every server gets its own temporary HOME (state dir isolation) unless a test passes one.
+* Every server runs under a tiny Python shim that records the server's pid and exit status,
+  so tests can signal exactly that process and read its exit code.
+* Explicit computer ids carry a per-run prefix `t<6 hex>-`; every computer id a test creates or
+  sees in a result is force-removed at teardown, and temporary computers that should have been
+  removed by the server but were not are reported as leaks.
+* A session-level check asserts that no `kilntainers` container, no process started by the
+  tests and no temporary directory made by the tests is left behind.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import secrets
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, AsyncIterator
+
+import anyio
+import pytest
+
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = os.environ.get("KILNTAINERS_BIN") or str(REPO / "target" / "debug" / "mcp-sandbox-computer-vm-for-ai")
+
+DEBIAN = "debian:bookworm-slim"
+BUSYBOX = "sandbox-busybox:full"
+MINIMAL = "sandbox-busybox:minimal"
+BUSYBOX_ARGS = ["--image", BUSYBOX, "--shell", "/bin/sh"]
+MINIMAL_ARGS = ["--image", MINIMAL, "--shell", "/bin/sh"]
+
+RUN_PREFIX = "t" + secrets.token_hex(3)
+# Everything this test run made: computer ids seen or chosen, and server instance ids.  The
+# suite-level leak check only ever looks at (and removes) containers matching these, because
+# other sessions may use the same Docker daemon at the same time.
+MADE: dict[str, set[str]] = {"ids": set(), "instances": set()}
+STATE_DIR_NAME = ".mcp-sandbox-computer-vm-for-ai"
+MIB2 = 2 * 1024 * 1024
+
+# Exact strings from the spec (mcp-surface.md, lifecycle.md, cli.md).
+SLUG_MESSAGE = (
+    "computer_id must be 1-63 lowercase letters, numbers, or hyphens; "
+    "it must start and end with a letter or number."
+)
+RANDOM_SLUG_RE = re.compile(
+    r"^(amber|brisk|calm|clever|coral|crisp|gentle|lucky|quiet|rapid|silver|steady)-"
+    r"(badger|comet|falcon|gecko|heron|lynx|otter|panda|raven|tiger|whale|wolf)-[0-9a-f]{4}$"
+)
+SLUG_RE = re.compile(r"^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$")
+RESULT_KEYS = ["computer_id", "temporary", "stdout", "stderr", "exit_code", "exec_duration_ms"]
+
+
+def timeout_notice(n: int) -> str:
+    return f"[kilntainers: command timed out after {n}s]"
+
+
+def limit_notice(limit: int) -> str:
+    return (
+        f"[kilntainers: output limit exceeded ({limit} bytes). Command terminated. No output returned. "
+        "Re-run with head, tail, or grep to manage output size.]"
+    )
+
+
+# The shim: runs the server as a child with inherited stdin/stdout/stderr, records its pid and
+# exit status.  Signal dispositions are the defaults (unlike a background job of `sh`).
+SHIM = r"""
+import subprocess, sys
+pidf, rcf = sys.argv[1], sys.argv[2]
+p = subprocess.Popen(sys.argv[3:])
+with open(pidf + ".tmp", "w") as f:
+    f.write(str(p.pid))
+import os
+os.replace(pidf + ".tmp", pidf)
+rc = p.wait()
+with open(rcf + ".tmp", "w") as f:
+    f.write(str(rc))
+os.replace(rcf + ".tmp", rcf)
+sys.exit(rc if rc >= 0 else 128 - rc)
+"""
+
+
+# ---------------------------------------------------------------------------------------------
+# small utilities
+
+
+def poll(predicate, timeout: float, interval: float = 0.1):
+    """Call predicate until it returns a truthy value or the deadline passes; return the last value."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value or time.monotonic() >= deadline:
+            return value
+        time.sleep(interval)
+
+
+async def apoll(predicate, timeout: float, interval: float = 0.1):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value or time.monotonic() >= deadline:
+            return value
+        await anyio.sleep(interval)
+
+
+def pyjson(obj: Any) -> str:
+    """Python json.dumps defaults: the byte format the server's text block must have."""
+    return json.dumps(obj)
+
+
+def dump(model: Any) -> dict:
+    """Wire-format dict of an SDK pydantic model (works for mcp 1.x and 2.x)."""
+    return model.model_dump(by_alias=True, mode="json", exclude_none=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# docker CLI helpers
+
+
+def docker(*args: str, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess:
+    proc = subprocess.run(["docker", *args], capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"docker {' '.join(args)} failed ({proc.returncode}): {proc.stderr.strip()}")
+    return proc
+
+
+def containers_with_label(label: str) -> list[str]:
+    out = docker("ps", "-aq", "--no-trunc", "--filter", f"label={label}").stdout
+    return [line for line in out.split() if line]
+
+
+def containers_for(computer_id: str) -> list[str]:
+    """Full ids of all containers (any state) labelled with this computer id or named for it."""
+    ids = set(containers_with_label(f"kilntainers.computer-id={computer_id}"))
+    out = docker("ps", "-aq", "--no-trunc", "--filter", f"name=^/kilntainer-{computer_id}$").stdout
+    ids.update(line for line in out.split() if line)
+    return sorted(ids)
+
+
+def container_for(computer_id: str) -> str | None:
+    ids = containers_for(computer_id)
+    assert len(ids) <= 1, f"more than one container for {computer_id}: {ids}"
+    return ids[0] if ids else None
+
+
+def inspect(container: str) -> dict | None:
+    proc = docker("inspect", container, check=False)
+    if proc.returncode != 0:
+        return None
+    data = json.loads(proc.stdout)
+    return data[0] if data else None
+
+
+def is_running(container: str) -> bool:
+    info = inspect(container)
+    return bool(info and info["State"]["Running"])
+
+
+def wait_gone(computer_id: str, timeout: float = 10.0) -> bool:
+    """Docker 20.10 removes --rm containers asynchronously: poll instead of asserting at once."""
+    return bool(poll(lambda: not containers_for(computer_id), timeout, 0.2))
+
+
+async def await_gone(computer_id: str, timeout: float = 10.0) -> bool:
+    return bool(await apoll(lambda: not containers_for(computer_id), timeout, 0.2))
+
+
+def force_remove(containers: list[str]) -> None:
+    if containers:
+        docker("rm", "-f", *containers, check=False)
+
+
+def docker_exec(container: str, *cmd: str) -> subprocess.CompletedProcess:
+    return docker("exec", container, *cmd, check=False)
+
+
+def all_kilntainers_containers() -> set[str]:
+    return set(containers_with_label("kilntainers"))
+
+
+def containers_made_by_tests() -> list[str]:
+    """Containers labelled `kilntainers` that this test run made (see MADE)."""
+    fmt = '{{.ID}}|{{.Label "kilntainers.computer-id"}}|{{.Label "kilntainers.instance"}}'
+    out = docker("ps", "-a", "--no-trunc", "--filter", "label=kilntainers", "--format", fmt).stdout
+    mine = []
+    for line in out.splitlines():
+        parts = line.split("|")
+        if len(parts) != 3:
+            continue
+        cid, computer_id, instance = parts
+        if (
+            computer_id in MADE["ids"]
+            or computer_id.startswith(RUN_PREFIX + "-")
+            or (instance and instance in MADE["instances"])
+        ):
+            mine.append(cid)
+    return sorted(mine)
+
+
+def image_exists(image: str) -> bool:
+    return docker("image", "inspect", image, check=False).returncode == 0
+
+
+# In-container process scan used by the kill tests.  Prints "<pid> <cmdline>" for every process
+# whose command line (NULs as spaces) equals one of the given argv strings exactly.  Zombies have
+# an empty cmdline and never match.  Needs only sh, tr and /proc (busybox and Debian both have them).
+def proc_scan_command(*argvs: str) -> str:
+    cases = "|".join(f'"{a} "' for a in argvs)
+    return (
+        "for d in /proc/[0-9]*; do "
+        "c=$(tr '\\0' ' ' < \"$d/cmdline\" 2>/dev/null); "
+        f'case "$c" in {cases}) echo "${{d#/proc/}} $c";; esac; '
+        "done; true"
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# results and servers
+
+
+@dataclass
+class ToolResult:
+    structured: dict | None
+    text: str | None
+    is_error: bool
+    raw: dict
+    elapsed: float
+
+    @property
+    def content_texts(self) -> list[str]:
+        return [c.get("text") for c in self.raw.get("content", []) if c.get("type") == "text"]
+
+    def ok(self) -> "ToolResult":
+        """Assert a successful terminal_execute result and return self."""
+        assert not self.is_error, f"unexpected tool error: {self.text!r}"
+        assert self.structured is not None, f"no structuredContent: {self.raw}"
+        return self
+
+    def __repr__(self) -> str:  # shorter failure output
+        return f"ToolResult(is_error={self.is_error}, text={self.text!r:.2000})"
+
+
+def _to_result(result: Any, elapsed: float) -> ToolResult:
+    raw = dump(result)
+    content = raw.get("content", [])
+    texts = [c.get("text") for c in content if c.get("type") == "text"]
+    text = texts[0] if len(texts) == 1 else None
+    return ToolResult(
+        structured=raw.get("structuredContent"),
+        text=text,
+        is_error=bool(raw.get("isError", False)),
+        raw=raw,
+        elapsed=elapsed,
+    )
+
+
+@dataclass
+class Server:
+    session: ClientSession
+    init: dict
+    home: Path
+    errlog: Path
+    pidfile: Path
+    rcfile: Path
+    kbb: "KBB"
+    calls_timeout: float = 120.0
+
+    @property
+    def pid(self) -> int:
+        text = poll(lambda: self.pidfile.exists() and self.pidfile.read_text().strip(), 10, 0.02)
+        assert text, "the shim did not record the server pid"
+        return int(text)
+
+    def returncode(self) -> int | None:
+        """Exit status of the server process recorded by the shim (negative = killed by signal)."""
+        if self.rcfile.exists():
+            return int(self.rcfile.read_text().strip())
+        return None
+
+    instance_id: str | None = None
+
+    def stderr(self) -> str:
+        return self.errlog.read_text(errors="replace") if self.errlog.exists() else ""
+
+    def containers(self) -> list[str]:
+        """All containers (any state) created by this server process for temporary computers,
+        found by the `kilntainers.instance` label (lifecycle.md §9)."""
+        assert self.instance_id, "the server did not create its instance lock file"
+        return sorted(containers_with_label(f"kilntainers.instance={self.instance_id}"))
+
+    def alive(self) -> bool:
+        return _pid_alive(self.pid)
+
+    async def call(self, arguments: dict | None, name: str = "terminal_execute", timeout: float | None = None) -> ToolResult:
+        start = time.monotonic()
+        with anyio.fail_after(timeout or self.calls_timeout):
+            result = await self.session.call_tool(name, arguments)
+        res = _to_result(result, time.monotonic() - start)
+        if res.structured and isinstance(res.structured.get("computer_id"), str):
+            self.kbb.track(res.structured["computer_id"], temporary=res.structured.get("temporary"))
+        return res
+
+    async def run(self, command: str, **kw: Any) -> ToolResult:
+        """terminal_execute with a command; asserts success (not isError)."""
+        args = {"command": command, **kw}
+        return (await self.call(args)).ok()
+
+    async def list_tools(self) -> list[dict]:
+        with anyio.fail_after(30):
+            result = await self.session.list_tools()
+        return [dump(t) for t in result.tools]
+
+
+def _leaf_exceptions(group: BaseExceptionGroup) -> list[BaseException]:
+    leaves: list[BaseException] = []
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            leaves.extend(_leaf_exceptions(exc))
+        else:
+            leaves.append(exc)
+    return leaves
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    state = stat.rsplit(")", 1)[1].split()[0]
+    return state not in ("Z", "X")
+
+
+def _procs_with_environ(marker: str) -> list[int]:
+    """Pids of processes whose environment mentions marker (our temp base dir)."""
+    found = []
+    me = os.getpid()
+    needle = marker.encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read()
+        except OSError:
+            continue
+        if needle in env and _pid_alive(int(entry)):
+            found.append(int(entry))
+    return found
+
+
+class KBB:
+    """Per-test helper: homes, servers, computer ids, cleanup tracking."""
+
+    def __init__(self, base: Path, name: str):
+        self.dir = Path(tempfile.mkdtemp(prefix=re.sub(r"[^A-Za-z0-9_]+", "_", name)[:60] + "-", dir=base))
+        self.tracked: dict[str, bool | None] = {}
+        self.docker_created: list[str] = []
+        self.servers: list[Server] = []
+        self.errlogs: list[Path] = []
+        self._n = 0
+
+    # -- ids ----------------------------------------------------------------------------------
+    def new_id(self, name: str) -> str:
+        cid = f"{RUN_PREFIX}-{name}"
+        assert SLUG_RE.match(cid), cid
+        self.track(cid)
+        return cid
+
+    def track(self, computer_id: str, temporary: bool | None = None) -> None:
+        MADE["ids"].add(computer_id)
+        if computer_id not in self.tracked or self.tracked[computer_id] is None:
+            self.tracked[computer_id] = temporary
+
+    # -- homes --------------------------------------------------------------------------------
+    def home(self) -> Path:
+        self._n += 1
+        h = self.dir / f"home{self._n}"
+        h.mkdir()
+        return h
+
+    def instance_locks(self, home: Path) -> list[Path]:
+        d = home / STATE_DIR_NAME / "instances"
+        return sorted(d.glob("*.lock")) if d.is_dir() else []
+
+    # -- servers ------------------------------------------------------------------------------
+    def env(self, home: Path, extra: dict | None = None) -> dict:
+        env = {"HOME": str(home), "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+        for key in ("DOCKER_HOST", "DOCKER_TLS_VERIFY", "DOCKER_CERT_PATH", "RUST_LOG", "RUST_BACKTRACE"):
+            if key in os.environ:
+                env[key] = os.environ[key]
+        # Keep the process environment of the server predictable.
+        env.setdefault("XDG_CACHE_HOME", str(home / ".cache"))
+        if extra:
+            env.update(extra)
+        return env
+
+    @asynccontextmanager
+    async def server(
+        self,
+        *args: str,
+        home: Path | None = None,
+        env: dict | None = None,
+        init_timeout: float = 60.0,
+    ) -> AsyncIterator[Server]:
+        home = home or self.home()
+        self._n += 1
+        tag = f"srv{self._n}"
+        errlog = self.dir / f"{tag}.stderr"
+        pidfile = self.dir / f"{tag}.pid"
+        rcfile = self.dir / f"{tag}.rc"
+        self.errlogs.append(errlog)
+        params = StdioServerParameters(
+            command=sys.executable,
+            args=["-c", SHIM, str(pidfile), str(rcfile), BIN, *args],
+            env=self.env(home, env),
+        )
+        locks_before = {p.stem for p in self.instance_locks(home)}
+        try:
+            with open(errlog, "a") as errf:
+                async with stdio_client(params, errlog=errf) as (read, write):
+                    async with ClientSession(read, write) as session:
+                        with anyio.fail_after(init_timeout):
+                            init = await session.initialize()
+                        srv = Server(session, dump(init), home, errlog, pidfile, rcfile, self)
+                        self.servers.append(srv)
+                        # The instance lock file (lifecycle.md §9) names this process's instance.
+                        new = await apoll(lambda: {p.stem for p in self.instance_locks(home)} - locks_before, 5, 0.02)
+                        if new and len(new) == 1:
+                            srv.instance_id = next(iter(new))
+                            MADE["instances"].add(srv.instance_id)
+                        yield srv
+        except BaseExceptionGroup as group:
+            # The SDK's task groups wrap the test's own exception; show it unwrapped.
+            leaves = _leaf_exceptions(group)
+            if len(leaves) == 1 and not isinstance(
+                leaves[0], (asyncio.CancelledError, KeyboardInterrupt, SystemExit, GeneratorExit)
+            ):
+                raise leaves[0] from None
+            raise
+
+    # -- docker ---------------------------------------------------------------------------------
+    def python_style_container(self, computer_id: str, image: str, *, temporary: str = "false", start: bool = True,
+                               extra_labels: dict | None = None) -> str:
+        """A container labelled exactly like the Python reference 0.2.3 creates them."""
+        labels = {
+            "kilntainers": "true",
+            "kilntainers.computer-id": computer_id,
+            "kilntainers.temporary": temporary,
+            "kilntainers.image": image,
+        }
+        labels.update(extra_labels or {})
+        label_args = [a for k, v in labels.items() for a in ("--label", f"{k}={v}")]
+        verb = ["run", "-d"] if start else ["create"]
+        cid = docker(*verb, "--name", f"kilntainer-{computer_id}", *label_args, image, "tail", "-f", "/dev/null").stdout.strip()
+        self.docker_created.append(cid)
+        self.track(computer_id)
+        return cid
+
+    # -- teardown -------------------------------------------------------------------------------
+    def cleanup(self, check_leaks: bool) -> list[str]:
+        problems: list[str] = []
+        # Servers must be gone once their context exited.
+        for srv in self.servers:
+            try:
+                pid = int(srv.pidfile.read_text().strip())
+            except (OSError, ValueError):
+                continue
+            if poll(lambda: not _pid_alive(pid), 5, 0.05) is False:
+                problems.append(f"server pid {pid} still alive after its client closed")
+                try:
+                    os.kill(pid, 9)
+                except OSError:
+                    pass
+        temporary_ids = [cid for cid, tmp in self.tracked.items() if tmp is True]
+        if check_leaks and temporary_ids:
+            deadline = time.monotonic() + 10
+            leftovers = temporary_ids
+            while leftovers and time.monotonic() < deadline:
+                leftovers = [cid for cid in leftovers if containers_for(cid)]
+                if leftovers:
+                    time.sleep(0.2)
+            if leftovers:
+                states = []
+                for cid in leftovers:
+                    for c in containers_for(cid):
+                        st = docker("ps", "-a", "--filter", f"id={c}", "--format", "{{.Status}}", check=False).stdout.strip()
+                        states.append(f"{cid}: {st or 'gone'}")
+                problems.append(f"temporary computers not removed by the server: {states}")
+        to_remove = set(self.docker_created)
+        for cid in self.tracked:
+            to_remove.update(containers_for(cid))
+        force_remove(sorted(to_remove))
+        return problems
+
+
+class RawServer:
+    """The server driven with hand-written JSON-RPC lines, for the few tests that must control
+    stdin EOF exactly (the SDK cannot close stdin while a call is in flight without abandoning
+    the call, and mcp 1.x then fails on the late response).  Use as a context manager."""
+
+    def __init__(self, kbb: "KBB", *args: str, home: Path | None = None):
+        self.home = home or kbb.home()
+        self.errlog = kbb.dir / f"raw{len(kbb.servers)}-{secrets.token_hex(2)}.stderr"
+        kbb.errlogs.append(self.errlog)
+        self._err = open(self.errlog, "w")
+        self.proc = subprocess.Popen(
+            [BIN, *args], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err, env=kbb.env(self.home)
+        )
+        self._buf = b""
+        self._next_id = 0
+        self.kbb = kbb
+
+    def __enter__(self) -> "RawServer":
+        result = self.request("initialize", {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": "kbb-raw", "version": "0"},
+        })
+        assert "result" in result, result
+        self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        self._err.close()
+
+    def send(self, message: dict) -> None:
+        self.proc.stdin.write((json.dumps(message) + "\n").encode())
+        self.proc.stdin.flush()
+
+    def send_request(self, method: str, params: dict) -> int:
+        self._next_id += 1
+        self.send({"jsonrpc": "2.0", "id": self._next_id, "method": method, "params": params})
+        return self._next_id
+
+    def read_message(self, timeout: float) -> dict | None:
+        import select
+
+        deadline = time.monotonic() + timeout
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self._buf:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            ready, _, _ = select.select([fd], [], [], left)
+            if ready:
+                chunk = os.read(fd, 65536)
+                if not chunk:
+                    return None
+                self._buf += chunk
+        line, self._buf = self._buf.split(b"\n", 1)
+        return json.loads(line)
+
+    def request(self, method: str, params: dict, timeout: float = 60) -> dict:
+        rid = self.send_request(method, params)
+        deadline = time.monotonic() + timeout
+        while True:
+            msg = self.read_message(max(0.0, deadline - time.monotonic()))
+            assert msg is not None, f"no response to {method} within {timeout} s"
+            if msg.get("id") == rid:
+                return msg
+
+    def call(self, arguments: dict) -> dict:
+        msg = self.request("tools/call", {"name": "terminal_execute", "arguments": arguments})
+        result = msg["result"]
+        sc = result.get("structuredContent") or {}
+        if isinstance(sc.get("computer_id"), str):
+            self.kbb.track(sc["computer_id"], temporary=sc.get("temporary"))
+        return result
+
+    def close_stdin(self) -> None:
+        self.proc.stdin.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# pytest plumbing
+
+
+@pytest.fixture
+def anyio_backend():
+    return "asyncio"
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    setattr(item, "rep_" + rep.when, rep)
+
+
+_SESSION: dict = {}
+
+
+@pytest.fixture(scope="session")
+def environment_ready():
+    """Fails (not skips) with a clear message when the binary, docker or the images are missing."""
+    if not (os.path.isfile(BIN) and os.access(BIN, os.X_OK)):
+        pytest.fail(
+            f"server binary not found at {BIN}; build it with `cargo build` or set KILNTAINERS_BIN",
+            pytrace=False,
+        )
+    if subprocess.run(["docker", "info"], capture_output=True).returncode != 0:
+        pytest.fail("docker is not reachable (`docker info` fails); run scripts/ensure-dockerd.sh", pytrace=False)
+    missing = [img for img in (BUSYBOX, MINIMAL, DEBIAN) if not image_exists(img)]
+    if missing:
+        pytest.fail(f"local test images missing: {missing}; run scripts/setup-test-env.sh", pytrace=False)
+    return True
+
+
+@pytest.fixture(scope="session", autouse=True)
+def suite_leak_check():
+    """Session-level check: nothing made by the tests is left behind."""
+    base = Path(tempfile.mkdtemp(prefix=f"kbb-{RUN_PREFIX}-"))
+    _SESSION["base"] = base
+    yield
+    problems = []
+    try:
+        poll(lambda: not containers_made_by_tests(), 10, 0.2)  # async --rm removal on Docker 20.10
+        leftovers = containers_made_by_tests()
+        if leftovers:
+            names = [docker("inspect", "-f", "{{.Name}}", c, check=False).stdout.strip() for c in leftovers]
+            problems.append(f"containers left behind: {names}")
+            force_remove(leftovers)
+    except Exception as exc:  # pragma: no cover - docker vanished
+        problems.append(f"could not list containers: {exc}")
+    procs = _procs_with_environ(str(base))
+    if procs:
+        cmdlines = []
+        for pid in procs:
+            try:
+                cmdlines.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace"))
+            except OSError:
+                cmdlines.append("?")
+            try:
+                os.kill(pid, 9)
+            except OSError:
+                pass
+        problems.append(f"processes started by the tests still running: {list(zip(procs, cmdlines))}")
+    if os.environ.get("KBB_KEEP") != "1":
+        shutil.rmtree(base, ignore_errors=True)
+        if base.exists():
+            problems.append(f"could not remove temp dir {base}")
+    else:
+        print(f"\nkept black-box test dir: {base}")
+    leftovers_tmp = [p for p in Path(tempfile.gettempdir()).glob(f"kbb-{RUN_PREFIX}-*")]
+    if leftovers_tmp and os.environ.get("KBB_KEEP") != "1":
+        problems.append(f"temp dirs left behind: {leftovers_tmp}")
+    assert not problems, "suite leak check failed:\n  " + "\n  ".join(problems)
+
+
+@pytest.fixture
+def kbb(request, environment_ready) -> KBB:
+    helper = KBB(_SESSION["base"], request.node.name)
+    yield helper
+    rep = getattr(request.node, "rep_call", None)
+    passed = bool(rep and rep.passed)
+    problems = helper.cleanup(check_leaks=passed)
+    if (rep is not None and rep.failed) or problems:
+        for errlog in helper.errlogs:
+            err = errlog.read_text(errors="replace") if errlog.exists() else "<no stderr file>"
+            rcfile = errlog.with_suffix(".rc")
+            rc = rcfile.read_text().strip() if rcfile.exists() else "unknown"
+            print(f"\n----- stderr of {errlog.name}, exit status {rc} (last 4000 chars) -----\n{err[-4000:]}")
+    if problems:
+        pytest.fail("; ".join(problems), pytrace=False)
