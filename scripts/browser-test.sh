@@ -29,13 +29,7 @@ cd "$REPO_ROOT"
 BROWSER_DIR="$REPO_ROOT/tests/browser"
 TEST_FILES=("$@")
 if ((${#TEST_FILES[@]} == 0)); then
-    TEST_FILES=(dashboard.test.mjs inspector.test.mjs)
-    # Web mode needs the HTTP transport; run it once the binary offers one.
-    if grep -q '^pub mod http;' "$REPO_ROOT/src/transport/mod.rs"; then
-        TEST_FILES+=(web.test.mjs)
-    else
-        log "web.test.mjs      skipped: this build has no HTTP transport yet"
-    fi
+    TEST_FILES=(dashboard.test.mjs web.test.mjs inspector.test.mjs)
 fi
 
 # 1. Chromium from Debian (Playwright's own browser download cannot work here).

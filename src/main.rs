@@ -92,11 +92,12 @@ async fn run(config: Config) -> i32 {
             );
             transport::stdio::serve(surface).await
         }
-        Transport::Http(_) => {
-            eprintln!(
-                "kilntainers: error: --transport http is not available in this version yet; use stdio."
-            );
-            1
+        Transport::Http(http) => {
+            let options = transport::http::ServeOptions {
+                backend: config.backend.name(),
+                lifecycle_tools: config.lifecycle_tools,
+            };
+            transport::http::serve(surface, http, options).await
         }
     }
 }

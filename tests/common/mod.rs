@@ -106,3 +106,153 @@ impl Drop for TempHome {
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
+
+/// A port that was free a moment ago (the kernel picks it; the race is harmless in tests).
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .map(|addr| addr.port())
+        .expect("free port")
+}
+
+/// Whether the Docker container `name` exists (running or not).
+pub fn container_exists(name: &str) -> bool {
+    std::process::Command::new("docker")
+        .args(["inspect", "--format", "{{.Id}}", name])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|status| status.success())
+}
+
+/// Polls `check` every 200 ms until it holds or `limit` passes; returns whether it held.
+pub async fn eventually(limit: std::time::Duration, mut check: impl FnMut() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + limit;
+    loop {
+        if check() {
+            return true;
+        }
+        if std::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+}
+
+/// The real binary serving `--transport http` on a free loopback port with a private HOME;
+/// stderr goes to `<home>/server.log`. Dropping it sends SIGTERM (so the server removes its
+/// temporary computers) and kills it if it has not exited within the shutdown bound.
+pub struct HttpServer {
+    pub child: std::process::Child,
+    pub port: u16,
+    pub home: TempHome,
+}
+
+/// How long a server gets to drain before a test gives up on it (the spec bound is 20 s).
+const DRAIN_WAIT: std::time::Duration = std::time::Duration::from_secs(25);
+
+impl HttpServer {
+    /// Starts the server with `args` (after `--transport http --port <free>`); does not wait.
+    pub fn spawn(label: &str, args: &[&str]) -> Self {
+        Self::spawn_on(label, free_port(), args)
+    }
+
+    pub fn spawn_on(label: &str, port: u16, args: &[&str]) -> Self {
+        let home = TempHome::new(label);
+        let log = std::fs::File::create(home.0.join("server.log")).expect("log file");
+        let port_text = port.to_string();
+        let child = std::process::Command::new(BIN)
+            .args(["--transport", "http", "--port", &port_text])
+            .args(args)
+            .env("HOME", &home.0)
+            .env_remove("KILNTAINERS_AUTH_TOKEN")
+            .env_remove("KILNTAINERS_ALLOWED_HOSTS")
+            .env_remove("ENABLE_LIFECYCLE_TOOLS")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn server");
+        Self { child, port, home }
+    }
+
+    /// Starts the server and waits until `/healthz` answers on `host` (at most 15 s).
+    pub async fn start(label: &str, args: &[&str]) -> Self {
+        let mut server = Self::spawn(label, args);
+        server.wait_ready("127.0.0.1").await;
+        server
+    }
+
+    pub async fn wait_ready(&mut self, host: &str) {
+        let url = format!("http://{host}:{}/healthz", self.port);
+        let client = reqwest::Client::new();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+        loop {
+            if let Ok(response) = client.get(&url).send().await
+                && response.status() == 200
+            {
+                return;
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("server exited with {status}; log:\n{}", self.log());
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "server not ready; log:\n{}",
+                self.log()
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    }
+
+    /// `http://127.0.0.1:<port><path>`
+    pub fn url(&self, path: &str) -> String {
+        format!("http://127.0.0.1:{}{path}", self.port)
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.home.0.join("server.log")).unwrap_or_default()
+    }
+
+    /// Sends SIGTERM.
+    pub fn terminate(&self) {
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+    }
+
+    /// Waits for the process to exit (polling, at most `limit`).
+    pub async fn wait_exit(
+        &mut self,
+        limit: std::time::Duration,
+    ) -> Option<std::process::ExitStatus> {
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            if std::time::Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+    }
+}
+
+impl Drop for HttpServer {
+    fn drop(&mut self) {
+        if let Ok(Some(_)) = self.child.try_wait() {
+            return;
+        }
+        self.terminate();
+        let deadline = std::time::Instant::now() + DRAIN_WAIT;
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

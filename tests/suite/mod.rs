@@ -3,5 +3,6 @@
 //! gVisor.
 
 mod engines;
+mod http;
 mod stdio;
 mod tidy;

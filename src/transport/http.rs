@@ -1,0 +1,253 @@
+//! The Streamable HTTP transport (`http.md`): an axum router with rmcp's
+//! `StreamableHttpService` at `/mcp` (behind the Host/Origin check and bearer auth of
+//! [`guard`]), `/healthz` and `GET /` ([`pages`]); session and lease reaping; and the shutdown
+//! sequence of `lifecycle.md` §8.
+//!
+//! **API boundary:** everything an HTTP client observes besides MCP itself (routes, status codes,
+//! headers) is decided here. Computers are never touched here: sessions are opened and closed
+//! through [`crate::mcp::SessionHandler`] ([`sessions`] says how each request is held).
+
+mod guard;
+mod pages;
+mod sessions;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::middleware::{from_fn, from_fn_with_state};
+use axum::routing::any;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::config::HttpConfig;
+use crate::mcp::Surface;
+use crate::shutdown;
+use guard::{AllowedHosts, Guard, Token};
+use sessions::IdleSessions;
+
+/// Sessions that never finish `initialize` are dropped after this long (`http.md` §2).
+const INIT_TIMEOUT: Duration = Duration::from_secs(60);
+/// SSE comment pings on open streams, so proxies do not cut streams that are merely quiet.
+const SSE_KEEP_ALIVE: Duration = Duration::from_secs(15);
+/// Reconnect delay announced to SSE clients.
+const SSE_RETRY: Duration = Duration::from_secs(3);
+/// Largest accepted POST body (413 beyond): 2 MiB of stdin can grow several-fold once
+/// JSON-escaped, and this still bounds what one request can make the server buffer.
+const MAX_REQUEST_BODY_BYTES: usize = 16 * 1024 * 1024;
+/// Upper bound of the reaper period: an abandoned session or lease outlives its timeout by at
+/// most this (`lifecycle.md` §2, `http.md` §5 acceptance: within timeout + 15 s).
+const REAPER_MAX_PERIOD: Duration = Duration::from_secs(15);
+/// Lower bound of the reaper period, so tiny timeouts do not spin.
+const REAPER_MIN_PERIOD: Duration = Duration::from_secs(1);
+
+/// What the startup line reports besides the HTTP settings.
+#[derive(Debug, Clone, Copy)]
+pub struct ServeOptions<'a> {
+    /// Backend name for the startup line.
+    pub backend: &'a str,
+    /// Lifecycle tools on: the web dashboard and `dashboard_resource` in `GET /`.
+    pub lifecycle_tools: bool,
+}
+
+/// `min(15 s, max(1 s, timeout / 4))` (`lifecycle.md` §10).
+pub fn reaper_period(session_timeout: Duration) -> Duration {
+    (session_timeout / 4).clamp(REAPER_MIN_PERIOD, REAPER_MAX_PERIOD)
+}
+
+/// `--host` as a URL authority part: IPv6 literals in brackets.
+fn url_host(host: &str) -> String {
+    if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]")
+    } else {
+        host.to_owned()
+    }
+}
+
+/// Serves until SIGINT/SIGTERM, then drains; returns the process exit code.
+pub async fn serve(surface: Arc<Surface>, config: &HttpConfig, options: ServeOptions<'_>) -> i32 {
+    // `[::1]` is accepted as a bind address too (the brackets are URL syntax, not the address).
+    let bind_host = config.host.trim_start_matches('[').trim_end_matches(']');
+    let listener = match TcpListener::bind((bind_host, config.port)).await {
+        Ok(listener) => listener,
+        Err(error) => {
+            eprintln!(
+                "kilntainers: error: Cannot listen on {}:{}: {error}",
+                config.host, config.port
+            );
+            return 1;
+        }
+    };
+    let registry = surface.registry.clone();
+    let hosts = AllowedHosts::new(&config.host, &config.extra_allowed_hosts);
+    let token = Token::new(config.auth_token.as_deref());
+    let port = listener
+        .local_addr()
+        .map_or(config.port, |addr: SocketAddr| addr.port());
+    let allowed = if hosts.any() {
+        "*".to_owned()
+    } else {
+        hosts.names().join(", ")
+    };
+    eprintln!(
+        "kilntainers: mcp-sandbox-computer-vm-for-ai {} serving http://{}:{port}/mcp (backend: {}, lifecycle tools: {}, allowed hosts: {allowed})",
+        env!("CARGO_PKG_VERSION"),
+        url_host(&config.host),
+        options.backend,
+        if options.lifecycle_tools { "on" } else { "off" },
+    );
+    if hosts.any() {
+        eprintln!(
+            "kilntainers: warning: --allowed-host '*' disables the Host check; any web page can reach /mcp through DNS rebinding."
+        );
+    }
+    let loopback_bind = matches!(config.host.as_str(), "127.0.0.1" | "localhost" | "::1");
+    if !loopback_bind && !token.enabled() {
+        eprintln!(
+            "kilntainers: warning: serving without authentication on a non-loopback address ({}); anyone who can reach it can run commands.",
+            config.host
+        );
+    }
+    info!(
+        auth = if token.enabled() { "on" } else { "off" },
+        "bearer authentication on /mcp"
+    );
+
+    // Ends every rmcp session and open stream.
+    let end_sessions = CancellationToken::new();
+    // Closes the listener (connections in progress continue).
+    let stop_accepting = CancellationToken::new();
+    let guard = Arc::new(Guard::new(hosts, token));
+    let sessions = Arc::new(IdleSessions::new(INIT_TIMEOUT));
+    let app = router(
+        &surface,
+        sessions.clone(),
+        config.session_timeout,
+        guard.clone(),
+        options.lifecycle_tools,
+        end_sessions.child_token(),
+    );
+    let server =
+        axum::serve(listener, app).with_graceful_shutdown(stop_accepting.clone().cancelled_owned());
+    let mut server = tokio::spawn(server.into_future());
+    let reaper = tokio::spawn(reap(sessions, registry.clone(), config.session_timeout));
+
+    tokio::select! {
+        () = shutdown::signalled() => {}
+        result = &mut server => {
+            // `axum::serve` only returns on shutdown; anything else is a fault worth a line.
+            warn!(?result, "HTTP server stopped unexpectedly");
+        }
+    }
+    // `lifecycle.md` §8. Sessions are ended only after the sweep, not before it: ending one
+    // drops its handler, whose release removes the session's temporaries in a task of its own
+    // that the sweep cannot see (the record is already taken) and that the exit would cut
+    // short. Until then no new request is accepted, and calls killed by the sweep still get
+    // their results (`http.md` §6).
+    guard.start_draining();
+    stop_accepting.cancel();
+    reaper.abort();
+    let code = shutdown::drain(&registry).await;
+    end_sessions.cancel();
+    // Connections still open after the drain are cut when the runtime goes away.
+    server.abort();
+    code
+}
+
+fn router(
+    surface: &Arc<Surface>,
+    sessions: Arc<IdleSessions>,
+    session_timeout: Duration,
+    guard: Arc<Guard>,
+    lifecycle_tools: bool,
+    cancellation: CancellationToken,
+) -> Router {
+    let config = StreamableHttpServerConfig::default()
+        .with_legacy_session_mode(true)
+        .with_json_response(false)
+        .with_sse_keep_alive(Some(SSE_KEEP_ALIVE))
+        .with_sse_retry(Some(SSE_RETRY))
+        .with_cancellation_token(cancellation)
+        .with_max_request_body_bytes(MAX_REQUEST_BODY_BYTES)
+        // Our guard checks Host and Origin with our status codes and allow-list.
+        .disable_allowed_hosts()
+        .disable_allowed_origins();
+    let mcp = StreamableHttpService::new(
+        sessions::handler_factory(surface.clone(), session_timeout),
+        sessions,
+        config,
+    );
+    // The last layer added runs first: Host/Origin, the token, the shutdown gate, then the
+    // holder scope around rmcp.
+    let mcp_routes = Router::new()
+        .route_service("/mcp", mcp.clone())
+        .route_service("/mcp/", mcp)
+        .layer(from_fn(sessions::scope_holder))
+        .layer(from_fn_with_state(
+            guard.clone(),
+            guard::refuse_while_draining,
+        ))
+        .layer(from_fn_with_state(guard.clone(), guard::require_token))
+        .layer(from_fn_with_state(
+            guard.clone(),
+            guard::check_host_and_origin,
+        ));
+    let root = Router::new()
+        .route("/", any(pages::root).with_state(lifecycle_tools))
+        .layer(from_fn_with_state(guard, guard::check_host_and_origin));
+    Router::new()
+        .merge(mcp_routes)
+        .merge(root)
+        .route("/healthz", any(pages::healthz))
+        .fallback(pages::not_found)
+}
+
+/// Closes idle sessions and expired leases every [`reaper_period`] until aborted.
+async fn reap(
+    sessions: Arc<IdleSessions>,
+    registry: Arc<crate::registry::Registry>,
+    timeout: Duration,
+) {
+    let mut ticks = tokio::time::interval(reaper_period(timeout));
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        ticks.tick().await;
+        sessions.close_idle(timeout).await;
+        registry.reap_expired_leases().await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reaper_period_is_a_quarter_of_the_timeout_within_bounds() {
+        assert_eq!(
+            reaper_period(Duration::from_secs(1)),
+            Duration::from_secs(1)
+        );
+        assert_eq!(
+            reaper_period(Duration::from_secs(2)),
+            Duration::from_secs(1)
+        );
+        assert_eq!(
+            reaper_period(Duration::from_secs(20)),
+            Duration::from_secs(5)
+        );
+        assert_eq!(
+            reaper_period(Duration::from_secs(300)),
+            Duration::from_secs(15)
+        );
+    }
+
+    #[test]
+    fn ipv6_hosts_are_bracketed_in_urls() {
+        assert_eq!(url_host("::1"), "[::1]");
+        assert_eq!(url_host("[::1]"), "[::1]");
+        assert_eq!(url_host("127.0.0.1"), "127.0.0.1");
+    }
+}

@@ -1,0 +1,350 @@
+//! Who holds a request's computers, and when an HTTP session counts as idle
+//! (`lifecycle.md` §2, `http.md` §2 and §5).
+//!
+//! **Stateful or stateless.** rmcp builds the handler through a factory that takes no
+//! arguments, and calls it both when an `initialize` opens a session and for every
+//! sessionless 2026-07-28 request, without saying which. The `/mcp` route therefore wraps the
+//! rmcp service in [`scope_holder`], which classifies the request from its headers and exposes
+//! the answer to the factory through a task-local for the duration of rmcp's `handle` (the
+//! factory runs synchronously inside it, before rmcp spawns anything). The classification is
+//! exact for every handler that ends up serving: rmcp routes a request statelessly only when it
+//! names protocol ≥ 2026-07-28 in `MCP-Protocol-Version` (mandatory there) and then requires an
+//! `Mcp-Method` header equal to the body's method, while an `initialize` always opens a session
+//! and may carry `Mcp-Method` only as `initialize`. Handlers that rmcp builds and drops
+//! without serving (schema look-ups, rejected requests) hold nothing.
+//!
+//! **Idle sessions.** rmcp's own `keep_alive` restarts its timer only when a message passes
+//! through the session worker, so a `terminal_execute` that runs longer than the timeout
+//! without progress notifications would get its session reaped mid-call. It is turned off;
+//! [`IdleSessions`] wraps rmcp's `LocalSessionManager` and the session transport instead, and
+//! counts a session idle only when no message has arrived for the timeout *and* no request of
+//! it is in flight (a request is in flight from its arrival at the handler until its response
+//! or error leaves, or until the client cancels it). [`IdleSessions::close_idle`] closes such
+//! sessions through the session manager, which drops the handler and so releases the
+//! session's computers exactly as a client `DELETE` does.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use axum::extract::Request;
+use axum::http::HeaderMap;
+use axum::middleware::Next;
+use axum::response::Response;
+use futures_util::Stream;
+use rmcp::RoleServer;
+use rmcp::model::{ClientJsonRpcMessage, ClientNotification, RequestId, ServerJsonRpcMessage};
+use rmcp::transport::Transport;
+use rmcp::transport::WorkerTransport;
+use rmcp::transport::streamable_http_server::session::local::{
+    LocalSessionManager, LocalSessionManagerError, LocalSessionWorker, SessionConfig,
+};
+use rmcp::transport::streamable_http_server::session::{EventStore, ServerSseMessage};
+use rmcp::transport::streamable_http_server::{SessionId, SessionManager};
+use tracing::info;
+
+use crate::mcp::{SessionHandler, Surface};
+
+/// Header naming the protocol revision of a request (rmcp's `HEADER_MCP_PROTOCOL_VERSION`).
+const PROTOCOL_VERSION_HEADER: &str = "mcp-protocol-version";
+/// SEP-2243 header naming the JSON-RPC method; rmcp requires it on stateless requests.
+const METHOD_HEADER: &str = "mcp-method";
+/// The first revision without sessions: requests naming it (or later) are served statelessly.
+const STATELESS_PROTOCOL: &str = "2026-07-28";
+
+/// How the handler built for the current request holds its computers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Holder {
+    /// An MCP session (`initialize`): owner references, released when the session ends.
+    Session,
+    /// One 2026-07-28 request: leases renewed on use (`lifecycle.md` §2).
+    Sessionless,
+}
+
+tokio::task_local! {
+    /// The holder kind of the request rmcp is handling on this task (see the module doc).
+    static HOLDER: Holder;
+}
+
+/// Classifies a `/mcp` request from its headers (see the module doc for why this is exact).
+pub fn classify(headers: &HeaderMap) -> Holder {
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    // ISO dates compare correctly as strings; rmcp compares versions the same way.
+    let stateless_version =
+        header(PROTOCOL_VERSION_HEADER).is_some_and(|version| version.trim() >= STATELESS_PROTOCOL);
+    let method = header(METHOD_HEADER).map(str::trim);
+    if stateless_version && method.is_some_and(|m| m != "initialize") {
+        Holder::Sessionless
+    } else {
+        Holder::Session
+    }
+}
+
+/// axum middleware around the rmcp service: runs it with the request's [`Holder`] in scope.
+pub async fn scope_holder(request: Request, next: Next) -> Response {
+    let holder = classify(request.headers());
+    HOLDER.scope(holder, next.run(request)).await
+}
+
+/// The rmcp service factory: a session handler or a sessionless one, per [`HOLDER`].
+pub fn handler_factory(
+    surface: Arc<Surface>,
+    lease_ttl: Duration,
+) -> impl Fn() -> Result<SessionHandler, std::io::Error> + Send + Sync + 'static {
+    move || {
+        // Outside a scope (never expected) the safe default is a session: its holds end
+        // with the handler rather than lingering for a lease.
+        let holder = HOLDER.try_with(|holder| *holder).unwrap_or(Holder::Session);
+        Ok(match holder {
+            Holder::Session => SessionHandler::new(surface.clone()),
+            Holder::Sessionless => SessionHandler::sessionless(surface.clone(), lease_ttl),
+        })
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // The guarded data stays consistent at every await-free step; a panic elsewhere must not
+    // stop idle reaping.
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// One session's activity: when a client message last arrived or a request last finished,
+/// and which requests are being handled now.
+#[derive(Debug)]
+struct Activity {
+    last: Instant,
+    in_flight: HashSet<RequestId>,
+}
+
+type SharedActivity = Arc<Mutex<Activity>>;
+
+/// rmcp's in-memory session manager plus our idle accounting (see the module doc).
+pub struct IdleSessions {
+    inner: LocalSessionManager,
+    activity: Mutex<HashMap<SessionId, SharedActivity>>,
+}
+
+impl IdleSessions {
+    /// rmcp's idle timer is off (`keep_alive = None`); `init_timeout` drops sessions that never
+    /// finish initializing.
+    pub fn new(init_timeout: Duration) -> Self {
+        let mut config = SessionConfig::default();
+        config.keep_alive = None;
+        config.init_timeout = Some(init_timeout);
+        let mut inner = LocalSessionManager::default();
+        inner.session_config = config;
+        Self {
+            inner,
+            activity: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Closes every session idle for at least `timeout` with no request in flight.
+    pub async fn close_idle(&self, timeout: Duration) {
+        let now = Instant::now();
+        let idle: Vec<SessionId> = lock(&self.activity)
+            .iter()
+            .filter(|(_, activity)| {
+                let activity = lock(activity);
+                activity.in_flight.is_empty() && now.duration_since(activity.last) >= timeout
+            })
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in idle {
+            info!(session_id = %id, timeout_secs = timeout.as_secs(), "closing idle session");
+            if let Err(error) = self.close_session(&id).await {
+                tracing::warn!(session_id = %id, %error, "could not close idle session");
+            }
+        }
+    }
+}
+
+impl SessionManager for IdleSessions {
+    type Error = LocalSessionManagerError;
+    type Transport = Tracked<WorkerTransport<LocalSessionWorker>>;
+
+    async fn create_session(&self) -> Result<(SessionId, Self::Transport), Self::Error> {
+        let (id, transport) = self.inner.create_session().await?;
+        let activity = Arc::new(Mutex::new(Activity {
+            last: Instant::now(),
+            in_flight: HashSet::new(),
+        }));
+        lock(&self.activity).insert(id.clone(), activity.clone());
+        Ok((
+            id,
+            Tracked {
+                inner: transport,
+                activity,
+            },
+        ))
+    }
+
+    async fn initialize_session(
+        &self,
+        id: &SessionId,
+        message: ClientJsonRpcMessage,
+    ) -> Result<ServerJsonRpcMessage, Self::Error> {
+        self.inner.initialize_session(id, message).await
+    }
+
+    async fn has_session(&self, id: &SessionId) -> Result<bool, Self::Error> {
+        self.inner.has_session(id).await
+    }
+
+    async fn close_session(&self, id: &SessionId) -> Result<(), Self::Error> {
+        lock(&self.activity).remove(id);
+        self.inner.close_session(id).await
+    }
+
+    async fn create_stream(
+        &self,
+        id: &SessionId,
+        message: ClientJsonRpcMessage,
+    ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
+        self.inner.create_stream(id, message).await
+    }
+
+    async fn accept_message(
+        &self,
+        id: &SessionId,
+        message: ClientJsonRpcMessage,
+    ) -> Result<(), Self::Error> {
+        self.inner.accept_message(id, message).await
+    }
+
+    async fn create_standalone_stream(
+        &self,
+        id: &SessionId,
+    ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
+        self.inner.create_standalone_stream(id).await
+    }
+
+    async fn resume(
+        &self,
+        id: &SessionId,
+        last_event_id: String,
+    ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
+        self.inner.resume(id, last_event_id).await
+    }
+
+    fn event_store(&self) -> Option<Arc<dyn EventStore>> {
+        self.inner.event_store()
+    }
+}
+
+/// A session's transport as seen by its handler, recording activity as messages pass.
+pub struct Tracked<T> {
+    inner: T,
+    activity: SharedActivity,
+}
+
+impl<T: Transport<RoleServer>> Transport<RoleServer> for Tracked<T> {
+    type Error = T::Error;
+
+    fn send(
+        &mut self,
+        item: ServerJsonRpcMessage,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+        let finished = match &item {
+            ServerJsonRpcMessage::Response(response) => Some(&response.id),
+            ServerJsonRpcMessage::Error(error) => error.id.as_ref(),
+            _ => None,
+        };
+        if let Some(id) = finished {
+            let mut activity = lock(&self.activity);
+            activity.in_flight.remove(id);
+            activity.last = Instant::now();
+        }
+        self.inner.send(item)
+    }
+
+    async fn receive(&mut self) -> Option<ClientJsonRpcMessage> {
+        let message = self.inner.receive().await;
+        if let Some(message) = &message {
+            let mut activity = lock(&self.activity);
+            activity.last = Instant::now();
+            match message {
+                ClientJsonRpcMessage::Request(request) => {
+                    activity.in_flight.insert(request.id.clone());
+                }
+                // rmcp sends no response for a request the client cancelled.
+                ClientJsonRpcMessage::Notification(notification) => {
+                    if let ClientNotification::CancelledNotification(cancelled) =
+                        &notification.notification
+                        && let Some(id) = &cancelled.params.request_id
+                    {
+                        activity.in_flight.remove(id);
+                    }
+                }
+                _ => {}
+            }
+        }
+        message
+    }
+
+    async fn close(&mut self) -> Result<(), Self::Error> {
+        self.inner.close().await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use axum::http::HeaderValue;
+
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.insert(*name, HeaderValue::from_static(value));
+        }
+        map
+    }
+
+    #[test]
+    fn initialize_and_legacy_requests_hold_by_session() {
+        assert_eq!(classify(&headers(&[])), Holder::Session);
+        assert_eq!(
+            classify(&headers(&[("mcp-protocol-version", "2025-11-25")])),
+            Holder::Session
+        );
+        // A legacy client may send anything in Mcp-Method; only the version routes.
+        assert_eq!(
+            classify(&headers(&[
+                ("mcp-protocol-version", "2025-06-18"),
+                ("mcp-method", "tools/call")
+            ])),
+            Holder::Session
+        );
+        assert_eq!(
+            classify(&headers(&[
+                ("mcp-protocol-version", "2026-07-28"),
+                ("mcp-method", "initialize")
+            ])),
+            Holder::Session
+        );
+        // Without Mcp-Method rmcp rejects a stateless request, and an initialize is a session.
+        assert_eq!(
+            classify(&headers(&[("mcp-protocol-version", "2026-07-28")])),
+            Holder::Session
+        );
+    }
+
+    #[test]
+    fn stateless_requests_hold_by_lease() {
+        assert_eq!(
+            classify(&headers(&[
+                ("mcp-protocol-version", "2026-07-28"),
+                ("mcp-method", "tools/call")
+            ])),
+            Holder::Sessionless
+        );
+        assert_eq!(
+            classify(&headers(&[
+                ("mcp-protocol-version", "2027-01-01"),
+                ("mcp-method", "server/discover")
+            ])),
+            Holder::Sessionless
+        );
+    }
+}
