@@ -13,6 +13,19 @@ pub mod docker {
     pub const NAME_PREFIX: &str = "kilntainer-";
 }
 
+/// Fly Machine metadata keys (`backends.md` §1.4); the Machine name is the computer id.
+pub mod fly {
+    pub const MANAGED: &str = "kilntainers";
+    pub const COMPUTER_ID: &str = "kilntainers-computer-id";
+    pub const TEMPORARY: &str = "kilntainers-temporary";
+    pub const IMAGE: &str = "kilntainers-image";
+    /// New: the creating server instance, on temporary Machines only (crash GC).
+    pub const INSTANCE: &str = "kilntainers-instance";
+    /// New: Unix seconds until which a holder vouches for a temporary Machine (`lifecycle.md`
+    /// §9 Fly lease).
+    pub const LEASE_UNTIL: &str = "kilntainers-lease-until";
+}
+
 /// Reads a mode label: missing means temporary, values compare case-insensitively.
 pub fn parse_temporary(value: Option<&str>) -> bool {
     value.is_none_or(|v| v.trim().eq_ignore_ascii_case("true"))

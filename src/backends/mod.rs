@@ -8,6 +8,8 @@
 //! output limit, and they never format user-facing results.
 
 pub mod docker;
+#[cfg(feature = "fly")]
+pub mod fly;
 pub mod labels;
 
 use std::collections::HashSet;
@@ -227,5 +229,9 @@ pub fn generic_description(what: &str, shell: &str, timeout_secs: u64) -> String
 
 /// Builds the backend `--backend` selected. The only place that names concrete backends.
 pub fn build(config: &Config) -> Result<Arc<dyn Backend>, BackendError> {
-    Ok(Arc::new(docker::DockerBackend::new(config)?))
+    match config.backend {
+        #[cfg(feature = "fly")]
+        crate::cli::BackendChoice::Fly => Ok(Arc::new(fly::FlyBackend::new(config)?)),
+        _ => Ok(Arc::new(docker::DockerBackend::new(config)?)),
+    }
 }

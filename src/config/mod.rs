@@ -3,6 +3,7 @@
 //!
 //! A leaf module: it knows neither MCP nor any provider API.
 
+pub mod fly;
 pub mod run_flags;
 
 use std::time::Duration;
@@ -10,6 +11,7 @@ use std::time::Duration;
 use crate::cli::{
     BackendChoice, Cli, DEFAULT_HOST, DEFAULT_PORT, DEFAULT_SESSION_TIMEOUT, TransportChoice,
 };
+pub use fly::FlyConfig;
 use run_flags::{RunFlags, parse_run_flags, parse_size};
 
 /// The image every default configuration uses, and the one the exact reference tool text
@@ -35,6 +37,7 @@ pub struct Config {
     pub lifecycle_tools: bool,
     pub description: DescriptionConfig,
     pub docker: DockerConfig,
+    pub fly: FlyConfig,
 }
 
 #[derive(Debug, Clone)]
@@ -181,6 +184,7 @@ impl Config {
                 extended_text: cli.extended_tool_instruction.clone(),
             },
             docker,
+            fly: FlyConfig::from_cli(cli, |name| std::env::var(name).ok()),
         })
     }
 }
@@ -190,11 +194,15 @@ impl Config {
 fn check_backend_is_built(backend: BackendChoice) -> Result<(), ConfigError> {
     match backend {
         BackendChoice::Docker => Ok(()),
+        BackendChoice::Fly if cfg!(feature = "fly") => Ok(()),
+        BackendChoice::Fly => fail(
+            "Backend 'fly' requires additional dependencies. This build was compiled without the 'fly' feature; install with: cargo install mcp-sandbox-computer-vm-for-ai --features fly",
+        ),
         BackendChoice::Wasm | BackendChoice::GoBusybox => fail(format!(
             "Backend '{}' requires additional dependencies. This build was compiled without the 'wasm' feature; install with: cargo install mcp-sandbox-computer-vm-for-ai --features wasm",
             backend.name()
         )),
-        BackendChoice::Fly | BackendChoice::E2b | BackendChoice::Modal => fail(format!(
+        BackendChoice::E2b | BackendChoice::Modal => fail(format!(
             "Backend '{}' is not available in this version yet; use --backend docker (the default).",
             backend.name()
         )),
@@ -308,6 +316,13 @@ fn check_other_backend_values(cli: &Cli) -> Result<(), ConfigError> {
         BackendChoice::Docker => {}
     }
     Ok(())
+}
+
+/// Parses a command line for unit tests of the config sections.
+#[cfg(test)]
+fn test_cli(args: &[&str]) -> Cli {
+    use clap::Parser;
+    Cli::try_parse_from(std::iter::once("x").chain(args.iter().copied())).unwrap()
 }
 
 #[cfg(test)]

@@ -3,6 +3,8 @@
 //! gVisor.
 
 mod engines;
+#[cfg(feature = "fly")]
+mod fly;
 mod http;
 mod stdio;
 mod tidy;

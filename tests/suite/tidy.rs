@@ -79,6 +79,7 @@ const CONFINED: &[(&str, &[&str])] = &[
     ("bollard::", &["src/backends/docker/"]),
     ("axum::", &["src/transport/"]),
     ("subtle::", &["src/transport/"]),
+    ("reqwest::", &["src/backends/fly/"]),
     ("rmcp::", &["src/mcp/", "src/transport/"]),
     (
         "clap::",

@@ -1,0 +1,191 @@
+//! Which Fly App owns our Machines (`backends.md` §3.2): the configured one (must be visible),
+//! else the one remembered in `fly.json` (if still visible), else a new
+//! `mcp-sandbox-computers-<8 hex>` created in `--fly-org`/`FLY_ORG`, `personal`, or the first
+//! organization the token sees, and remembered atomically.
+
+use std::path::Path;
+
+use rand::RngExt;
+use reqwest::Method;
+use serde::Deserialize;
+use tracing::{info, warn};
+
+use super::api::{Api, ApiError, CALL_TIMEOUT, Call, Retry, segment};
+use crate::backends::BackendError;
+use crate::config::FlyConfig;
+
+/// The organization lookup (the one call outside the Machines API; its shape comes from public
+/// client code and is pinned by the contract tests).
+pub(super) const ORGANIZATIONS_QUERY: &str = "{ viewer { organizations { nodes { slug type } } } }";
+/// Name prefix of apps this server creates.
+pub(super) const APP_PREFIX: &str = "mcp-sandbox-computers-";
+
+/// Resolves the app once; the caller caches success.
+pub(super) async fn resolve(api: &Api, config: &FlyConfig) -> Result<String, BackendError> {
+    if let Some(app) = existing(api, config).await? {
+        return Ok(app);
+    }
+    let org = match &config.org {
+        Some(org) => org.clone(),
+        None => organization(api).await?,
+    };
+    let app = format!("{APP_PREFIX}{:08x}", rand::rng().random::<u32>());
+    let body = serde_json::json!({ "app_name": app, "org_slug": org });
+    let call = Call {
+        method: Method::POST,
+        path: "/apps".to_owned(),
+        body: Some(&body),
+        retry: Retry::RateLimitOnly,
+        timeout: Some(CALL_TIMEOUT),
+    };
+    api.unit(&call).await.map_err(|e| match e {
+        ApiError::Auth(text) => BackendError::Unavailable(text),
+        other => BackendError::Provider(format!(
+            "Fly could not create an app in organization '{org}': {}",
+            other.detail()
+        )),
+    })?;
+    info!(app, org, "created Fly App for sandbox Machines");
+    if let Some(path) = &config.state_file
+        && let Err(error) = remember(path, &app)
+    {
+        warn!(%error, path = %path.display(), "could not remember the Fly App; the next server will create another");
+    }
+    Ok(app)
+}
+
+/// The configured or remembered app, without creating one: `Ok(None)` when there is neither
+/// (or the remembered one is gone).
+pub(super) async fn existing(
+    api: &Api,
+    config: &FlyConfig,
+) -> Result<Option<String>, BackendError> {
+    if let Some(app) = &config.app {
+        return match visible(api, app).await? {
+            true => Ok(Some(app.clone())),
+            false => Err(BackendError::Provider(format!(
+                "Fly App '{app}' is not visible to the current account or token."
+            ))),
+        };
+    }
+    if let Some(path) = &config.state_file
+        && let Some(app) = remembered(path)
+    {
+        if visible(api, &app).await? {
+            return Ok(Some(app));
+        }
+        warn!(
+            app,
+            "the remembered Fly App is gone; a new one will be created when needed"
+        );
+    }
+    Ok(None)
+}
+
+/// `GET /v1/apps/{app}`: 200 → visible, 404 → not.
+async fn visible(api: &Api, app: &str) -> Result<bool, BackendError> {
+    let call = Call {
+        method: Method::GET,
+        path: format!("/apps/{}", segment(app)),
+        body: None,
+        retry: Retry::Idempotent,
+        timeout: Some(CALL_TIMEOUT),
+    };
+    match api.unit(&call).await {
+        Ok(()) => Ok(true),
+        Err(e) if e.status() == Some(404) => Ok(false),
+        Err(e) => Err(e.into_backend(format!("Fly App '{app}' lookup failed"))),
+    }
+}
+
+async fn organization(api: &Api) -> Result<String, BackendError> {
+    #[derive(Deserialize)]
+    struct Data {
+        viewer: Viewer,
+    }
+    #[derive(Deserialize)]
+    struct Viewer {
+        organizations: Organizations,
+    }
+    #[derive(Deserialize)]
+    struct Organizations {
+        #[serde(default)]
+        nodes: Vec<Organization>,
+    }
+    #[derive(Deserialize)]
+    struct Organization {
+        slug: String,
+        #[serde(default, rename = "type")]
+        kind: Option<String>,
+    }
+    let data: Data = api
+        .graphql(ORGANIZATIONS_QUERY)
+        .await
+        .map_err(|e| e.into_backend("Fly organization lookup failed"))?;
+    let nodes = data.viewer.organizations.nodes;
+    let personal = nodes.iter().find(|o| {
+        o.slug == "personal"
+            || o.kind
+                .as_deref()
+                .is_some_and(|k| k.eq_ignore_ascii_case("personal"))
+    });
+    personal
+        .or(nodes.first())
+        .map(|o| o.slug.clone())
+        .ok_or_else(|| {
+            BackendError::Provider(
+                "No Fly organization is available for this account. Create one in Fly.io or set FLY_ORG."
+                    .to_owned(),
+            )
+        })
+}
+
+/// The app name in `fly.json`, if the file exists and says one.
+fn remembered(path: &Path) -> Option<String> {
+    #[derive(Deserialize)]
+    struct State {
+        app: String,
+    }
+    let text = std::fs::read_to_string(path).ok()?;
+    let state: State = serde_json::from_str(&text).ok()?;
+    let app = state.app.trim().to_owned();
+    (!app.is_empty()).then_some(app)
+}
+
+/// Writes `{"app": …}` pretty-printed with a trailing newline, via a `.tmp` file and rename so a
+/// reader never sees half a file.
+fn remember(path: &Path, app: &str) -> std::io::Result<()> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let mut text = serde_json::to_string_pretty(&serde_json::json!({ "app": app }))
+        .map_err(std::io::Error::other)?;
+    text.push('\n');
+    let mut staging = path.as_os_str().to_owned();
+    staging.push(".tmp");
+    std::fs::write(&staging, text)?;
+    std::fs::rename(&staging, path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn remember_then_read_back() {
+        let dir = std::env::temp_dir().join(format!("fly-app-{}", std::process::id()));
+        let path = dir.join("nested").join("fly.json");
+        remember(&path, "mcp-sandbox-computers-0000abcd").unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&path).unwrap(),
+            "{\n  \"app\": \"mcp-sandbox-computers-0000abcd\"\n}\n"
+        );
+        assert_eq!(
+            remembered(&path).as_deref(),
+            Some("mcp-sandbox-computers-0000abcd")
+        );
+        std::fs::write(&path, "not json").unwrap();
+        assert_eq!(remembered(&path), None);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

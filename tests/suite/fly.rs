@@ -1,0 +1,811 @@
+//! Contract tests of the Fly backend against a local fake of the documented Machines API
+//! (`tests/blackbox/fake_fly.py`, run as a child process). They pin our request building,
+//! parsing, retries and lifecycle logic against our reading of Fly's documentation; they
+//! cannot show that the real service behaves that way (`testing.md` §7), hence the names.
+//!
+//! The fake backs Machines with local Docker containers, so tests that create Machines need
+//! the test environment's engine and `sandbox-busybox:full` (`KILNTAINERS_IT_DOCKER=1`); the
+//! auth, app and retry tests need only Python.
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use mcp_sandbox_computer_vm_for_ai::backends::{
+    self, Backend, BackendError, CreateSpec, ExecEnd, ExecSpec, NoProgress, OutputSink, SandboxRef,
+    SinkControl, Stream,
+};
+use mcp_sandbox_computer_vm_for_ai::cli::Cli;
+use mcp_sandbox_computer_vm_for_ai::config::Config;
+use mcp_sandbox_computer_vm_for_ai::config::fly::{Secret, TokenSources};
+use mcp_sandbox_computer_vm_for_ai::exec::{self, ExecOutcome, ExecRequest, Program};
+use mcp_sandbox_computer_vm_for_ai::ids::{ComputerId, ExecId, InstanceId};
+
+use crate::common::{enabled, unique_id};
+
+const TOKEN: &str = "test-token";
+const NO_TOKEN: &str = "No Fly API token found (checked --fly-token, FLY_API_TOKEN, FLY_TOKEN, FLY_ACCESS_TOKEN and ~/.fly/config.yml). Install flyctl (https://fly.io/docs/flyctl/install/) and run 'fly auth login' once, or set FLY_API_TOKEN (for example to the output of 'fly tokens create org'), then restart your MCP client.";
+
+/// The fake as a child process; closing its stdin makes it remove its containers and exit.
+struct Fake {
+    child: Child,
+    url: String,
+    dir: PathBuf,
+    http: reqwest::Client,
+}
+
+impl Fake {
+    fn start(args: &[&str]) -> Fake {
+        let dir = std::env::temp_dir().join(format!("fake-fly-{}", unique_id("t")));
+        std::fs::create_dir_all(&dir).unwrap();
+        let port_file = dir.join("port");
+        let python = std::env::var("KILNTAINERS_TEST_VENV")
+            .map(|venv| format!("{venv}/bin/python"))
+            .unwrap_or_else(|_| "python3".to_owned());
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/blackbox/fake_fly.py");
+        let child = Command::new(python)
+            .arg(script)
+            .arg("--port-file")
+            .arg(&port_file)
+            .args(args)
+            .stdin(Stdio::piped())
+            .spawn()
+            .expect("start the fake Fly API");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        let port = loop {
+            if let Ok(port) = std::fs::read_to_string(&port_file) {
+                break port;
+            }
+            assert!(Instant::now() < deadline, "the fake did not start");
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        Fake {
+            child,
+            url: format!("http://127.0.0.1:{}", port.trim()),
+            dir,
+            http: reqwest::Client::new(),
+        }
+    }
+
+    /// A fake that accepts `Bearer test-token` and already has app `demo`.
+    fn with_demo() -> Fake {
+        Fake::start(&["--token", &format!("Bearer {TOKEN}"), "--app", "demo"])
+    }
+
+    async fn get(&self, path: &str) -> Value {
+        let text = self
+            .http
+            .get(format!("{}{path}", self.url))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        serde_json::from_str(&text).unwrap()
+    }
+
+    async fn post(&self, path: &str, body: Value, auth: bool) -> Value {
+        let mut request = self
+            .http
+            .post(format!("{}{path}", self.url))
+            .header("Content-Type", "application/json")
+            .body(body.to_string());
+        if auth {
+            request = request.header("Authorization", format!("Bearer {TOKEN}"));
+        }
+        let text = request.send().await.unwrap().text().await.unwrap();
+        serde_json::from_str(&text).unwrap_or(Value::Null)
+    }
+
+    async fn requests(&self) -> Vec<Value> {
+        self.get("/_fake/requests")
+            .await
+            .as_array()
+            .cloned()
+            .unwrap()
+    }
+
+    /// Requests whose method matches and whose path matches the regex-free `prefix`.
+    async fn requests_to(&self, method: &str, path: &str) -> Vec<Value> {
+        self.requests()
+            .await
+            .into_iter()
+            .filter(|r| r["method"] == method && r["path"] == path)
+            .collect()
+    }
+
+    async fn inject(&self, method: &str, path: &str, status: u16, times: u32, headers: Value) {
+        self.post(
+            "/_fake/inject",
+            json!({"method": method, "path": path, "status": status, "times": times, "headers": headers}),
+            false,
+        )
+        .await;
+    }
+
+    async fn assert_no_violations(&self) {
+        assert_eq!(self.get("/_fake/violations").await, json!([]));
+    }
+
+    async fn machines(&self) -> Vec<Value> {
+        self.get("/_fake/state").await["machines"]
+            .as_array()
+            .cloned()
+            .unwrap()
+    }
+}
+
+impl Drop for Fake {
+    fn drop(&mut self) {
+        drop(self.child.stdin.take());
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                let _ = std::fs::remove_dir_all(&self.dir);
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// A Fly backend pointed at the fake, with no token source but the one given and its own
+/// state file (never the developer's real `~/.fly` or `fly.json`).
+fn backend_with(
+    fake: &Fake,
+    app: Option<&str>,
+    token: Option<&str>,
+    extra: &[&str],
+) -> Arc<dyn Backend> {
+    let mut args = vec![
+        "x",
+        "--backend",
+        "fly",
+        "--fly-api-url",
+        &fake.url,
+        "--fly-graphql-url",
+        &fake.url,
+        "--fly-image",
+        "sandbox-busybox:full",
+        "--shell",
+        "/bin/sh",
+    ];
+    args.extend_from_slice(extra);
+    let cli = Cli::try_parse_from(args).unwrap();
+    let mut config = Config::from_cli(&cli, None).unwrap();
+    config.fly.app = app.map(str::to_owned);
+    config.fly.tokens = TokenSources {
+        flag: token.map(Secret::new),
+        env: Vec::new(),
+        config_file: None,
+    };
+    config.fly.state_file = Some(fake.dir.join("fly.json"));
+    backends::build(&config).unwrap()
+}
+
+fn backend(fake: &Fake) -> Arc<dyn Backend> {
+    backend_with(fake, Some("demo"), Some(TOKEN), &[])
+}
+
+fn spec(id: &ComputerId, temporary: bool, instance: &InstanceId) -> CreateSpec {
+    CreateSpec {
+        computer_id: id.clone(),
+        temporary,
+        image: None,
+        instance: instance.clone(),
+    }
+}
+
+#[derive(Default)]
+struct Collect {
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+}
+
+impl OutputSink for Collect {
+    fn push(&mut self, stream: Stream, bytes: &[u8]) -> SinkControl {
+        match stream {
+            Stream::Stdout => self.stdout.extend_from_slice(bytes),
+            Stream::Stderr => self.stderr.extend_from_slice(bytes),
+        }
+        SinkControl::Continue
+    }
+}
+
+async fn run(backend: &dyn Backend, sandbox: &SandboxRef, command: &str) -> (i64, String, String) {
+    let spec = ExecSpec {
+        argv: vec!["/bin/sh".into(), "-c".into(), command.into()],
+        stdin: None,
+        working_dir: None,
+        exec_id: ExecId::random(),
+    };
+    let mut sink = Collect::default();
+    let end = backend
+        .exec(sandbox, &spec, &mut sink, &CancellationToken::new())
+        .await
+        .unwrap();
+    let ExecEnd::Exited(code) = end else {
+        panic!("stopped by sink");
+    };
+    (
+        code,
+        String::from_utf8(sink.stdout).unwrap(),
+        String::from_utf8(sink.stderr).unwrap(),
+    )
+}
+
+fn computer(prefix: &str) -> ComputerId {
+    ComputerId::parse(&unique_id(prefix)).unwrap()
+}
+
+#[tokio::test]
+async fn contract_app_created_in_personal_org_and_remembered_against_fake() {
+    let fake = Fake::start(&["--token", &format!("Bearer {TOKEN}")]);
+    let first = backend_with(&fake, None, Some(TOKEN), &[]);
+    first.validate().await.unwrap();
+    let graphql = fake.requests_to("POST", "/graphql").await;
+    assert_eq!(graphql.len(), 1);
+    assert_eq!(
+        graphql[0]["body"]["query"],
+        "{ viewer { organizations { nodes { slug type } } } }"
+    );
+    let created = fake.requests_to("POST", "/v1/apps").await;
+    assert_eq!(created.len(), 1);
+    let body = &created[0]["body"];
+    assert_eq!(body["org_slug"], "personal");
+    let app = body["app_name"].as_str().unwrap().to_owned();
+    assert!(
+        app.starts_with("mcp-sandbox-computers-") && app.len() == 30,
+        "{app}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(fake.dir.join("fly.json")).unwrap(),
+        format!("{{\n  \"app\": \"{app}\"\n}}\n")
+    );
+
+    // A second server reuses the remembered app: one lookup, no second creation.
+    let second = backend_with(&fake, None, Some(TOKEN), &[]);
+    second.validate().await.unwrap();
+    assert_eq!(fake.requests_to("POST", "/v1/apps").await.len(), 1);
+    assert_eq!(
+        fake.requests_to("GET", &format!("/v1/apps/{app}"))
+            .await
+            .len(),
+        1
+    );
+
+    // An explicit organization skips the GraphQL lookup.
+    std::fs::remove_file(fake.dir.join("fly.json")).unwrap();
+    let third = backend_with(&fake, None, Some(TOKEN), &["--fly-org", "acme"]);
+    third.validate().await.unwrap();
+    let created = fake.requests_to("POST", "/v1/apps").await;
+    assert_eq!(created.len(), 2);
+    assert_eq!(created[1]["body"]["org_slug"], "acme");
+    assert_eq!(fake.requests_to("POST", "/graphql").await.len(), 1);
+    fake.assert_no_violations().await;
+}
+
+#[tokio::test]
+async fn contract_configured_app_must_be_visible_against_fake() {
+    let fake = Fake::with_demo();
+    let error = backend_with(&fake, Some("nope"), Some(TOKEN), &[])
+        .validate()
+        .await
+        .unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "Fly App 'nope' is not visible to the current account or token."
+    );
+    backend(&fake).validate().await.unwrap();
+    fake.assert_no_violations().await;
+}
+
+#[tokio::test]
+async fn contract_auth_failures_and_token_schemes_against_fake() {
+    let fake = Fake::start(&[
+        "--token",
+        &format!("Bearer {TOKEN}"),
+        "--token",
+        "FlyV1 fm2_abc,fm2_def",
+        "--app",
+        "demo",
+    ]);
+    // No token anywhere: the first call says how to get one, and no request is sent.
+    let error = backend_with(&fake, Some("demo"), None, &[])
+        .validate()
+        .await
+        .unwrap_err();
+    assert!(matches!(error, BackendError::Unavailable(_)));
+    assert_eq!(error.to_string(), NO_TOKEN);
+    assert!(fake.requests().await.is_empty());
+
+    let error = backend_with(&fake, Some("demo"), Some("wrong"), &[])
+        .validate()
+        .await
+        .unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "Fly rejected the API token (HTTP 401). Run 'fly auth login' again or set a valid FLY_API_TOKEN."
+    );
+
+    // Macaroons go under FlyV1, scheme prefix stripped, pieces trimmed and comma-joined.
+    backend_with(&fake, Some("demo"), Some("FlyV1 fm2_abc, fm2_def"), &[])
+        .validate()
+        .await
+        .unwrap();
+    let macaroon: Vec<Value> = fake
+        .requests()
+        .await
+        .into_iter()
+        .filter(|r| {
+            r["authorization"]
+                .as_str()
+                .is_some_and(|a| a.starts_with("FlyV1"))
+        })
+        .collect();
+    assert!(!macaroon.is_empty());
+    assert!(
+        macaroon
+            .iter()
+            .all(|r| r["authorization"] == "FlyV1 fm2_abc,fm2_def")
+    );
+    let bearer = fake.requests_to("GET", "/v1/apps/demo").await;
+    assert_eq!(bearer[0]["authorization"], "Bearer wrong");
+    fake.assert_no_violations().await;
+}
+
+#[tokio::test]
+async fn contract_rate_limits_and_server_errors_are_retried_against_fake() {
+    let fake = Fake::with_demo();
+    fake.inject("GET", "/v1/apps/demo", 429, 2, json!({"Retry-After": "0"}))
+        .await;
+    backend(&fake).validate().await.unwrap();
+    assert_eq!(fake.requests_to("GET", "/v1/apps/demo").await.len(), 3);
+
+    // Three retries at most, then the call and Fly's words are reported. (No app configured or
+    // remembered here, so nothing is looked up in the background at construction.)
+    fake.inject("POST", "/graphql", 503, 4, json!({})).await;
+    let error = backend_with(&fake, None, Some(TOKEN), &[])
+        .validate()
+        .await
+        .unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "Fly organization lookup failed: POST /graphql returned HTTP 503: injected 503"
+    );
+    assert_eq!(fake.requests_to("POST", "/graphql").await.len(), 4);
+    assert!(fake.requests_to("POST", "/v1/apps").await.is_empty());
+    fake.assert_no_violations().await;
+}
+
+#[tokio::test]
+async fn contract_machine_create_exec_list_destroy_against_fake() {
+    if !enabled("KILNTAINERS_IT_DOCKER") {
+        return;
+    }
+    let fake = Fake::with_demo();
+    let backend = backend(&fake);
+    let id = computer("fly-c");
+    let instance = InstanceId::random();
+    let before = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let sandbox = backend
+        .create(&spec(&id, true, &instance), &NoProgress)
+        .await
+        .unwrap();
+
+    let created = fake.requests_to("POST", "/v1/apps/demo/machines").await;
+    assert_eq!(created.len(), 1);
+    let body = &created[0]["body"];
+    assert_eq!(body["name"], id.as_str());
+    assert!(body.get("region").is_none());
+    let config = &body["config"];
+    assert_eq!(config["image"], "docker.io/library/sandbox-busybox:full");
+    assert_eq!(
+        config["init"]["exec"],
+        json!(backends::keep_alive_argv("/bin/sh"))
+    );
+    assert_eq!(
+        config["guest"],
+        json!({"cpu_kind": "shared", "cpus": 1, "memory_mb": 512})
+    );
+    assert_eq!(config["rootfs"], json!({"persist": "never"}));
+    assert_eq!(config["restart"], json!({"policy": "no"}));
+    assert_eq!(config["auto_destroy"], true);
+    let metadata = config["metadata"].as_object().unwrap();
+    assert_eq!(metadata["kilntainers"], "true");
+    assert_eq!(metadata["kilntainers-computer-id"], id.as_str());
+    assert_eq!(metadata["kilntainers-temporary"], "true");
+    assert_eq!(metadata["kilntainers-image"], "sandbox-busybox:full");
+    assert_eq!(metadata["kilntainers-instance"], instance.as_str());
+    let lease: u64 = metadata["kilntainers-lease-until"]
+        .as_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((before + 900..before + 960).contains(&lease), "{lease}");
+    for wait in fake
+        .requests()
+        .await
+        .iter()
+        .filter(|r| r["path"].as_str().is_some_and(|p| p.ends_with("/wait")))
+    {
+        assert_eq!(wait["query"]["state"], "started");
+        let secs: u64 = wait["query"]["timeout"].as_str().unwrap().parse().unwrap();
+        assert!((1..=60).contains(&secs));
+    }
+
+    // Exec: HTTP 200 with a non-zero exit code; stdin and working directory together.
+    let exec_spec = ExecSpec {
+        argv: vec![
+            "/bin/sh".into(),
+            "-c".into(),
+            "cat > in.txt; pwd; echo \"tag=$KILNTAINERS_EXEC_ID\" >&2; exit 3".into(),
+        ],
+        stdin: Some(b"line one\nline 'two'\n".to_vec()),
+        working_dir: Some("/tmp".into()),
+        exec_id: ExecId::random(),
+    };
+    let mut sink = Collect::default();
+    let end = backend
+        .exec(&sandbox, &exec_spec, &mut sink, &CancellationToken::new())
+        .await
+        .unwrap();
+    assert_eq!(end, ExecEnd::Exited(3));
+    assert_eq!(String::from_utf8_lossy(&sink.stdout), "/tmp\n");
+    assert_eq!(
+        String::from_utf8_lossy(&sink.stderr),
+        format!("tag={}\n", exec_spec.exec_id.as_str())
+    );
+    let (code, out, _) = run(backend.as_ref(), &sandbox, "cat /tmp/in.txt; exit 0").await;
+    assert_eq!((code, out.as_str()), (0, "line one\nline 'two'\n"));
+    let exec_request = fake
+        .requests()
+        .await
+        .into_iter()
+        .rev()
+        .find(|r| r["path"].as_str().is_some_and(|p| p.ends_with("/exec")));
+    let exec_body = &exec_request.unwrap()["body"];
+    assert_eq!(exec_body["command"][1], "-lc");
+    assert!(exec_body.get("stdin").is_none());
+
+    // Inventory and lookup read the metadata back.
+    let rows = backend.list().await.unwrap();
+    let row = rows.iter().find(|r| r.sandbox.computer_id == id).unwrap();
+    assert_eq!(row.state, "started");
+    assert_eq!(row.sandbox.sandbox_id, sandbox.sandbox_id);
+    assert!(row.sandbox.temporary);
+    assert_eq!(row.sandbox.image, "sandbox-busybox:full");
+    assert!(row.created_at.is_some());
+    let found = backend.lookup(&id).await.unwrap().unwrap();
+    assert!(found.running);
+
+    // A temporary Machine's root filesystem does not survive a restart, and we say so.
+    let restarted = backend.restart(&sandbox).await.unwrap();
+    assert!(!restarted.state_preserved);
+    let (code, _, _) = run(backend.as_ref(), &sandbox, "test -e /tmp/in.txt").await;
+    assert_eq!(code, 1);
+
+    backend.remove(&sandbox).await.unwrap();
+    let deletes = fake
+        .requests_to(
+            "DELETE",
+            &format!("/v1/apps/demo/machines/{}", sandbox.sandbox_id),
+        )
+        .await;
+    assert_eq!(
+        deletes[0]["query"],
+        json!({"force": "true", "kill": "true"})
+    );
+    assert!(backend.lookup(&id).await.unwrap().is_none());
+    // Removing again is not an error: the goal is met.
+    backend.remove(&sandbox).await.unwrap();
+    fake.assert_no_violations().await;
+}
+
+#[tokio::test]
+async fn contract_permanent_machine_survives_restart_and_stop_against_fake() {
+    if !enabled("KILNTAINERS_IT_DOCKER") {
+        return;
+    }
+    let fake = Fake::with_demo();
+    let backend = backend_with(
+        &fake,
+        Some("demo"),
+        Some(TOKEN),
+        &[
+            "--fly-region",
+            "ams",
+            "--fly-cpus",
+            "2",
+            "--fly-memory",
+            "1024",
+            "--fly-cpu-kind",
+            "performance",
+            "--fly-rootfs-size",
+            "4",
+        ],
+    );
+    let id = computer("fly-p");
+    let sandbox = backend
+        .create(&spec(&id, false, &InstanceId::random()), &NoProgress)
+        .await
+        .unwrap();
+    let body = &fake.requests_to("POST", "/v1/apps/demo/machines").await[0]["body"];
+    assert_eq!(body["region"], "ams");
+    assert_eq!(
+        body["config"]["guest"],
+        json!({"cpu_kind": "performance", "cpus": 2, "memory_mb": 1024})
+    );
+    assert_eq!(
+        body["config"]["rootfs"],
+        json!({"persist": "always", "size_gb": 4})
+    );
+    assert_eq!(body["config"]["restart"], json!({"policy": "always"}));
+    assert_eq!(body["config"]["auto_destroy"], false);
+    let metadata = body["config"]["metadata"].as_object().unwrap();
+    assert!(!metadata.contains_key("kilntainers-instance"));
+    assert!(!metadata.contains_key("kilntainers-lease-until"));
+
+    run(backend.as_ref(), &sandbox, "echo kept > /root/state").await;
+    let restarted = backend.restart(&sandbox).await.unwrap();
+    assert!(restarted.state_preserved);
+    assert_eq!(restarted.sandbox.sandbox_id, sandbox.sandbox_id);
+    assert_eq!(
+        run(backend.as_ref(), &sandbox, "cat /root/state").await.1,
+        "kept\n"
+    );
+    assert_eq!(
+        fake.requests_to(
+            "POST",
+            &format!("/v1/apps/demo/machines/{}/restart", sandbox.sandbox_id)
+        )
+        .await
+        .len(),
+        1
+    );
+
+    // The Machine stops behind our back: exec says so, attach starts it again, files stay.
+    fake.post(
+        &format!("/_fake/kill/{}", sandbox.sandbox_id),
+        json!({}),
+        false,
+    )
+    .await;
+    let found = backend.lookup(&id).await.unwrap().unwrap();
+    assert!(!found.running);
+    let mut sink = Collect::default();
+    let error = backend
+        .exec(
+            &sandbox,
+            &ExecSpec {
+                argv: vec!["true".into()],
+                stdin: None,
+                working_dir: None,
+                exec_id: ExecId::random(),
+            },
+            &mut sink,
+            &CancellationToken::new(),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(error, BackendError::NotRunning(_)), "{error:?}");
+    let again = backend.ensure_running(&found.sandbox).await.unwrap();
+    assert_eq!(again.sandbox_id, sandbox.sandbox_id);
+    assert_eq!(
+        run(backend.as_ref(), &again, "cat /root/state").await.1,
+        "kept\n"
+    );
+    assert_eq!(
+        fake.requests_to(
+            "POST",
+            &format!("/v1/apps/demo/machines/{}/start", sandbox.sandbox_id)
+        )
+        .await
+        .len(),
+        1
+    );
+    backend.remove(&again).await.unwrap();
+    fake.assert_no_violations().await;
+}
+
+#[tokio::test]
+async fn contract_machine_that_never_starts_is_destroyed_against_fake() {
+    if !enabled("KILNTAINERS_IT_DOCKER") {
+        return;
+    }
+    let fake = Fake::with_demo();
+    let backend = backend(&fake);
+    let id = computer("fly-s");
+    fake.post("/_fake/stuck", json!({"name": id.as_str()}), false)
+        .await;
+    let error = backend
+        .create(&spec(&id, false, &InstanceId::random()), &NoProgress)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        format!("Fly created computer '{id}' but it did not start within 120s.")
+    );
+    let waits = fake
+        .requests()
+        .await
+        .into_iter()
+        .filter(|r| r["path"].as_str().is_some_and(|p| p.ends_with("/wait")))
+        .count();
+    assert_eq!(waits, 2, "two bounded wait rounds");
+    assert!(
+        fake.machines()
+            .await
+            .iter()
+            .all(|m| m["state"] == "destroyed")
+    );
+    // Creating over an existing computer is refused.
+    let id2 = computer("fly-e");
+    let sandbox = backend
+        .create(&spec(&id2, true, &InstanceId::random()), &NoProgress)
+        .await
+        .unwrap();
+    let error = backend
+        .create(&spec(&id2, true, &InstanceId::random()), &NoProgress)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        format!("Computer '{id2}' already exists in Fly.")
+    );
+    backend.remove(&sandbox).await.unwrap();
+    fake.assert_no_violations().await;
+}
+
+#[tokio::test]
+async fn contract_exec_timeout_and_output_limit_against_fake() {
+    if !enabled("KILNTAINERS_IT_DOCKER") {
+        return;
+    }
+    let fake = Fake::with_demo();
+    let backend = backend(&fake);
+    let id = computer("fly-t");
+    let sandbox = backend
+        .create(&spec(&id, true, &InstanceId::random()), &NoProgress)
+        .await
+        .unwrap();
+    let request = |command: &str, timeout_secs| ExecRequest {
+        program: Program::Shell(command.to_owned()),
+        stdin: None,
+        working_dir: None,
+        timeout_secs,
+    };
+    let cancel = CancellationToken::new();
+    let outcome = exec::run(
+        backend.as_ref(),
+        &sandbox,
+        "/bin/sh",
+        &request("sleep 97 & sleep 98; echo never", 2),
+        ExecId::random(),
+        1_000_000,
+        &cancel,
+    )
+    .await
+    .unwrap();
+    assert!(
+        matches!(
+            outcome,
+            ExecOutcome::TimedOut {
+                timeout_secs: 2,
+                ..
+            }
+        ),
+        "{outcome:?}"
+    );
+    // The kill sweep ran as a second exec and took the background job too.
+    let (_, ps, _) = run(backend.as_ref(), &sandbox, "ps -o args || ps").await;
+    assert!(!ps.contains("sleep 97") && !ps.contains("sleep 98"), "{ps}");
+
+    let outcome = exec::run(
+        backend.as_ref(),
+        &sandbox,
+        "/bin/sh",
+        &request("head -c 300000 /dev/zero | tr '\\0' x", 60),
+        ExecId::random(),
+        1000,
+        &cancel,
+    )
+    .await
+    .unwrap();
+    assert!(
+        matches!(
+            outcome,
+            ExecOutcome::OutputLimitExceeded { limit: 1000, .. }
+        ),
+        "{outcome:?}"
+    );
+    backend.remove(&sandbox).await.unwrap();
+    fake.assert_no_violations().await;
+}
+
+#[tokio::test]
+async fn contract_crash_gc_by_instance_and_lease_against_fake() {
+    if !enabled("KILNTAINERS_IT_DOCKER") {
+        return;
+    }
+    let fake = Fake::with_demo();
+    let dead = InstanceId::random();
+    let alive = InstanceId::random();
+    let creator = backend(&fake);
+    let orphan = computer("fly-o");
+    let kept = computer("fly-k");
+    let permanent = computer("fly-m");
+    creator
+        .create(&spec(&orphan, true, &dead), &NoProgress)
+        .await
+        .unwrap();
+    creator
+        .create(&spec(&kept, true, &alive), &NoProgress)
+        .await
+        .unwrap();
+    creator
+        .create(&spec(&permanent, false, &dead), &NoProgress)
+        .await
+        .unwrap();
+    // A Machine of an instance we know nothing about whose lease ran out long ago.
+    let expired = computer("fly-x");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    fake.post(
+        "/v1/apps/demo/machines",
+        json!({"name": expired.as_str(), "config": {
+        "image": "docker.io/library/sandbox-busybox:full",
+        "init": {"exec": backends::keep_alive_argv("/bin/sh")},
+        "metadata": {
+            "kilntainers": "true",
+            "kilntainers-computer-id": expired.as_str(),
+            "kilntainers-temporary": "true",
+            "kilntainers-instance": InstanceId::random().as_str(),
+            "kilntainers-lease-until": (now - 1000).to_string(),
+        }}}),
+        true,
+    )
+    .await;
+    drop(creator);
+
+    // Another server: collects by dead instance and by expired lease, nothing else.
+    let collector = backend(&fake);
+    let removed: HashSet<ComputerId> = collector
+        .collect_orphans(&HashSet::from([dead.clone()]))
+        .await
+        .unwrap()
+        .into_iter()
+        .collect();
+    // The lease collection also runs in the background as soon as the app is known, so the
+    // expired Machine may already be gone by either path; the orphan is ours to report.
+    assert!(removed.contains(&orphan), "{removed:?}");
+    assert!(removed.is_subset(&HashSet::from([orphan.clone(), expired.clone()])));
+    let left: HashSet<ComputerId> = collector
+        .list()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|r| r.sandbox.computer_id)
+        .collect();
+    assert_eq!(left, HashSet::from([kept.clone(), permanent.clone()]));
+    for id in [&kept, &permanent] {
+        let found = collector.lookup(id).await.unwrap().unwrap();
+        collector.remove(&found.sandbox).await.unwrap();
+    }
+    fake.assert_no_violations().await;
+}
