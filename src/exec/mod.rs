@@ -129,6 +129,12 @@ pub async fn run(
                 duration,
             })
         }
+        // The backend saw the cancellation before our own select did: still a cancellation,
+        // not an overflow.
+        Ok(Ok(ExecEnd::StoppedBySink)) if !sink.overflowed() && cancel.is_cancelled() => {
+            kill_tree(backend, sandbox, &spec.exec_id).await;
+            Err(ExecError::Cancelled)
+        }
         Ok(Ok(_)) => {
             kill_tree(backend, sandbox, &spec.exec_id).await;
             Ok(ExecOutcome::OutputLimitExceeded {
