@@ -68,6 +68,22 @@ make_venv() {
     printf '%s' "$stamp" >"$dir/.bench-stamp"
 }
 
+# wait_install NAME PID T0: wait for a background install (none if PID is empty), report it.
+wait_install() {
+    local name="$1" pid="$2" t0="$3" log="$BENCH_ENV/.$1-install.log" rc=0
+    [[ -n "$pid" ]] || return 0
+    printf '%s %-8s ' "$LOG_PREFIX" "$name"
+    if wait "$pid"; then
+        printf 'installed (%s after it started)\n' "$(elapsed "$t0")"
+    else
+        rc=1
+        printf 'FAILED\n'
+        tail -n 30 "$log" >&2
+    fi
+    rm -f "$log"
+    return "$rc"
+}
+
 main() {
     [[ "$(id -u)" == 0 ]] || die "run as root (the profile attaches strace/perf to the server; dockerd may need starting)"
     mkdir -p "$BENCH_ENV"
@@ -146,23 +162,9 @@ main() {
         fi
     fi
 
-    local failed=0 name pid t0
-    for name in ref client; do
-        pid="${name}_pid"
-        pid="${!pid}"
-        t0="${name}_t0"
-        t0="${!t0}"
-        [[ -n "$pid" ]] || continue
-        printf '%s %-8s ' "$LOG_PREFIX" "$name"
-        if wait "$pid"; then
-            printf 'installed (%s after it started)\n' "$(elapsed "$t0")"
-        else
-            printf 'FAILED\n'
-            tail -n 30 "$BENCH_ENV/.$name-install.log" >&2
-            failed=1
-        fi
-        rm -f "$BENCH_ENV/.$name-install.log"
-    done
+    local failed=0
+    wait_install ref "$ref_pid" "$ref_t0" || failed=1
+    wait_install client "$client_pid" "$client_t0" || failed=1
     [[ "$build_rc" == 0 ]] || die "cargo build --release --locked failed"
     [[ "$failed" == 0 ]] || die "installing the Python side failed (see above)"
 
