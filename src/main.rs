@@ -58,7 +58,7 @@ async fn run(config: Config) -> i32 {
     };
     let instance = InstanceId::random();
     let state_dir = state::state_dir();
-    let _instance_lock = match state_dir
+    let mut instance_lock = match state_dir
         .as_deref()
         .map(|dir| InstanceLock::acquire(dir, &instance, config.backend.name()))
     {
@@ -78,12 +78,18 @@ async fn run(config: Config) -> i32 {
     );
     let surface = Surface::new(registry, &description, config.lifecycle_tools);
 
-    if let Some(dir) = state_dir {
-        // Crash GC never delays MCP traffic.
-        tokio::spawn(async move { orphans::collect(backend, &dir, &instance).await });
+    // Crash GC (and the eager backend check) never delays MCP traffic.
+    match state_dir {
+        Some(dir) => {
+            tokio::spawn(async move { orphans::collect(backend, &dir, &instance).await });
+        }
+        None if backend.validates_eagerly() => {
+            tokio::spawn(async move { backend.validate().await });
+        }
+        None => {}
     }
     let lifecycle = if config.lifecycle_tools { "on" } else { "off" };
-    match &config.transport {
+    let code = match &config.transport {
         Transport::Stdio => {
             eprintln!(
                 "kilntainers: mcp-sandbox-computer-vm-for-ai {} serving stdio (backend: {}, lifecycle tools: {lifecycle})",
@@ -99,5 +105,11 @@ async fn run(config: Config) -> i32 {
             };
             transport::http::serve(surface, http, options).await
         }
+    };
+    if code != 0
+        && let Some(lock) = instance_lock.as_mut()
+    {
+        lock.keep_for_collection();
     }
+    code
 }

@@ -23,9 +23,11 @@ fn instances_dir(state_dir: &Path) -> PathBuf {
     state_dir.join("instances")
 }
 
-/// This process's exclusively locked `instances/<id>.lock`; removed on drop.
+/// This process's exclusively locked `instances/<id>.lock`; removed on drop unless
+/// [`InstanceLock::keep_for_collection`] was called.
 pub struct InstanceLock {
     path: PathBuf,
+    keep: bool,
     /// Holding the open file holds the lock.
     _file: File,
 }
@@ -49,13 +51,27 @@ impl InstanceLock {
         });
         file.write_all(content.to_string().as_bytes())?;
         fs::rename(&staging, &path)?;
-        Ok(Self { path, _file: file })
+        Ok(Self {
+            path,
+            keep: false,
+            _file: file,
+        })
+    }
+}
+
+impl InstanceLock {
+    /// Leaves the file in place at exit: cleanup did not finish, and the next server that finds
+    /// it unlocked collects this instance's leftovers (lifecycle.md §10).
+    pub fn keep_for_collection(&mut self) {
+        self.keep = true;
     }
 }
 
 impl Drop for InstanceLock {
     fn drop(&mut self) {
-        let _ = fs::remove_file(&self.path);
+        if !self.keep {
+            let _ = fs::remove_file(&self.path);
+        }
     }
 }
 

@@ -151,6 +151,12 @@ pub trait Backend: Send + Sync {
     /// Checks reachability once; callers cache success.
     async fn validate(&self) -> Result<(), BackendError>;
 
+    /// Whether [`Backend::validate`] runs at startup, in the background, so the first tool
+    /// call does not pay for connecting (`lifecycle.md` §9: Docker/Podman only).
+    fn validates_eagerly(&self) -> bool {
+        false
+    }
+
     async fn create(
         &self,
         spec: &CreateSpec,

@@ -581,6 +581,12 @@ impl Registry {
         use futures_util::StreamExt;
         let failed: Vec<Option<ComputerId>> = futures_util::stream::iter(temporaries)
             .map(|(slot, sandbox)| async move {
+                // A session close may be removing it right now (stdin EOF ends the session
+                // and starts this sweep at once): wait for it rather than removing twice.
+                let _lifecycle = slot.lifecycle.lock().await;
+                if lock(&slot.state).record.as_ref() != Some(&sandbox) {
+                    return None;
+                }
                 match self.backend.remove(&sandbox).await {
                     Ok(()) => {
                         lock(&slot.state).record = None;

@@ -69,6 +69,7 @@ fn url_host(host: &str) -> String {
 
 /// Serves until SIGINT/SIGTERM, then drains; returns the process exit code.
 pub async fn serve(surface: Arc<Surface>, config: &HttpConfig, options: ServeOptions<'_>) -> i32 {
+    let mut signals = shutdown::Signals::install();
     // `[::1]` is accepted as a bind address too (the brackets are URL syntax, not the address).
     let bind_host = config.host.trim_start_matches('[').trim_end_matches(']');
     let listener = match TcpListener::bind((bind_host, config.port)).await {
@@ -135,13 +136,14 @@ pub async fn serve(surface: Arc<Surface>, config: &HttpConfig, options: ServeOpt
     let mut server = tokio::spawn(server.into_future());
     let reaper = tokio::spawn(reap(sessions, registry.clone(), config.session_timeout));
 
-    tokio::select! {
-        () = shutdown::signalled() => {}
+    let trigger = tokio::select! {
+        () = signals.next() => shutdown::Trigger::Signal,
         result = &mut server => {
             // `axum::serve` only returns on shutdown; anything else is a fault worth a line.
             warn!(?result, "HTTP server stopped unexpectedly");
+            shutdown::Trigger::ClientGone
         }
-    }
+    };
     // `lifecycle.md` §8. Sessions are ended only after the sweep, not before it: ending one
     // drops its handler, whose release removes the session's temporaries in a task of its own
     // that the sweep cannot see (the record is already taken) and that the exit would cut
@@ -150,7 +152,7 @@ pub async fn serve(surface: Arc<Surface>, config: &HttpConfig, options: ServeOpt
     guard.start_draining();
     stop_accepting.cancel();
     reaper.abort();
-    let code = shutdown::drain(&registry).await;
+    let code = shutdown::drain(&registry, trigger, &mut signals).await;
     end_sessions.cancel();
     // Connections still open after the drain are cut when the runtime goes away.
     server.abort();

@@ -21,6 +21,7 @@ use crate::shutdown;
 
 /// Serves until EOF or a signal; returns the process exit code.
 pub async fn serve(surface: Arc<Surface>) -> i32 {
+    let mut signals = shutdown::Signals::install();
     let registry = surface.registry.clone();
     let handler = SessionHandler::new(surface);
     let (reader, writer) = stdio_pipes();
@@ -38,12 +39,12 @@ pub async fn serve(surface: Arc<Surface>) -> i32 {
             Err(error) => warn!(%error, "stdio session ended during initialisation"),
         }
     };
-    tokio::select! {
-        () = serving => {}
-        () = eof.cancelled() => {}
-        () = shutdown::signalled() => {}
-    }
-    shutdown::drain(&registry).await
+    let trigger = tokio::select! {
+        () = serving => shutdown::Trigger::ClientGone,
+        () = eof.cancelled() => shutdown::Trigger::ClientGone,
+        () = signals.next() => shutdown::Trigger::Signal,
+    };
+    shutdown::drain(&registry, trigger, &mut signals).await
 }
 
 /// Passes reads through and cancels `eof` when the stream ends.

@@ -203,6 +203,65 @@ def test_eof_during_exec_cleans_up_within_client_grace(kbb):
         assert wait_gone(default), "temporary computer not removed after EOF"
 
 
+def _raw_with_temporaries(kbb, raw: RawServer, n: int) -> list[str]:
+    """Creates `n` temporary computers concurrently over one raw session; returns their ids."""
+    ids = [kbb.new_id(f"drain{i}") for i in range(n)]
+    pending = {raw.send_request("tools/call", {"name": "terminal_execute",
+                                               "arguments": {"command": "true", "computer_id": cid}}): cid
+               for cid in ids}
+    while pending:
+        msg = raw.read_message(120)
+        assert msg is not None, f"no answer for {sorted(pending.values())}"
+        cid = pending.pop(msg.get("id"), None)
+        if cid is not None:
+            assert msg["result"].get("isError") is not True, msg
+            kbb.track(cid, temporary=True)
+    assert all(container_for(cid) for cid in ids)
+    return ids
+
+
+def test_sigterm_after_eof_does_not_cut_cleanup_short(kbb):
+    """The Python SDK closes stdin and sends SIGTERM 2 s later as a matter of course: a drain
+    started by EOF must treat that SIGTERM as a first signal, finish removing, and exit 0."""
+    home = kbb.home()
+    with RawServer(kbb, *BUSYBOX_ARGS, home=home) as raw:
+        ids = _raw_with_temporaries(kbb, raw, 12)
+        raw.close_stdin()
+        raw.proc.send_signal(signal.SIGTERM)
+        rc = raw.proc.wait(timeout=30)
+    assert rc == 0, f"exit status {rc}; stderr:\n{raw.errlog.read_text()[-2000:]}"
+    left = [cid for cid in ids if container_for(cid)]
+    assert not left, f"temporary computers left behind: {left}"
+    assert kbb.instance_locks(home) == [], "lock file kept after a clean drain"
+
+
+def test_cleanup_cut_short_keeps_lock_so_next_server_collects(kbb):
+    """A second signal stops the drain (exit 1, the spec's message). The instance lock file must
+    then stay, so the next server's crash GC removes whatever was left."""
+    home = kbb.home()
+    with RawServer(kbb, *BUSYBOX_ARGS, home=home) as raw:
+        ids = _raw_with_temporaries(kbb, raw, 20)
+        raw.proc.send_signal(signal.SIGTERM)
+        # Signals sent back to back can merge into one delivery: wait until the drain runs.
+        started = poll(lambda: "shutdown cleanup started" in raw.errlog.read_text(), 10, 0.01)
+        assert started, raw.errlog.read_text()[-2000:]
+        raw.proc.send_signal(signal.SIGTERM)
+        rc = raw.proc.wait(timeout=30)
+    err = raw.errlog.read_text()
+    left = [cid for cid in ids if container_for(cid)]
+    if rc == 0:
+        pytest.skip("the drain removed all 20 computers before the second signal arrived")
+    assert rc == 1, err[-2000:]
+    assert "shutdown cleanup did not finish within 20s" in err
+    locks = kbb.instance_locks(home)
+    assert len(locks) == 1, f"lock file not kept after an unfinished drain: {locks}"
+    # The next server (same HOME) collects the leftovers in the background.
+    with RawServer(kbb, *BUSYBOX_ARGS, home=home):
+        gone = poll(lambda: not any(container_for(cid) for cid in left), 20, 0.2)
+        assert gone, f"not collected: {[cid for cid in left if container_for(cid)]}"
+        assert poll(lambda: locks[0] not in kbb.instance_locks(home), 5, 0.1), "dead lock not deleted"
+
+
 # ---------------------------------------------------------------------------------------------
 # permanent computers and adoption
 

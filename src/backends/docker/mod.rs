@@ -306,6 +306,10 @@ impl Backend for DockerBackend {
         self.client().await.map(drop)
     }
 
+    fn validates_eagerly(&self) -> bool {
+        true
+    }
+
     async fn create(
         &self,
         spec: &CreateSpec,
