@@ -140,6 +140,25 @@ describe("dashboard in web mode over Streamable HTTP", () => {
     await page.emulateMedia({ colorScheme: "light" });
   });
 
+  step("creates a second computer, runs a command in it and deletes it (container gone)", async () => {
+    await page.getByRole("button", { name: "Create computer" }).click();
+    await waitStatus(/^Computer [a-z0-9-]+ is ready\.$/, 60_000);
+    const id = (await text("#status")).match(/^Computer ([a-z0-9-]+) is ready\.$/)[1];
+    assert.ok(!created.has(id), "the second create returned the first computer");
+    assert.ok(containerListed(id));
+    await page.locator("#command").fill("echo second-$((6*7))");
+    await page.getByRole("button", { name: "Run command" }).click();
+    await waitStatus("Command finished with exit 0.", 60_000);
+    assert.match(await text("#output"), /\nsecond-42\n\[exit 0 · \d+ ms\]/);
+    const del = page.locator(`li[role="option"][data-id="${id}"] button[data-act="delete"]`);
+    await del.click();
+    await waitFor(async () => ((await del.textContent()) ?? "") === "Confirm delete", 5_000, "Confirm delete");
+    await del.click();
+    await waitStatus(`${id} deleted.`, 60_000);
+    await waitFor(async () => (await page.locator(`li[role="option"][data-id="${id}"]`).count()) === 0, 10_000, "row removed");
+    await waitFor(() => !containerListed(id), 15_000, "container gone from docker ps -a");
+  });
+
   step("re-initializes transparently after Session not found", async () => {
     const sid = mcpRequests((r) => r.headers["mcp-session-id"]).at(-1).headers["mcp-session-id"];
     const del = await fetch(`${server.url}/mcp`, {
