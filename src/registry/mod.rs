@@ -32,6 +32,16 @@ const RANDOM_ID_TRIES: usize = 8;
 /// Temporary computers removed at once during shutdown (`lifecycle.md` §8).
 const SHUTDOWN_PARALLEL_REMOVALS: usize = 16;
 
+/// Where a computer id came from, which decides whether the provider must be asked for it.
+#[derive(Clone, Copy)]
+enum Origin {
+    /// Named by the caller (or remembered): it may exist provider-side; look it up.
+    Named,
+    /// Freshly drawn and just looked up as unused: go straight to create. A racing creator
+    /// still ends in an attach through the backend's name conflict handling.
+    CheckedFree,
+}
+
 /// A lifecycle operation that interrupts an exec in flight (`lifecycle.md` §5).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Interruption {
@@ -272,25 +282,34 @@ impl Registry {
     ) -> Result<SandboxRef, RegistryError> {
         if let Some(id) = computer_id {
             tracing::Span::current().record("computer_id", id.as_str());
-            return self.acquire_for(session, &id, temporary, progress).await;
+            return self
+                .acquire_for(session, &id, temporary, Origin::Named, progress)
+                .await;
         }
         // Sessionless requests have no default: each omitted-id call gets a new computer.
         if !use_default || session.lease_ttl.is_some() {
             let id = self.unused_random_id().await?;
-            return self.acquire_for(session, &id, temporary, progress).await;
+            return self
+                .acquire_for(session, &id, temporary, Origin::Named, progress)
+                .await;
         }
         // Concurrent omitted-id calls of one session must create exactly one default.
         let _assigning = session.default_lock.lock().await;
         if let Some(id) = session.default_id() {
             let recorded = session.owned_mode(&id).unwrap_or(temporary);
-            return self.acquire_for(session, &id, recorded, progress).await;
+            return self
+                .acquire_for(session, &id, recorded, Origin::Named, progress)
+                .await;
         }
         let id = self.unused_random_id().await?;
-        let sandbox = self.acquire_for(session, &id, temporary, progress).await?;
+        let sandbox = self
+            .acquire_for(session, &id, temporary, Origin::CheckedFree, progress)
+            .await?;
         session.set_default(Some(id));
         Ok(sandbox)
     }
 
+    /// A random id checked free by one provider lookup; creating it needs no second one.
     async fn unused_random_id(&self) -> Result<ComputerId, RegistryError> {
         for _ in 0..RANDOM_ID_TRIES {
             let id = ComputerId::random();
@@ -309,6 +328,7 @@ impl Registry {
         session: &Session,
         id: &ComputerId,
         temporary: bool,
+        origin: Origin,
         progress: &dyn Progress,
     ) -> Result<SandboxRef, RegistryError> {
         if let Some(recorded) = session.owned_mode(id) {
@@ -339,7 +359,10 @@ impl Registry {
                     });
                 }
                 Some(sandbox) => sandbox,
-                None => self.attach_or_create(id, temporary, progress).await?,
+                None => {
+                    self.attach_or_create(id, temporary, origin, progress)
+                        .await?
+                }
             };
             let mut state = lock(&slot.state);
             state.record = Some(sandbox.clone());
@@ -364,9 +387,14 @@ impl Registry {
         &self,
         id: &ComputerId,
         temporary: bool,
+        origin: Origin,
         progress: &dyn Progress,
     ) -> Result<SandboxRef, RegistryError> {
-        match self.backend.lookup(id).await? {
+        let found = match origin {
+            Origin::Named => self.backend.lookup(id).await?,
+            Origin::CheckedFree => None,
+        };
+        match found {
             Some(found) if found.sandbox.temporary != temporary => {
                 Err(RegistryError::ModeConflict {
                     id: id.clone(),
