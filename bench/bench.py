@@ -1638,7 +1638,7 @@ sessions × {opts.commands} commands. Raw samples: `bench/results/{res['results_
 | OS / kernel | {m['os']} / {m['kernel']} |
 | Docker | Engine {m['docker_engine']} (API {m['docker_api']}), containerd {m['containerd']}, runc {m['runc']} |
 | Clients | CPython {m['python']}, `mcp` {m['mcp_client']}; reference `mcp-sandbox-computer-vm-for-ai` {m['reference']} |
-| Build | {m['rustc']}, `cargo build --release --locked` |
+| Build | {m['rustc']}, `cargo build --release --locked --no-default-features` (Docker backend only) |
 | Load average (1 / 5 / 15 min) | {load_line(res)} |
 
 ## Profile of the warm exec path (this run)
