@@ -182,12 +182,13 @@ fn router(
         sessions,
         config,
     );
-    // The last layer added runs first: Host/Origin, the token, the shutdown gate, then the
-    // holder scope around rmcp.
+    // The last layer added runs first: Host/Origin, the token, the shutdown gate, the DELETE
+    // status, then the holder scope around rmcp.
     let mcp_routes = Router::new()
         .route_service("/mcp", mcp.clone())
         .route_service("/mcp/", mcp)
         .layer(from_fn(sessions::scope_holder))
+        .layer(from_fn(sessions::delete_answers_ok))
         .layer(from_fn_with_state(
             guard.clone(),
             guard::refuse_while_draining,

@@ -13,6 +13,8 @@ Conventions
 * Explicit computer ids carry a per-run prefix `t<6 hex>-`; every computer id a test creates or
   sees in a result is force-removed at teardown, and temporary computers that should have been
   removed by the server but were not are reported as leaks.
+* `kbb.http_server` / `kbb.http_session` do the same over `--transport http` with the SDK's
+  Streamable HTTP client (free port chosen here, readiness by polling `/healthz`).
 * A session-level check asserts that no `kilntainers` container, no process started by the
   tests and no temporary directory made by the tests is left behind.
 """
@@ -25,20 +27,24 @@ import os
 import re
 import secrets
 import shutil
+import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import time
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, AsyncIterator
 
 import anyio
+import httpx
 import pytest
 
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = os.environ.get("KILNTAINERS_BIN") or str(REPO / "target" / "debug" / "mcp-sandbox-computer-vm-for-ai")
@@ -111,6 +117,12 @@ def poll(predicate, timeout: float, interval: float = 0.1):
         if value or time.monotonic() >= deadline:
             return value
         time.sleep(interval)
+
+
+def wait_exit(server, timeout: float, interval: float = 0.02) -> int | None:
+    """Poll a server's recorded exit status until it exists (0 is a status, not "not yet")."""
+    poll(lambda: server.returncode() is not None, timeout, interval)
+    return server.returncode()
 
 
 async def apoll(predicate, timeout: float, interval: float = 0.1):
@@ -458,6 +470,105 @@ class KBB:
                 raise leaves[0] from None
             raise
 
+    # -- HTTP servers ---------------------------------------------------------------------------
+    @asynccontextmanager
+    async def http_server(
+        self,
+        *args: str,
+        host: str = "127.0.0.1",
+        home: Path | None = None,
+        env: dict | None = None,
+        ready_timeout: float = 30.0,
+        stop_timeout: float = 30.0,
+    ) -> AsyncIterator["HttpServer"]:
+        """The binary with `--transport http --host <host> --port <free port>`, started under the
+        shim; ready once `/healthz` answers.  On exit it gets SIGTERM (unless it already ended) and
+        must exit 0 within `stop_timeout` (cli.md §6) unless the body raised."""
+        home = home or self.home()
+        srv = None
+        for attempt in range(3):
+            port = free_port(host)
+            self._n += 1
+            tag = f"http{self._n}"
+            srv = HttpServer(
+                kbb=self, host=host, port=port, home=home,
+                errlog=self.dir / f"{tag}.stderr", pidfile=self.dir / f"{tag}.pid", rcfile=self.dir / f"{tag}.rc",
+            )
+            self.errlogs.append(srv.errlog)
+            locks_before = {p.stem for p in self.instance_locks(home)}
+            argv = [BIN, "--transport", "http", "--host", host, "--port", str(port), *args]
+            with open(srv.errlog, "w") as errf:
+                srv.proc = subprocess.Popen(
+                    [sys.executable, "-c", SHIM, str(srv.pidfile), str(srv.rcfile), *argv],
+                    stdin=subprocess.DEVNULL, stdout=errf, stderr=errf, env=self.env(home, env),
+                )
+            self.servers.append(srv)  # type: ignore[arg-type]  # cleanup() only reads .pidfile
+            ready = await apoll(lambda: srv.proc.poll() is not None or srv.healthy(), ready_timeout, 0.05)
+            if srv.proc.poll() is not None:
+                srv.proc.wait()
+                if "Cannot listen on" in srv.stderr() and attempt < 2:
+                    continue  # the free port was taken in between: try another one
+                raise AssertionError(f"HTTP server exited at startup (status {srv.returncode()}):\n{srv.stderr()}")
+            if not ready:
+                srv.kill()
+                raise AssertionError(f"/healthz did not answer within {ready_timeout} s:\n{srv.stderr()}")
+            new = await apoll(lambda: {p.stem for p in self.instance_locks(home)} - locks_before, 5, 0.02)
+            if new and len(new) == 1:
+                srv.instance_id = next(iter(new))
+                MADE["instances"].add(srv.instance_id)
+            break
+        assert srv is not None
+        try:
+            yield srv
+        except BaseException:
+            await srv.stop(stop_timeout)
+            raise
+        rc = await srv.stop(stop_timeout)
+        assert rc == 0, f"HTTP server exit status after SIGTERM: {rc}\n{srv.stderr()[-4000:]}"
+
+    @asynccontextmanager
+    async def http_session(
+        self,
+        server: "HttpServer",
+        *,
+        headers: dict | None = None,
+        terminate_on_close: bool = True,
+        init_timeout: float = 60.0,
+    ) -> AsyncIterator["HttpSession"]:
+        """An MCP session over Streamable HTTP with the SDK's client.  Every HTTP response the
+        SDK receives is recorded in `.responses` as (method, status, mcp-session-id sent)."""
+        responses: list[tuple[str, int, str | None]] = []
+
+        async def record(response: httpx.Response) -> None:
+            request = response.request
+            responses.append((request.method, response.status_code, request.headers.get("mcp-session-id")))
+
+        client = httpx.AsyncClient(
+            headers=headers or {},
+            timeout=httpx.Timeout(30.0, read=300.0),
+            event_hooks={"response": [record]},
+        )
+        try:
+            async with client:
+                async with streamable_http_client(
+                    server.mcp_url, http_client=client, terminate_on_close=terminate_on_close
+                ) as (read, write, get_session_id):
+                    async with ClientSession(read, write) as session:
+                        with anyio.fail_after(init_timeout):
+                            init = await session.initialize()
+                        sess = HttpSession(
+                            session, dump(init), server.home, server.errlog, server.pidfile, server.rcfile, self,
+                            instance_id=server.instance_id, session_id=get_session_id(), responses=responses,
+                        )
+                        yield sess
+        except BaseExceptionGroup as group:
+            leaves = _leaf_exceptions(group)
+            if len(leaves) == 1 and not isinstance(
+                leaves[0], (asyncio.CancelledError, KeyboardInterrupt, SystemExit, GeneratorExit)
+            ):
+                raise leaves[0] from None
+            raise
+
     # -- docker ---------------------------------------------------------------------------------
     def python_style_container(self, computer_id: str, image: str, *, temporary: str = "false", start: bool = True,
                                extra_labels: dict | None = None) -> str:
@@ -592,6 +703,102 @@ class RawServer:
 
     def close_stdin(self) -> None:
         self.proc.stdin.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# HTTP transport
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nothing listens on right now (the server refuses --port 0, cli.md §1)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class HttpServer:
+    """A server started by `KBB.http_server`; `pid` is the server itself (not the shim)."""
+
+    kbb: "KBB"
+    host: str
+    port: int
+    home: Path
+    errlog: Path
+    pidfile: Path
+    rcfile: Path
+    proc: subprocess.Popen | None = None
+    instance_id: str | None = None
+
+    @property
+    def base_url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+    @property
+    def mcp_url(self) -> str:
+        return self.base_url + "/mcp"
+
+    @property
+    def pid(self) -> int:
+        text = poll(lambda: self.pidfile.exists() and self.pidfile.read_text().strip(), 10, 0.02)
+        assert text, "the shim did not record the server pid"
+        return int(text)
+
+    def returncode(self) -> int | None:
+        if self.rcfile.exists():
+            return int(self.rcfile.read_text().strip())
+        return None
+
+    def stderr(self) -> str:
+        return self.errlog.read_text(errors="replace") if self.errlog.exists() else ""
+
+    def healthy(self) -> bool:
+        try:
+            return httpx.get(self.base_url + "/healthz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def containers(self) -> list[str]:
+        assert self.instance_id, "the server did not create its instance lock file"
+        return sorted(containers_with_label(f"kilntainers.instance={self.instance_id}"))
+
+    def signal(self, sig: int = signal.SIGTERM) -> None:
+        os.kill(self.pid, sig)
+
+    def kill(self) -> None:
+        if self.returncode() is None and _pid_alive(self.pid):
+            os.kill(self.pid, signal.SIGKILL)
+        if self.proc is not None:
+            self.proc.wait(timeout=10)
+
+    async def stop(self, timeout: float = 30.0) -> int | None:
+        """SIGTERM unless already exited; the exit status, or None (then killed) if it hung."""
+        if self.proc is None:
+            return None
+        if self.returncode() is None and self.proc.poll() is None:
+            try:
+                self.signal(signal.SIGTERM)
+            except OSError:
+                pass
+        # (an exit status of 0 is falsy: poll for "recorded", then read it)
+        await apoll(lambda: self.returncode() is not None, timeout, 0.05)
+        rc = self.returncode()
+        if rc is None:
+            self.kill()
+            return None
+        await apoll(lambda: self.proc.poll() is not None, 10, 0.05)
+        self.proc.wait(timeout=5)
+        return rc
+
+
+@dataclass
+class HttpSession(Server):
+    """An SDK session over Streamable HTTP (`call`/`run` as for stdio servers)."""
+
+    session_id: str | None = None
+    responses: list = field(default_factory=list)
 
 
 # ---------------------------------------------------------------------------------------------

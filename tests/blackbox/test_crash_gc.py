@@ -21,7 +21,7 @@ from conftest import (
     container_for,
     inspect,
     is_running,
-    poll,
+    wait_exit,
 )
 
 pytestmark = pytest.mark.anyio
@@ -47,7 +47,7 @@ async def start_and_crash(kbb, home, *, permanent_id: str | None = None):
         data = json.loads((home / ".mcp-sandbox-computer-vm-for-ai" / "instances" / f"{instance}.lock").read_text())
         assert data["pid"] == a.pid
         os.kill(a.pid, signal.SIGKILL)
-        rc = poll(a.returncode, 10, 0.02)
+        rc = wait_exit(a, 10)
         assert rc == -signal.SIGKILL, rc
     # the killed server could not clean up
     assert container_for(tmp_id) == container and is_running(container)

@@ -33,6 +33,7 @@ from conftest import (
     is_running,
     poll,
     proc_scan_command,
+    wait_exit,
     wait_gone,
 )
 
@@ -145,7 +146,7 @@ async def test_signal_removes_temporaries_and_exits_0(kbb, sig):
         await srv.run("true", computer_id=perm, temporary=False)
         perm_container = container_for(perm)
         os.kill(srv.pid, sig)
-        rc = poll(srv.returncode, 25, 0.05)
+        rc = wait_exit(srv, 25)
         assert rc is not None, f"server did not exit within 25 s of {sig.name}"
         assert rc == 0, f"exit status after {sig.name}: {rc}"
         for cid in (default, explicit):
@@ -172,7 +173,7 @@ async def test_sigterm_during_exec_still_cleans_up(kbb):
             started = await apoll(lambda: "sleep 30" in docker_exec(container, "sh", "-c", scan).stdout, 20, 0.1)
             assert started, "the long exec never started"
             os.kill(srv.pid, signal.SIGTERM)
-            rc = await anyio.to_thread.run_sync(lambda: poll(srv.returncode, 25, 0.05))
+            rc = await anyio.to_thread.run_sync(lambda: wait_exit(srv, 25))
             tg.cancel_scope.cancel()
         assert rc == 0, f"exit status after SIGTERM during an exec: {rc}"
         assert await await_gone(default)
@@ -240,7 +241,7 @@ def test_cleanup_cut_short_keeps_lock_so_next_server_collects(kbb):
     then stay, so the next server's crash GC removes whatever was left."""
     home = kbb.home()
     with RawServer(kbb, *BUSYBOX_ARGS, home=home) as raw:
-        ids = _raw_with_temporaries(kbb, raw, 20)
+        ids = _raw_with_temporaries(kbb, raw, 16)
         raw.proc.send_signal(signal.SIGTERM)
         # Signals sent back to back can merge into one delivery: wait until the drain runs.
         started = poll(lambda: "shutdown cleanup started" in raw.errlog.read_text(), 10, 0.01)
@@ -250,7 +251,7 @@ def test_cleanup_cut_short_keeps_lock_so_next_server_collects(kbb):
     err = raw.errlog.read_text()
     left = [cid for cid in ids if container_for(cid)]
     if rc == 0:
-        pytest.skip("the drain removed all 20 computers before the second signal arrived")
+        pytest.skip("the drain removed all 16 computers before the second signal arrived")
     assert rc == 1, err[-2000:]
     assert "shutdown cleanup did not finish within 20s" in err
     locks = kbb.instance_locks(home)

@@ -86,6 +86,18 @@ pub async fn scope_holder(request: Request, next: Next) -> Response {
     HOLDER.scope(holder, next.run(request)).await
 }
 
+/// axum middleware: a session ended by `DELETE /mcp` is answered 200 rather than rmcp's 202.
+/// The official Python client accepts only 200/204 there and otherwise logs "Session
+/// termination failed" on every clean close (the Python reference's own server answers 200).
+pub async fn delete_answers_ok(request: Request, next: Next) -> Response {
+    let is_delete = request.method() == axum::http::Method::DELETE;
+    let mut response = next.run(request).await;
+    if is_delete && response.status() == axum::http::StatusCode::ACCEPTED {
+        *response.status_mut() = axum::http::StatusCode::OK;
+    }
+    response
+}
+
 /// The rmcp service factory: a session handler or a sessionless one, per [`HOLDER`].
 pub fn handler_factory(
     surface: Arc<Surface>,
