@@ -77,20 +77,24 @@ pub async fn drain(registry: &Registry, trigger: Trigger, signals: &mut Signals)
         let _ = tokio::time::timeout(EXEC_KILL_BOUND, registry.kill_all_in_flight()).await;
         registry.remove_all_temporary().await
     };
+    // Cut short, the sweep may have left computers it had not recorded yet (creations in
+    // progress), so an unfinished drain always counts as a failure.
     let remaining: Vec<ComputerId> = tokio::select! {
         result = tokio::time::timeout(SHUTDOWN_BOUND, work) => match result {
+            Ok(failed) if failed.is_empty() => return 0,
             Ok(failed) => failed,
             Err(_) => registry.temporary_ids(),
         },
         () = abort => registry.temporary_ids(),
     };
-    if remaining.is_empty() {
-        return 0;
-    }
     let ids: Vec<&str> = remaining.iter().map(ComputerId::as_str).collect();
-    eprintln!(
-        "kilntainers: error: shutdown cleanup did not finish within 20s; temporary computers may remain: {}",
+    let ids = if ids.is_empty() {
+        "(computers still being created)".to_owned()
+    } else {
         ids.join(", ")
+    };
+    eprintln!(
+        "kilntainers: error: shutdown cleanup did not finish within 20s; temporary computers may remain: {ids}"
     );
     1
 }

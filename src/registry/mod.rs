@@ -78,6 +78,8 @@ pub enum RegistryError {
     },
     #[error("Could not generate an unused computer_id; pass one explicitly.")]
     NoFreeId,
+    #[error("The server is shutting down; computer '{0}' was not started.")]
+    ShuttingDown(ComputerId),
     #[error("Computer '{0}' was not found.")]
     NotFound(ComputerId),
     #[error("Command interrupted because computer '{id}' is being {}.", .op.verb())]
@@ -135,6 +137,8 @@ pub struct Registry {
     slots: Mutex<HashMap<ComputerId, Arc<Slot>>>,
     sessions: Mutex<HashMap<u64, Weak<Session>>>,
     next_session: std::sync::atomic::AtomicU64,
+    /// Set when shutdown starts: no computer is created or attached after that.
+    closing: std::sync::atomic::AtomicBool,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -159,6 +163,7 @@ impl Registry {
             slots: Mutex::new(HashMap::new()),
             sessions: Mutex::new(HashMap::new()),
             next_session: std::sync::atomic::AtomicU64::new(1),
+            closing: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -359,6 +364,12 @@ impl Registry {
                     });
                 }
                 Some(sandbox) => sandbox,
+                // Checked under the lifecycle lock, after the slot is in the map: the shutdown
+                // sweep sets `closing` before it lists the slots, so a creation is either
+                // refused here or seen (and waited for) by the sweep.
+                None if self.closing.load(std::sync::atomic::Ordering::SeqCst) => {
+                    return Err(RegistryError::ShuttingDown(id.clone()));
+                }
                 None => {
                     self.attach_or_create(id, temporary, origin, progress)
                         .await?
@@ -593,28 +604,38 @@ impl Registry {
         }
     }
 
-    /// Removes every temporary computer this process holds (shutdown, `lifecycle.md` §8).
-    /// Returns the ids that could not be removed.
+    /// Removes every temporary computer this process holds (shutdown, `lifecycle.md` §8),
+    /// including those still being created or reset: each candidate's lifecycle lock is taken
+    /// first, so the sweep waits for the operation in progress (a session close removing it,
+    /// a creation, a factory reset) and then removes whatever temporary computer is recorded.
+    /// No computer is created after the sweep starts. Returns the ids that could not be removed.
     pub async fn remove_all_temporary(&self) -> Vec<ComputerId> {
-        let temporaries: Vec<(Arc<Slot>, SandboxRef)> = lock(&self.slots)
+        self.closing
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        // Permanent records cannot turn temporary; every other slot may hold or get one.
+        let candidates: Vec<Arc<Slot>> = lock(&self.slots)
             .values()
-            .filter_map(|slot| {
-                let record = lock(&slot.state).record.clone()?;
-                record.temporary.then(|| (slot.clone(), record))
+            .filter(|slot| {
+                lock(&slot.state)
+                    .record
+                    .as_ref()
+                    .is_none_or(|record| record.temporary)
             })
+            .cloned()
             .collect();
-        for (slot, _) in &temporaries {
+        for slot in &candidates {
             Self::interrupt(slot, Interruption::Delete);
         }
         use futures_util::StreamExt;
-        let failed: Vec<Option<ComputerId>> = futures_util::stream::iter(temporaries)
-            .map(|(slot, sandbox)| async move {
-                // A session close may be removing it right now (stdin EOF ends the session
-                // and starts this sweep at once): wait for it rather than removing twice.
+        let failed: Vec<Option<ComputerId>> = futures_util::stream::iter(candidates)
+            .map(|slot| async move {
                 let _lifecycle = slot.lifecycle.lock().await;
-                if lock(&slot.state).record.as_ref() != Some(&sandbox) {
-                    return None;
-                }
+                let sandbox = lock(&slot.state)
+                    .record
+                    .clone()
+                    .filter(|record| record.temporary)?;
+                // An exec that started while the lock was awaited.
+                Self::interrupt(&slot, Interruption::Delete);
                 match self.backend.remove(&sandbox).await {
                     Ok(()) => {
                         lock(&slot.state).record = None;

@@ -236,6 +236,28 @@ def test_sigterm_after_eof_does_not_cut_cleanup_short(kbb):
     assert kbb.instance_locks(home) == [], "lock file kept after a clean drain"
 
 
+def test_sigterm_while_computers_are_being_created_removes_them(kbb):
+    """A signal that arrives while first calls are still creating their computers: the drain
+    waits for those creations and removes them too (they had no record yet when it started)."""
+    home = kbb.home()
+    ids = [kbb.new_id(f"midcreate{i}") for i in range(5)]
+    with RawServer(kbb, *BUSYBOX_ARGS, home=home) as raw:
+        for cid in ids:
+            kbb.track(cid, temporary=True)
+            raw.send_request("tools/call", {"name": "terminal_execute",
+                                            "arguments": {"command": "true", "computer_id": cid}})
+        # Signal as soon as the engine has the first container, before all calls have answered.
+        appeared = poll(lambda: any(container_for(cid) for cid in ids), 60, 0.01)
+        assert appeared, "no container was ever created"
+        raw.proc.send_signal(signal.SIGTERM)
+        rc = raw.proc.wait(timeout=40)
+    err = raw.errlog.read_text()
+    assert rc == 0, f"exit status {rc}; stderr:\n{err[-2000:]}"
+    left = [cid for cid in ids if containers_for(cid)]
+    assert not left, f"computers created during shutdown were left behind: {left}\n{err[-2000:]}"
+    assert kbb.instance_locks(home) == []
+
+
 def test_cleanup_cut_short_keeps_lock_so_next_server_collects(kbb):
     """A second signal stops the drain (exit 1, the spec's message). The instance lock file must
     then stay, so the next server's crash GC removes whatever was left."""
