@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh Debian 12 machine or an already prepared one:
 # installs and starts what the tests need (idempotent), checks formatting and lints, builds,
-# then runs the Rust tests and the black-box MCP tests against a real Docker engine.
+# then runs the Rust tests, the black-box MCP tests against a real Docker engine, the MCP
+# conformance suite and the browser tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -25,6 +26,9 @@ cargo test --all-features --locked
 step "black-box MCP tests"
 export KILNTAINERS_BIN="$PWD/target/debug/mcp-sandbox-computer-vm-for-ai"
 "$KILNTAINERS_TEST_VENV/bin/python" -m pytest tests/blackbox -q -p no:cacheprovider
+
+step "MCP conformance suite (server scenarios over Streamable HTTP)"
+bash scripts/conformance-test.sh
 
 step "dashboard in headless Chromium and the MCP Inspector CLI"
 bash scripts/browser-test.sh
