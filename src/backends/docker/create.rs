@@ -16,6 +16,11 @@ use super::{DockerBackend, describe, is_running, status_of};
 use crate::backends::labels::{docker as label, format_bool};
 use crate::backends::{Backend, BackendError, CreateSpec, Progress, SandboxRef, keep_alive_argv};
 
+/// Container creations that talk to the engine at once. Two hundred simultaneous first calls
+/// (the HTTP bench) made dockerd take longer than the 30 s API timeout for single starts on a
+/// 2-core host, failing most of them; queued here, they wait their turn and succeed.
+pub(super) const PARALLEL_STARTS: usize = 8;
+
 /// One lock per image reference so concurrent creates pull once (`lifecycle.md` §7).
 #[derive(Default)]
 pub(super) struct PullGate {
@@ -42,6 +47,8 @@ pub(super) async fn create(
         .clone()
         .unwrap_or_else(|| backend.config.image.clone());
     ensure_image(backend, &image, progress).await?;
+    // The semaphore is never closed, so acquiring only waits.
+    let _turn = backend.starts.acquire().await.ok();
     let docker = backend.client().await?;
     let name = DockerBackend::container_name(&spec.computer_id);
     let mut options = CreateContainerOptionsBuilder::default().name(&name);

@@ -52,6 +52,8 @@ pub struct DockerBackend {
     /// Connected and version-negotiated client; retried on the next call after a failure.
     client: OnceCell<Docker>,
     pulls: create::PullGate,
+    /// Bounds container create+start+readiness running at once; see [`create::PARALLEL_STARTS`].
+    starts: tokio::sync::Semaphore,
 }
 
 impl DockerBackend {
@@ -63,6 +65,7 @@ impl DockerBackend {
             network: config.network,
             client: OnceCell::new(),
             pulls: create::PullGate::default(),
+            starts: tokio::sync::Semaphore::new(create::PARALLEL_STARTS),
         })
     }
 
