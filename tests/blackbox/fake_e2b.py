@@ -48,6 +48,7 @@ import os
 import re
 import secrets
 import signal
+import socket
 import struct
 import subprocess
 import sys
@@ -587,6 +588,12 @@ class FakeE2B:
             for t in pumps:
                 t.join()
             done.set()
+            with self.lock:
+                gone = sandbox.id not in self.sandboxes
+            if gone:
+                # The sandbox died under the command: the connection just breaks, no end event.
+                stream.abort()
+                return
             if timed_out:
                 stream.send(envelope(2, {"error": {"code": "deadline_exceeded", "message": "the operation timed out"}}))
             else:
@@ -644,6 +651,15 @@ class _Stream:
                 self.handler.wfile.flush()
             except (BrokenPipeError, ConnectionResetError, OSError):
                 self.broken = True
+
+    def abort(self) -> None:
+        with self.lock:
+            self.broken = True
+            self.handler.close_connection = True
+            try:
+                self.handler.connection.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
 
     def finish(self) -> None:
         self.send(b"")

@@ -426,11 +426,12 @@ async fn contract_timeout_kills_through_send_signal_against_fake() {
     assert!(!ps.split_whitespace().any(|w| w == "yes"), "{ps}");
 
     // The sandbox dies under a running command: the error names it and the detail.
+    let long = request("sleep 30", 60);
     let dying = exec::run(
         backend.as_ref(),
         &sandbox,
         "/bin/sh",
-        &request("sleep 30", 60),
+        &long,
         ExecId::random(),
         1000,
         &cancel,
