@@ -26,6 +26,11 @@ pub mod fly {
     pub const LEASE_UNTIL: &str = "kilntainers-lease-until";
 }
 
+/// E2B sandbox metadata keys: the same names as Fly's (`backends.md` §1.4); E2B has no lease.
+pub mod e2b {
+    pub use super::fly::{COMPUTER_ID, IMAGE, INSTANCE, MANAGED, TEMPORARY};
+}
+
 /// Reads a mode label: missing means temporary, values compare case-insensitively.
 pub fn parse_temporary(value: Option<&str>) -> bool {
     value.is_none_or(|v| v.trim().eq_ignore_ascii_case("true"))

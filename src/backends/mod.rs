@@ -8,6 +8,8 @@
 //! output limit, and they never format user-facing results.
 
 pub mod docker;
+#[cfg(feature = "e2b")]
+pub mod e2b;
 #[cfg(feature = "fly")]
 pub mod fly;
 pub mod labels;
@@ -238,6 +240,8 @@ pub fn build(config: &Config) -> Result<Arc<dyn Backend>, BackendError> {
     match config.backend {
         #[cfg(feature = "fly")]
         crate::cli::BackendChoice::Fly => Ok(Arc::new(fly::FlyBackend::new(config)?)),
+        #[cfg(feature = "e2b")]
+        crate::cli::BackendChoice::E2b => Ok(Arc::new(e2b::E2bBackend::new(config)?)),
         _ => Ok(Arc::new(docker::DockerBackend::new(config)?)),
     }
 }

@@ -3,6 +3,7 @@
 //!
 //! A leaf module: it knows neither MCP nor any provider API.
 
+pub mod e2b;
 pub mod fly;
 pub mod run_flags;
 
@@ -11,6 +12,7 @@ use std::time::Duration;
 use crate::cli::{
     BackendChoice, Cli, DEFAULT_HOST, DEFAULT_PORT, DEFAULT_SESSION_TIMEOUT, TransportChoice,
 };
+pub use e2b::E2bConfig;
 pub use fly::FlyConfig;
 use run_flags::{RunFlags, parse_run_flags, parse_size};
 
@@ -38,6 +40,7 @@ pub struct Config {
     pub description: DescriptionConfig,
     pub docker: DockerConfig,
     pub fly: FlyConfig,
+    pub e2b: E2bConfig,
 }
 
 #[derive(Debug, Clone)]
@@ -185,6 +188,7 @@ impl Config {
             },
             docker,
             fly: FlyConfig::from_cli(cli, |name| std::env::var(name).ok()),
+            e2b: E2bConfig::from_cli(cli),
         })
     }
 }
@@ -202,7 +206,11 @@ fn check_backend_is_built(backend: BackendChoice) -> Result<(), ConfigError> {
             "Backend '{}' requires additional dependencies. This build was compiled without the 'wasm' feature; install with: cargo install mcp-sandbox-computer-vm-for-ai --features wasm",
             backend.name()
         )),
-        BackendChoice::E2b | BackendChoice::Modal => fail(format!(
+        BackendChoice::E2b if cfg!(feature = "e2b") => Ok(()),
+        BackendChoice::E2b => fail(
+            "Backend 'e2b' requires additional dependencies. This build was compiled without the 'e2b' feature; install with: cargo install mcp-sandbox-computer-vm-for-ai --features e2b",
+        ),
+        BackendChoice::Modal => fail(format!(
             "Backend '{}' is not available in this version yet; use --backend docker (the default).",
             backend.name()
         )),

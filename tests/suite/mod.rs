@@ -2,6 +2,8 @@
 //! the Rust MCP client against a real Docker engine; `engines` does the same on Podman and on
 //! gVisor.
 
+#[cfg(feature = "e2b")]
+mod e2b;
 mod engines;
 #[cfg(feature = "fly")]
 mod fly;

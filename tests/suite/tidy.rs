@@ -79,7 +79,8 @@ const CONFINED: &[(&str, &[&str])] = &[
     ("bollard::", &["src/backends/docker/"]),
     ("axum::", &["src/transport/"]),
     ("subtle::", &["src/transport/"]),
-    ("reqwest::", &["src/backends/fly/"]),
+    ("reqwest::", &["src/backends/fly/", "src/backends/e2b/"]),
+    ("base64::", &["src/backends/e2b/"]),
     ("rmcp::", &["src/mcp/", "src/transport/"]),
     (
         "clap::",
