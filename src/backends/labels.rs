@@ -26,6 +26,17 @@ pub mod fly {
     pub const LEASE_UNTIL: &str = "kilntainers-lease-until";
 }
 
+/// Modal sandbox tag keys (`backends.md` §1.4): the same keys as Fly metadata; the sandbox name
+/// is also the computer id.
+pub mod modal {
+    pub const MANAGED: &str = "kilntainers";
+    pub const COMPUTER_ID: &str = "kilntainers-computer-id";
+    pub const TEMPORARY: &str = "kilntainers-temporary";
+    pub const IMAGE: &str = "kilntainers-image";
+    /// New: the creating server instance, on temporary sandboxes only (crash GC).
+    pub const INSTANCE: &str = "kilntainers-instance";
+}
+
 /// Reads a mode label: missing means temporary, values compare case-insensitively.
 pub fn parse_temporary(value: Option<&str>) -> bool {
     value.is_none_or(|v| v.trim().eq_ignore_ascii_case("true"))

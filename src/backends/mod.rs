@@ -11,6 +11,8 @@ pub mod docker;
 #[cfg(feature = "fly")]
 pub mod fly;
 pub mod labels;
+#[cfg(feature = "modal")]
+pub mod modal;
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -238,6 +240,8 @@ pub fn build(config: &Config) -> Result<Arc<dyn Backend>, BackendError> {
     match config.backend {
         #[cfg(feature = "fly")]
         crate::cli::BackendChoice::Fly => Ok(Arc::new(fly::FlyBackend::new(config)?)),
+        #[cfg(feature = "modal")]
+        crate::cli::BackendChoice::Modal => Ok(Arc::new(modal::ModalBackend::new(config))),
         _ => Ok(Arc::new(docker::DockerBackend::new(config)?)),
     }
 }

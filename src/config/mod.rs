@@ -4,6 +4,7 @@
 //! A leaf module: it knows neither MCP nor any provider API.
 
 pub mod fly;
+pub mod modal;
 pub mod run_flags;
 
 use std::time::Duration;
@@ -12,6 +13,7 @@ use crate::cli::{
     BackendChoice, Cli, DEFAULT_HOST, DEFAULT_PORT, DEFAULT_SESSION_TIMEOUT, TransportChoice,
 };
 pub use fly::FlyConfig;
+pub use modal::ModalConfig;
 use run_flags::{RunFlags, parse_run_flags, parse_size};
 
 /// The image every default configuration uses, and the one the exact reference tool text
@@ -38,6 +40,7 @@ pub struct Config {
     pub description: DescriptionConfig,
     pub docker: DockerConfig,
     pub fly: FlyConfig,
+    pub modal: ModalConfig,
 }
 
 #[derive(Debug, Clone)]
@@ -185,6 +188,7 @@ impl Config {
             },
             docker,
             fly: FlyConfig::from_cli(cli, |name| std::env::var(name).ok()),
+            modal: ModalConfig::from_cli(cli, |name| std::env::var(name).ok()),
         })
     }
 }
@@ -202,7 +206,11 @@ fn check_backend_is_built(backend: BackendChoice) -> Result<(), ConfigError> {
             "Backend '{}' requires additional dependencies. This build was compiled without the 'wasm' feature; install with: cargo install mcp-sandbox-computer-vm-for-ai --features wasm",
             backend.name()
         )),
-        BackendChoice::E2b | BackendChoice::Modal => fail(format!(
+        BackendChoice::Modal if cfg!(feature = "modal") => Ok(()),
+        BackendChoice::Modal => fail(
+            "Backend 'modal' requires additional dependencies. This build was compiled without the 'modal' feature; install with: cargo install mcp-sandbox-computer-vm-for-ai --features modal",
+        ),
+        BackendChoice::E2b => fail(format!(
             "Backend '{}' is not available in this version yet; use --backend docker (the default).",
             backend.name()
         )),
