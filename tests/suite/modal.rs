@@ -31,15 +31,10 @@ use crate::common::{enabled, unique_id};
 /// A Modal backend pointed at the fake with the given token pair and no config file (never
 /// the developer's real `~/.modal.toml`).
 fn backend_with(fake: &FakeModal, secret: Option<&str>, extra: &[&str]) -> Arc<dyn Backend> {
-    let mut args = vec![
-        "x",
-        "--backend",
-        "modal",
-        "--image",
-        "sandbox-busybox:full",
-        "--shell",
-        "/bin/sh",
-    ];
+    let mut args = vec!["x", "--backend", "modal", "--shell", "/bin/sh"];
+    if !extra.contains(&"--image") {
+        args.extend(["--image", "sandbox-busybox:full"]);
+    }
     args.extend_from_slice(extra);
     let cli = Cli::try_parse_from(args).unwrap();
     let mut config = Config::from_cli(&cli, None).unwrap();

@@ -80,6 +80,10 @@ const CONFINED: &[(&str, &[&str])] = &[
     ("axum::", &["src/transport/"]),
     ("subtle::", &["src/transport/"]),
     ("reqwest::", &["src/backends/fly/"]),
+    ("tonic::", &["src/backends/modal/"]),
+    ("prost::", &["src/backends/modal/"]),
+    ("protox::", &["src/backends/modal/"]),
+    ("toml::", &["src/backends/modal/"]),
     ("rmcp::", &["src/mcp/", "src/transport/"]),
     (
         "clap::",
