@@ -94,12 +94,11 @@ async def test_temporary_sandbox_lives_with_the_session(kbb, fake):
         res = await srv.run("echo hello; uname -s")
         assert res.structured["stdout"] == "hello\nLinux\n"
         assert res.structured["temporary"] is True
-        assert res.structured["sandbox_id"].startswith("sb-")
         cid = res.structured["computer_id"]
         kbb.track(cid, temporary=True)
         assert len(fake.live()) == 1
-        res = await srv.run("cat; pwd", stdin="a\tb \"q\" ü\n", working_directory="/var/tmp")
-        assert res.structured["stdout"] == "a\tb \"q\" ü\n/var/tmp\n"
+        res = await srv.run("cat; pwd", stdin="a\tb \"q\" ü\n", working_directory="/tmp")
+        assert res.structured["stdout"] == "a\tb \"q\" ü\n/tmp\n"
     assert await apoll(lambda: fake.live() == [], 15)
     methods = [c[0] for c in fake.calls()]
     assert methods[0] == "AuthTokenGet"
@@ -117,14 +116,17 @@ async def test_temporary_sandbox_lives_with_the_session(kbb, fake):
 async def test_permanent_sandbox_is_rediscovered_and_restart_recreates(kbb, fake):
     cid = kbb.new_id("modal-perm")
     async with kbb.server(*ARGS, "--lifecycle-tools", env=modal_env(fake)) as srv:
-        res = await srv.run("echo kept > /tmp/f", computer_id=cid, temporary=False)
-        first = res.structured["sandbox_id"]
+        await srv.run("echo kept > /tmp/f", computer_id=cid, temporary=False)
+        listed = (await srv.call({}, name="computer_list")).ok().structured
+        first = next(c["sandbox_id"] for c in listed["computers"] if c["computer_id"] == cid)
+        assert first.startswith("sb-")
     assert len(fake.live()) == 1, "a permanent sandbox survives its session"
     async with kbb.server(*ARGS, "--lifecycle-tools", env=modal_env(fake)) as srv:
-        res = await srv.run("cat /tmp/f", computer_id=cid)
-        assert res.structured["stdout"] == "kept\n" and res.structured["sandbox_id"] == first
+        res = await srv.run("cat /tmp/f", computer_id=cid, temporary=False)
+        assert res.structured["stdout"] == "kept\n"
         listed = (await srv.call({}, name="computer_list")).ok().structured
         row = next(c for c in listed["computers"] if c["computer_id"] == cid)
+        assert row["sandbox_id"] == first
         assert row["temporary"] is False and row["backend"] == "modal" and row["image"] == BUSYBOX
         assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", row["created_at"])
         restarted = (await srv.call({"computer_id": cid}, name="computer_restart")).ok().structured
@@ -133,7 +135,7 @@ async def test_permanent_sandbox_is_rediscovered_and_restart_recreates(kbb, fake
             f"modal cannot restart a computer and keep its files; '{cid}' was recreated from its "
             "base image and its previous files are gone."
         )
-        res = await srv.run("test -e /tmp/f; echo $?", computer_id=cid)
+        res = await srv.run("test -e /tmp/f; echo $?", computer_id=cid, temporary=False)
         assert res.structured["stdout"] == "1\n"
         deleted = (await srv.call({"computer_id": cid}, name="computer_delete")).ok().structured
         assert deleted["deleted"] is True
