@@ -328,7 +328,7 @@ fn check_other_backend_values(cli: &Cli) -> Result<(), ConfigError> {
 
 /// Parses a command line for unit tests of the config sections.
 #[cfg(test)]
-fn test_cli(args: &[&str]) -> Cli {
+pub(crate) fn test_cli(args: &[&str]) -> Cli {
     use clap::Parser;
     Cli::try_parse_from(std::iter::once("x").chain(args.iter().copied())).unwrap()
 }

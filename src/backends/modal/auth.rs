@@ -115,11 +115,9 @@ pub fn resolve(config: &ModalConfig) -> Result<Credentials, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cli::Cli;
-    use clap::Parser;
 
     fn config(args: &[&str], env: &[(&str, &str)], file: Option<&Path>) -> ModalConfig {
-        let cli = Cli::try_parse_from(std::iter::once("x").chain(args.iter().copied())).unwrap();
+        let cli = crate::config::test_cli(args);
         let env: Vec<(String, String)> = env
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
