@@ -31,6 +31,12 @@ pub mod e2b {
     pub use super::fly::{COMPUTER_ID, IMAGE, INSTANCE, MANAGED, TEMPORARY};
 }
 
+/// Modal sandbox tag keys: the same names as Fly's metadata (`backends.md` §1.4); the sandbox
+/// name is also the computer id. Modal has no lease.
+pub mod modal {
+    pub use super::fly::{COMPUTER_ID, IMAGE, INSTANCE, MANAGED, TEMPORARY};
+}
+
 /// Reads a mode label: missing means temporary, values compare case-insensitively.
 pub fn parse_temporary(value: Option<&str>) -> bool {
     value.is_none_or(|v| v.trim().eq_ignore_ascii_case("true"))

@@ -13,6 +13,8 @@ pub mod e2b;
 #[cfg(feature = "fly")]
 pub mod fly;
 pub mod labels;
+#[cfg(feature = "modal")]
+pub mod modal;
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -242,6 +244,8 @@ pub fn build(config: &Config) -> Result<Arc<dyn Backend>, BackendError> {
         crate::cli::BackendChoice::Fly => Ok(Arc::new(fly::FlyBackend::new(config)?)),
         #[cfg(feature = "e2b")]
         crate::cli::BackendChoice::E2b => Ok(Arc::new(e2b::E2bBackend::new(config)?)),
+        #[cfg(feature = "modal")]
+        crate::cli::BackendChoice::Modal => Ok(Arc::new(modal::ModalBackend::new(config))),
         _ => Ok(Arc::new(docker::DockerBackend::new(config)?)),
     }
 }

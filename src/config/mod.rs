@@ -5,6 +5,7 @@
 
 pub mod e2b;
 pub mod fly;
+pub mod modal;
 pub mod run_flags;
 
 use std::time::Duration;
@@ -14,6 +15,7 @@ use crate::cli::{
 };
 pub use e2b::E2bConfig;
 pub use fly::FlyConfig;
+pub use modal::ModalConfig;
 use run_flags::{RunFlags, parse_run_flags, parse_size};
 
 /// The image every default configuration uses, and the one the exact reference tool text
@@ -41,6 +43,7 @@ pub struct Config {
     pub docker: DockerConfig,
     pub fly: FlyConfig,
     pub e2b: E2bConfig,
+    pub modal: ModalConfig,
 }
 
 #[derive(Debug, Clone)]
@@ -189,12 +192,13 @@ impl Config {
             docker,
             fly: FlyConfig::from_cli(cli, |name| std::env::var(name).ok()),
             e2b: E2bConfig::from_cli(cli),
+            modal: ModalConfig::from_cli(cli, |name| std::env::var(name).ok()),
         })
     }
 }
 
-/// Backends whose implementation has not landed yet fail at startup with one clear line
-/// rather than at the first tool call.
+/// A backend left out of this build fails at startup with one clear line rather than at the
+/// first tool call.
 fn check_backend_is_built(backend: BackendChoice) -> Result<(), ConfigError> {
     match backend {
         BackendChoice::Docker => Ok(()),
@@ -210,10 +214,10 @@ fn check_backend_is_built(backend: BackendChoice) -> Result<(), ConfigError> {
         BackendChoice::E2b => fail(
             "Backend 'e2b' requires additional dependencies. This build was compiled without the 'e2b' feature; install with: cargo install mcp-sandbox-computer-vm-for-ai --features e2b",
         ),
-        BackendChoice::Modal => fail(format!(
-            "Backend '{}' is not available in this version yet; use --backend docker (the default).",
-            backend.name()
-        )),
+        BackendChoice::Modal if cfg!(feature = "modal") => Ok(()),
+        BackendChoice::Modal => fail(
+            "Backend 'modal' requires additional dependencies. This build was compiled without the 'modal' feature; install with: cargo install mcp-sandbox-computer-vm-for-ai --features modal",
+        ),
     }
 }
 
@@ -328,7 +332,7 @@ fn check_other_backend_values(cli: &Cli) -> Result<(), ConfigError> {
 
 /// Parses a command line for unit tests of the config sections.
 #[cfg(test)]
-fn test_cli(args: &[&str]) -> Cli {
+pub(crate) fn test_cli(args: &[&str]) -> Cli {
     use clap::Parser;
     Cli::try_parse_from(std::iter::once("x").chain(args.iter().copied())).unwrap()
 }

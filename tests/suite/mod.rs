@@ -8,5 +8,7 @@ mod engines;
 #[cfg(feature = "fly")]
 mod fly;
 mod http;
+#[cfg(feature = "modal-fake")]
+mod modal;
 mod stdio;
 mod tidy;

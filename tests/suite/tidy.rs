@@ -81,6 +81,10 @@ const CONFINED: &[(&str, &[&str])] = &[
     ("subtle::", &["src/transport/"]),
     ("reqwest::", &["src/backends/fly/", "src/backends/e2b/"]),
     ("base64::", &["src/backends/e2b/"]),
+    ("tonic::", &["src/backends/modal/"]),
+    ("prost::", &["src/backends/modal/"]),
+    ("protox::", &["src/backends/modal/"]),
+    ("toml::", &["src/backends/modal/"]),
     ("rmcp::", &["src/mcp/", "src/transport/"]),
     (
         "clap::",

@@ -1,0 +1,307 @@
+//! Commands in a Modal sandbox (`backends.md` §5 exec row): `ContainerExec` in the sandbox's
+//! task, stdin through `ContainerExecPutInput` (then EOF; without stdin just EOF, so the process
+//! sees a closed stdin), stdout and stderr each through their own `ContainerExecGetOutput`
+//! stream (raw bytes, resumed from the last batch index when a stream ends early), the exit code
+//! from `ContainerExecWait`.
+//!
+//! The exec tag travels in the argv — `env KILNTAINERS_EXEC_ID=<uuid> <argv…>` — because
+//! `ContainerExec` has no environment field; `env` execs the command, so the whole tree carries
+//! the tag the kill sweep looks for. Output is pushed into the sink as it arrives; a bounded
+//! channel between the two stream readers and the sink keeps memory at a few chunks.
+
+use std::time::Duration;
+
+use tokio::sync::mpsc;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::ModalInner;
+use super::api::{ApiError, pb};
+use crate::backends::{
+    BackendError, ExecEnd, ExecSpec, OutputSink, SandboxRef, SinkControl, Stream,
+};
+
+/// Server-side bound sent with every user command. `ExecSpec` does not carry the call's timeout
+/// (the exec layer owns that timer and then runs the kill sweep), so this only stops a command
+/// that outlives every client: one hour, above any sensible call timeout. Because our timer
+/// always fires first, Modal's "−1 after the server timeout" never reaches a result.
+pub(super) const EXEC_SERVER_TIMEOUT_SECS: u32 = 3600;
+/// Stdin goes in pieces of this size (Modal's clients use 64 KiB writes too).
+const STDIN_CHUNK: usize = 64 * 1024;
+/// Server-side wait of one `ContainerExecGetOutput` stream before it ends and is resumed.
+const OUTPUT_POLL_SECS: f32 = 55.0;
+/// Server-side wait of one `ContainerExecWait` round.
+const WAIT_POLL_SECS: f32 = 10.0;
+/// Streams that end without output or an exit code are resumed at most this often in a row,
+/// so a server that keeps closing them cannot make us spin.
+const MAX_EMPTY_RESUMES: u32 = 20;
+/// Chunks in flight between the stream readers and the sink.
+const CHANNEL_CHUNKS: usize = 4;
+
+/// The argv actually sent for a user command (see the module text).
+pub(super) fn tagged_argv(spec: &ExecSpec) -> Vec<String> {
+    let mut argv = vec!["env".to_owned(), spec.exec_id.env_entry()];
+    argv.extend(spec.argv.iter().cloned());
+    argv
+}
+
+enum Event {
+    Output(Stream, Vec<u8>),
+    Done(Option<i32>),
+    Failed(ApiError),
+}
+
+/// Aborts the stream readers when the exec ends early (sink stop, cancel, error).
+struct Readers(Vec<JoinHandle<()>>);
+
+impl Drop for Readers {
+    fn drop(&mut self) {
+        for handle in &self.0 {
+            handle.abort();
+        }
+    }
+}
+
+async fn read_fd(
+    api: std::sync::Arc<super::api::Api>,
+    exec_id: String,
+    stream: Stream,
+    tx: mpsc::Sender<Event>,
+) {
+    let fd = match stream {
+        Stream::Stdout => pb::FileDescriptor::Stdout,
+        Stream::Stderr => pb::FileDescriptor::Stderr,
+    };
+    let mut last_batch_index = 0u64;
+    let mut empty_resumes = 0u32;
+    loop {
+        let request = pb::ContainerExecGetOutputRequest {
+            exec_id: exec_id.clone(),
+            timeout: OUTPUT_POLL_SECS,
+            last_batch_index,
+            file_descriptor: fd as i32,
+            get_raw_bytes: true,
+        };
+        let mut batches = match api.container_exec_get_output(request).await {
+            Ok(batches) => batches,
+            Err(error) => {
+                let _ = tx.send(Event::Failed(error)).await;
+                return;
+            }
+        };
+        let mut progressed = false;
+        loop {
+            match batches.message().await {
+                Ok(Some(batch)) => {
+                    progressed = true;
+                    last_batch_index = batch.batch_index;
+                    for item in batch.items {
+                        let bytes = if item.message_bytes.is_empty() {
+                            item.message.into_bytes()
+                        } else {
+                            item.message_bytes
+                        };
+                        if !bytes.is_empty() && tx.send(Event::Output(stream, bytes)).await.is_err()
+                        {
+                            return;
+                        }
+                    }
+                    if batch.exit_code.is_some() {
+                        let _ = tx.send(Event::Done(batch.exit_code)).await;
+                        return;
+                    }
+                }
+                Ok(None) => break,
+                Err(status) => {
+                    let _ = tx
+                        .send(Event::Failed(ApiError {
+                            call: "ContainerExecGetOutput",
+                            code: status.code(),
+                            message: status.message().to_owned(),
+                        }))
+                        .await;
+                    return;
+                }
+            }
+        }
+        empty_resumes = if progressed { 0 } else { empty_resumes + 1 };
+        if empty_resumes > MAX_EMPTY_RESUMES {
+            let _ = tx.send(Event::Done(None)).await;
+            return;
+        }
+    }
+}
+
+/// Sends stdin in chunks with consecutive indexes, then EOF.
+async fn send_stdin(
+    api: &super::api::Api,
+    exec_id: &str,
+    stdin: Option<&[u8]>,
+) -> Result<(), ApiError> {
+    let mut index = 0u64;
+    for chunk in stdin.unwrap_or_default().chunks(STDIN_CHUNK) {
+        index += 1;
+        api.container_exec_put_input(pb::ContainerExecPutInputRequest {
+            exec_id: exec_id.to_owned(),
+            input: Some(pb::RuntimeInputMessage {
+                message: chunk.to_vec(),
+                message_index: index,
+                eof: false,
+            }),
+        })
+        .await?;
+    }
+    api.container_exec_put_input(pb::ContainerExecPutInputRequest {
+        exec_id: exec_id.to_owned(),
+        input: Some(pb::RuntimeInputMessage {
+            message: Vec::new(),
+            message_index: index + 1,
+            eof: true,
+        }),
+    })
+    .await
+}
+
+/// Runs `argv` (already final: tagged or not) and streams its output into `sink`.
+pub(super) async fn run(
+    backend: &ModalInner,
+    sandbox: &SandboxRef,
+    argv: Vec<String>,
+    working_dir: Option<&str>,
+    stdin: Option<&[u8]>,
+    sink: &mut dyn OutputSink,
+    cancel: &CancellationToken,
+) -> Result<ExecEnd, BackendError> {
+    let api = backend.api().await?;
+    let task_id = backend.task_id(sandbox).await?;
+    let started = api
+        .container_exec(pb::ContainerExecRequest {
+            task_id,
+            command: argv,
+            timeout_secs: EXEC_SERVER_TIMEOUT_SECS,
+            workdir: working_dir.map(str::to_owned),
+        })
+        .await;
+    let exec_id = match started {
+        Ok(answer) => answer.exec_id,
+        Err(error) => return Err(backend.exec_failure(sandbox, &error).await),
+    };
+    let (tx, mut rx) = mpsc::channel(CHANNEL_CHUNKS);
+    let _readers = Readers(
+        [Stream::Stdout, Stream::Stderr]
+            .into_iter()
+            .map(|s| tokio::spawn(read_fd(api.clone(), exec_id.clone(), s, tx.clone())))
+            .collect(),
+    );
+    drop(tx);
+    let stdin_done = send_stdin(&api, &exec_id, stdin);
+    tokio::pin!(stdin_done);
+    let mut stdin_pending = true;
+    let mut open = 2;
+    let mut stream_code = None;
+    while open > 0 {
+        tokio::select! {
+            () = cancel.cancelled() => return Ok(ExecEnd::StoppedBySink),
+            result = &mut stdin_done, if stdin_pending => {
+                stdin_pending = false;
+                if let Err(error) = result {
+                    // A process that exits before reading its stdin makes Modal refuse more
+                    // input; that is not a failure of the command.
+                    if error.code != tonic::Code::FailedPrecondition {
+                        return Err(backend.exec_failure(sandbox, &error).await);
+                    }
+                }
+            }
+            event = rx.recv() => match event {
+                Some(Event::Output(stream, bytes)) => {
+                    if sink.push(stream, &bytes) == SinkControl::Stop {
+                        return Ok(ExecEnd::StoppedBySink);
+                    }
+                }
+                Some(Event::Done(code)) => {
+                    open -= 1;
+                    stream_code = stream_code.or(code);
+                }
+                Some(Event::Failed(error)) => return Err(backend.exec_failure(sandbox, &error).await),
+                None => break,
+            },
+        }
+    }
+    loop {
+        if cancel.is_cancelled() {
+            return Ok(ExecEnd::StoppedBySink);
+        }
+        let waited = api
+            .container_exec_wait(pb::ContainerExecWaitRequest {
+                exec_id: exec_id.clone(),
+                timeout: WAIT_POLL_SECS,
+            })
+            .await;
+        match waited {
+            Ok(answer) if answer.completed => {
+                let code = answer.exit_code.or(stream_code).unwrap_or(-1);
+                return Ok(ExecEnd::Exited(i64::from(code)));
+            }
+            Ok(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            Err(error) => return Err(backend.exec_failure(sandbox, &error).await),
+        }
+    }
+}
+
+/// What an internal exec (readiness, kill sweep) produced: its stdout (the readiness marker).
+pub(super) struct Collected {
+    pub stdout: Vec<u8>,
+}
+
+struct Collect {
+    stdout: Vec<u8>,
+    stderr: Vec<u8>,
+}
+
+/// Internal execs keep at most this much output (the readiness marker and sweep are tiny).
+const COLLECT_CAP: usize = 64 * 1024;
+
+impl OutputSink for Collect {
+    fn push(&mut self, stream: Stream, bytes: &[u8]) -> SinkControl {
+        let buffer = match stream {
+            Stream::Stdout => &mut self.stdout,
+            Stream::Stderr => &mut self.stderr,
+        };
+        let room = COLLECT_CAP.saturating_sub(buffer.len());
+        buffer.extend_from_slice(&bytes[..bytes.len().min(room)]);
+        SinkControl::Continue
+    }
+}
+
+/// Runs `argv` untagged under `limit` and collects its output.
+pub(super) async fn run_simple(
+    backend: &ModalInner,
+    sandbox: &SandboxRef,
+    argv: Vec<String>,
+    limit: Duration,
+) -> Result<Collected, BackendError> {
+    let mut sink = Collect {
+        stdout: Vec::new(),
+        stderr: Vec::new(),
+    };
+    let cancel = CancellationToken::new();
+    let ended = tokio::time::timeout(
+        limit,
+        run(backend, sandbox, argv, None, None, &mut sink, &cancel),
+    )
+    .await
+    .map_err(|_| {
+        BackendError::Provider(format!(
+            "Modal exec in sandbox {} (computer '{}') did not finish within {}s",
+            sandbox.sandbox_id,
+            sandbox.computer_id,
+            limit.as_secs()
+        ))
+    })??;
+    if let ExecEnd::Exited(code) = ended {
+        tracing::debug!(sandbox = %sandbox.sandbox_id, code, "internal exec ended");
+    }
+    Ok(Collected {
+        stdout: sink.stdout,
+    })
+}

@@ -1,0 +1,149 @@
+//! The `--modal-*` settings (plus `--gpu`, `--region`, `--sandbox-timeout`, `--image`) as one
+//! typed section (`cli.md` §3 "modal backend options", §5). The environment is read here, once;
+//! the Modal config file (`~/.modal.toml`, written by `modal setup` / `modal token set`) is only
+//! *located* here and read by the backend at first use, so a broken file never stops the server
+//! from starting (`cli.md` §4: credentials are checked lazily).
+
+use std::path::PathBuf;
+
+use super::DEFAULT_IMAGE;
+use super::fly::Secret;
+use crate::cli::Cli;
+
+/// Modal's default API endpoint, the one its own clients use when nothing overrides it.
+pub const DEFAULT_SERVER_URL: &str = "https://api.modal.com:443";
+
+/// The image builder version Modal's Go client sends when no profile or env var sets one.
+pub const DEFAULT_IMAGE_BUILDER_VERSION: &str = "2024.10";
+
+/// Credentials in Modal's own precedence: explicit options, then `MODAL_TOKEN_ID` /
+/// `MODAL_TOKEN_SECRET`, then the config-file profile. Each half is resolved on its own, as
+/// Modal's clients do (an env id with a file secret is possible, if odd).
+#[derive(Debug, Clone, Default)]
+pub struct TokenSources {
+    pub flag_id: Option<Secret>,
+    pub flag_secret: Option<Secret>,
+    pub env_id: Option<Secret>,
+    pub env_secret: Option<Secret>,
+}
+
+#[derive(Debug, Clone)]
+pub struct ModalConfig {
+    pub tokens: TokenSources,
+    /// `MODAL_CONFIG_PATH`, else `~/.modal.toml`; `None` without HOME.
+    pub config_file: Option<PathBuf>,
+    /// `MODAL_PROFILE`: the profile to use; `None` = the one with `active = true`.
+    pub profile: Option<String>,
+    /// `MODAL_SERVER_URL` (beats the profile's `server_url`).
+    pub server_url_env: Option<String>,
+    /// `MODAL_ENVIRONMENT` (beats the profile's `environment`).
+    pub environment_env: Option<String>,
+    /// `MODAL_IMAGE_BUILDER_VERSION` (beats the profile's `image_builder_version`).
+    pub image_builder_version_env: Option<String>,
+    pub app_name: String,
+    /// `--image` when given, else `debian:bookworm-slim` (D19).
+    pub image: String,
+    /// Whether `--image` was given and differs from the default (description choice).
+    pub custom_image: bool,
+    pub milli_cpu: u32,
+    pub memory_mib: u32,
+    pub gpu: Option<String>,
+    pub region: Option<String>,
+    pub sandbox_timeout_secs: u32,
+}
+
+impl ModalConfig {
+    /// Builds the section from parsed flags and an environment lookup. Value ranges are checked
+    /// by `Config::from_cli` (`cli.md` §4 row 18) before this matters.
+    pub fn from_cli(cli: &Cli, env: impl Fn(&str) -> Option<String>) -> Self {
+        let non_empty = |v: Option<String>| v.filter(|s| !s.trim().is_empty());
+        let home = non_empty(env("HOME")).map(PathBuf::from);
+        let config_file = non_empty(env("MODAL_CONFIG_PATH"))
+            .map(PathBuf::from)
+            .or_else(|| home.map(|h| h.join(".modal.toml")));
+        let image = non_empty(cli.image.clone());
+        Self {
+            tokens: TokenSources {
+                flag_id: non_empty(cli.modal_token_id.clone()).map(Secret::new),
+                flag_secret: non_empty(cli.modal_token_secret.clone()).map(Secret::new),
+                env_id: non_empty(env("MODAL_TOKEN_ID")).map(Secret::new),
+                env_secret: non_empty(env("MODAL_TOKEN_SECRET")).map(Secret::new),
+            },
+            config_file,
+            profile: non_empty(env("MODAL_PROFILE")),
+            server_url_env: non_empty(env("MODAL_SERVER_URL")),
+            environment_env: non_empty(env("MODAL_ENVIRONMENT")),
+            image_builder_version_env: non_empty(env("MODAL_IMAGE_BUILDER_VERSION")),
+            app_name: cli.modal_app_name.clone(),
+            custom_image: image.as_deref().is_some_and(|i| i != DEFAULT_IMAGE),
+            image: image.unwrap_or_else(|| DEFAULT_IMAGE.to_owned()),
+            milli_cpu: (cli.modal_cpu * 1000.0).round().clamp(1.0, u32::MAX as f64) as u32,
+            memory_mib: u32::try_from(cli.modal_memory).unwrap_or(512).max(1),
+            gpu: non_empty(cli.gpu.clone()),
+            region: non_empty(cli.region.clone()),
+            sandbox_timeout_secs: u32::try_from(cli.sandbox_timeout).unwrap_or(3600),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::test_cli as cli;
+    use super::*;
+
+    #[test]
+    fn reads_flags_and_environment() {
+        let env = |name: &str| match name {
+            "HOME" => Some("/home/u".to_owned()),
+            "MODAL_TOKEN_ID" => Some("ak-env".to_owned()),
+            "MODAL_TOKEN_SECRET" => Some(" ".to_owned()),
+            "MODAL_SERVER_URL" => Some("http://127.0.0.1:9".to_owned()),
+            _ => None,
+        };
+        let config = ModalConfig::from_cli(
+            &cli(&["--modal-token-secret", "as-flag", "--modal-cpu", "0.25"]),
+            env,
+        );
+        assert_eq!(config.tokens.flag_secret, Some(Secret::new("as-flag")));
+        assert_eq!(config.tokens.env_id, Some(Secret::new("ak-env")));
+        assert!(config.tokens.env_secret.is_none());
+        assert_eq!(
+            config.config_file,
+            Some(PathBuf::from("/home/u/.modal.toml"))
+        );
+        assert_eq!(config.server_url_env.as_deref(), Some("http://127.0.0.1:9"));
+        assert_eq!(config.milli_cpu, 250);
+        assert_eq!(config.memory_mib, 512);
+        assert_eq!(config.image, DEFAULT_IMAGE);
+        assert!(!config.custom_image);
+        assert_eq!(config.app_name, "kilntainers");
+        assert!(!format!("{config:?}").contains("as-flag"));
+    }
+
+    #[test]
+    fn config_path_override_and_image() {
+        let env = |name: &str| (name == "MODAL_CONFIG_PATH").then(|| "/tmp/m.toml".to_owned());
+        let config = ModalConfig::from_cli(&cli(&["--image", "alpine:3"]), env);
+        assert_eq!(config.config_file, Some(PathBuf::from("/tmp/m.toml")));
+        assert_eq!(config.image, "alpine:3");
+        assert!(config.custom_image);
+    }
+
+    #[test]
+    fn modal_backend_checks_its_values() {
+        let config = |args: &[&str]| super::super::Config::from_cli(&cli(args), None);
+        assert_eq!(
+            config(&["--backend", "modal"]).is_ok(),
+            cfg!(feature = "modal")
+        );
+        if cfg!(feature = "modal") {
+            assert_eq!(
+                config(&["--backend", "modal", "--sandbox-timeout", "86401"])
+                    .unwrap_err()
+                    .to_string(),
+                "--sandbox-timeout must be between 1 and 86400 seconds."
+            );
+            assert!(config(&["--backend", "modal", "--sandbox-timeout", "86400"]).is_ok());
+        }
+    }
+}

@@ -1,0 +1,672 @@
+//! Contract tests of the Modal backend against the in-process fake gRPC server
+//! (`backends::modal::fake`, built from the same `modal_api.proto`). They pin the requests we
+//! send (fields and `x-modal-*` metadata, checked strictly) and how we handle answers, streaming
+//! exec output included; they cannot show that Modal's real service behaves like our reading of
+//! its API (`testing.md` §7), hence the names.
+//!
+//! The fake backs sandboxes with local Docker containers of `sandbox-busybox:full`, so tests that
+//! create sandboxes need the test environment's engine (`KILNTAINERS_IT_DOCKER=1`); the
+//! credential and header tests need nothing.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use tokio_util::sync::CancellationToken;
+
+use mcp_sandbox_computer_vm_for_ai::backends::modal::fake::{FakeConfig, FakeModal, Req, pb};
+use mcp_sandbox_computer_vm_for_ai::backends::{
+    self, Backend, BackendError, CreateSpec, NoProgress, SandboxRef,
+};
+use mcp_sandbox_computer_vm_for_ai::cli::Cli;
+use mcp_sandbox_computer_vm_for_ai::config::Config;
+use mcp_sandbox_computer_vm_for_ai::config::fly::Secret;
+use mcp_sandbox_computer_vm_for_ai::exec::{self, ExecOutcome, ExecRequest, Program};
+use mcp_sandbox_computer_vm_for_ai::ids::{ComputerId, ExecId, InstanceId};
+
+use crate::common::{enabled, unique_id};
+
+/// A Modal backend pointed at the fake with the given token pair and no config file (never
+/// the developer's real `~/.modal.toml`).
+fn backend_with(fake: &FakeModal, secret: Option<&str>, extra: &[&str]) -> Arc<dyn Backend> {
+    let mut args = vec!["x", "--backend", "modal", "--shell", "/bin/sh"];
+    if !extra.contains(&"--image") {
+        args.extend(["--image", "sandbox-busybox:full"]);
+    }
+    args.extend_from_slice(extra);
+    let cli = Cli::try_parse_from(args).unwrap();
+    let mut config = Config::from_cli(&cli, None).unwrap();
+    config.modal.tokens.flag_id = Some(Secret::new(fake.config().token_id.clone()));
+    config.modal.tokens.flag_secret = secret.map(Secret::new);
+    config.modal.tokens.env_id = None;
+    config.modal.tokens.env_secret = None;
+    config.modal.config_file = Some(PathBuf::from("/nonexistent/modal.toml"));
+    config.modal.profile = None;
+    config.modal.server_url_env = Some(fake.url());
+    config.modal.environment_env = None;
+    config.modal.image_builder_version_env = None;
+    backends::build(&config).unwrap()
+}
+
+fn modal(fake: &FakeModal, extra: &[&str]) -> Arc<dyn Backend> {
+    let secret = fake.config().token_secret.clone();
+    backend_with(fake, Some(&secret), extra)
+}
+
+fn computer(prefix: &str) -> ComputerId {
+    ComputerId::parse(&unique_id(prefix)).unwrap()
+}
+
+fn spec(id: &ComputerId, temporary: bool, instance: &InstanceId) -> CreateSpec {
+    CreateSpec {
+        computer_id: id.clone(),
+        temporary,
+        image: None,
+        instance: instance.clone(),
+    }
+}
+
+async fn fake() -> FakeModal {
+    FakeModal::start(FakeConfig {
+        page_size: 1,
+        ..FakeConfig::default()
+    })
+    .await
+    .unwrap()
+}
+
+fn requests(fake: &FakeModal) -> Vec<Req> {
+    fake.log().into_iter().map(|c| c.request).collect()
+}
+
+async fn run(
+    backend: &dyn Backend,
+    sandbox: &SandboxRef,
+    command: &str,
+    stdin: Option<&str>,
+    dir: Option<&str>,
+    timeout_secs: u64,
+    limit: u64,
+) -> ExecOutcome {
+    let request = ExecRequest {
+        program: Program::Shell(command.to_owned()),
+        stdin: stdin.map(str::to_owned),
+        working_dir: dir.map(str::to_owned),
+        timeout_secs,
+    };
+    exec::run(
+        backend,
+        sandbox,
+        "/bin/sh",
+        &request,
+        ExecId::random(),
+        limit,
+        &CancellationToken::new(),
+    )
+    .await
+    .unwrap()
+}
+
+fn completed(outcome: ExecOutcome) -> (i64, String, String) {
+    let ExecOutcome::Completed {
+        stdout,
+        stderr,
+        exit_code,
+        ..
+    } = outcome
+    else {
+        panic!("not completed: {outcome:?}");
+    };
+    (
+        exit_code,
+        String::from_utf8(stdout).unwrap(),
+        String::from_utf8(stderr).unwrap(),
+    )
+}
+
+#[tokio::test]
+async fn contract_missing_credentials_say_how_to_get_them_against_fake() {
+    let fake = fake().await;
+    let cli = Cli::try_parse_from(["x", "--backend", "modal"]).unwrap();
+    let mut config = Config::from_cli(&cli, None).unwrap();
+    config.modal.tokens = Default::default();
+    config.modal.config_file = Some(PathBuf::from("/nonexistent/modal.toml"));
+    config.modal.server_url_env = Some(fake.url());
+    let error = backends::build(&config)
+        .unwrap()
+        .validate()
+        .await
+        .unwrap_err();
+    assert!(matches!(error, BackendError::Unavailable(_)));
+    let text = error.to_string();
+    assert!(text.contains("Run 'modal setup'"), "{text}");
+    assert!(
+        text.contains("Set MODAL_TOKEN_ID and MODAL_TOKEN_SECRET"),
+        "{text}"
+    );
+    assert!(fake.log().is_empty(), "no call without credentials");
+}
+
+#[tokio::test]
+async fn contract_rejected_token_gives_the_spec_message_against_fake() {
+    let fake = fake().await;
+    let error = backend_with(&fake, Some("wrong"), &[])
+        .validate()
+        .await
+        .unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "Modal authentication failed. Either:\n  - Set MODAL_TOKEN_ID and MODAL_TOKEN_SECRET environment variables\n  - Run 'modal token set' to configure credentials\n  - Pass --modal-token-id and --modal-token-secret"
+    );
+}
+
+#[tokio::test]
+async fn contract_unreachable_server_gives_the_spec_message_against_fake() {
+    let fake = fake().await;
+    let backend = modal(&fake, &[]);
+    drop(fake);
+    let error = backend.validate().await.unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "Cannot connect to Modal. Check your network connection and Modal service status at https://status.modal.com"
+    );
+}
+
+#[tokio::test]
+async fn contract_validate_sends_libmodal_metadata_and_auth_token_against_fake() {
+    let fake = fake().await;
+    let backend = modal(&fake, &["--modal-app-name", "my-app"]);
+    backend.validate().await.unwrap();
+    backend.validate().await.unwrap();
+    let log = fake.log();
+    assert_eq!(
+        log.iter().map(|c| c.method).collect::<Vec<_>>(),
+        ["AuthTokenGet", "AppGetOrCreate"],
+        "the app id and the token are cached"
+    );
+    let expected: BTreeMap<String, String> = [
+        ("x-modal-client-type", "9"),
+        ("x-modal-client-version", "1.0.0"),
+        ("x-modal-token-id", "ak-fake"),
+        ("x-modal-token-secret", "as-fake"),
+        (
+            "x-modal-libmodal-version",
+            concat!("mcp-sandbox-computer-vm-for-ai/", env!("CARGO_PKG_VERSION")),
+        ),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect();
+    assert_eq!(
+        log[0].metadata, expected,
+        "AuthTokenGet carries no auth token"
+    );
+    let mut with_token = log[1].metadata.clone();
+    let token = with_token.remove("x-modal-auth-token").unwrap();
+    assert_eq!(token.split('.').count(), 3, "{token}");
+    assert_eq!(with_token, expected);
+    let Req::AppGetOrCreate(app) = &log[1].request else {
+        panic!("{:?}", log[1].request);
+    };
+    assert_eq!(
+        app,
+        &pb::AppGetOrCreateRequest {
+            app_name: "my-app".to_owned(),
+            environment_name: String::new(),
+            object_creation_type: pb::ObjectCreationType::CreateIfMissing as i32,
+        }
+    );
+}
+
+#[tokio::test]
+async fn contract_create_exec_rediscover_and_terminate_against_fake() {
+    if !enabled("KILNTAINERS_IT_DOCKER") {
+        return;
+    }
+    let fake = fake().await;
+    let flags = [
+        "--modal-cpu",
+        "0.5",
+        "--modal-memory",
+        "256",
+        "--gpu",
+        "a10g:2",
+        "--region",
+        "us-east",
+        "--sandbox-timeout",
+        "600",
+        "--no-network",
+    ];
+    let backend = modal(&fake, &flags);
+    let id = computer("modal-perm");
+    let sandbox = backend
+        .create(&spec(&id, false, &InstanceId::random()), &NoProgress)
+        .await
+        .unwrap();
+    assert!(!sandbox.temporary);
+    assert_eq!(sandbox.image, "sandbox-busybox:full");
+
+    let log = requests(&fake);
+    let image = log
+        .iter()
+        .find_map(|r| match r {
+            Req::ImageGetOrCreate(i) => Some(i.clone()),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(
+        image.image.unwrap().dockerfile_commands,
+        ["FROM sandbox-busybox:full"]
+    );
+    assert_eq!(image.builder_version, "2024.10");
+    assert!(
+        log.iter().any(|r| matches!(r, Req::ImageJoinStreaming(_))),
+        "a pending build is joined"
+    );
+    let create = log
+        .iter()
+        .find_map(|r| match r {
+            Req::SandboxCreate(c) => Some(c.clone()),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(create.app_id, "ap-kilntainers");
+    let definition = create.definition.unwrap();
+    assert_eq!(definition.name.as_deref(), Some(id.as_str()));
+    assert_eq!(
+        definition.entrypoint_args,
+        backends::keep_alive_argv("/bin/sh")
+    );
+    assert_eq!(definition.timeout_secs, 600);
+    assert_eq!(
+        definition.resources,
+        Some(pb::Resources {
+            memory_mb: 256,
+            milli_cpu: 500,
+            gpu_config: Some(pb::GpuConfig {
+                count: 2,
+                gpu_type: "A10G".to_owned()
+            }),
+        })
+    );
+    assert_eq!(definition.scheduler_placement.unwrap().regions, ["us-east"]);
+    assert_eq!(
+        definition.network_access.unwrap().network_access_type,
+        pb::network_access::NetworkAccessType::Blocked as i32
+    );
+    let task = log
+        .iter()
+        .find_map(|r| match r {
+            Req::SandboxGetTaskId(t) => Some(t.clone()),
+            _ => None,
+        })
+        .unwrap();
+    assert!(task.wait_until_ready);
+    assert_eq!(task.sandbox_id, sandbox.sandbox_id);
+    let tags = log
+        .iter()
+        .find_map(|r| match r {
+            Req::SandboxTagsSet(t) => Some(t.clone()),
+            _ => None,
+        })
+        .unwrap();
+    let tags: BTreeMap<String, String> = tags
+        .tags
+        .into_iter()
+        .map(|t| (t.tag_name, t.tag_value))
+        .collect();
+    let expected: BTreeMap<String, String> = [
+        ("kilntainers", "true"),
+        ("kilntainers-computer-id", id.as_str()),
+        ("kilntainers-temporary", "false"),
+        ("kilntainers-image", "sandbox-busybox:full"),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v.to_owned()))
+    .collect();
+    assert_eq!(tags, expected, "permanent computers carry no instance tag");
+
+    // Exec: stdin, working directory, both streams, exit code.
+    let before = fake.log().len();
+    let stdin = "line one\nüñí \"quoted\"\n".repeat(5000);
+    let (code, stdout, stderr) = completed(
+        run(
+            &*backend,
+            &sandbox,
+            "cat; pwd; echo oops >&2; exit 3",
+            Some(&stdin),
+            Some("/tmp"),
+            30,
+            2_097_152,
+        )
+        .await,
+    );
+    assert_eq!(code, 3);
+    assert_eq!(stdout, format!("{stdin}/tmp\n"));
+    assert_eq!(stderr, "oops\n");
+    let calls: Vec<Req> = requests(&fake)[before..].to_vec();
+    let exec = calls
+        .iter()
+        .find_map(|r| match r {
+            Req::ContainerExec(e) => Some(e.clone()),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(exec.command[0], "env");
+    assert!(exec.command[1].starts_with("KILNTAINERS_EXEC_ID="));
+    assert_eq!(&exec.command[2..4], ["/bin/sh", "-c"]);
+    assert_eq!(exec.workdir.as_deref(), Some("/tmp"));
+    assert_eq!(exec.timeout_secs, 3600);
+    let inputs: Vec<pb::RuntimeInputMessage> = calls
+        .iter()
+        .filter_map(|r| match r {
+            Req::ContainerExecPutInput(p) => p.input.clone(),
+            _ => None,
+        })
+        .collect();
+    assert!(inputs.len() >= 3, "stdin is chunked");
+    for (n, input) in inputs.iter().enumerate() {
+        assert_eq!(input.message_index, n as u64 + 1);
+        assert_eq!(input.eof, n + 1 == inputs.len());
+        assert!(input.message.len() <= 64 * 1024);
+    }
+    let outputs: Vec<pb::ContainerExecGetOutputRequest> = calls
+        .iter()
+        .filter_map(|r| match r {
+            Req::ContainerExecGetOutput(o) => Some(o.clone()),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        outputs
+            .iter()
+            .all(|o| o.get_raw_bytes && o.exec_id == outputs[0].exec_id)
+    );
+    let fds: HashSet<i32> = outputs.iter().map(|o| o.file_descriptor).collect();
+    assert_eq!(fds, HashSet::from([1, 2]));
+    assert!(calls.iter().any(|r| matches!(r, Req::ContainerExecWait(_))));
+
+    // Without stdin the command sees EOF at once.
+    let (code, stdout, _) =
+        completed(run(&*backend, &sandbox, "wc -c", None, None, 30, 2_097_152).await);
+    assert_eq!((code, stdout.trim()), (0, "0"));
+    run(
+        &*backend,
+        &sandbox,
+        "echo kept > /tmp/f",
+        None,
+        None,
+        30,
+        2_097_152,
+    )
+    .await;
+
+    // A second server finds the permanent computer by its tags (with paging: page size 1).
+    let other = modal(&fake, &flags);
+    let second = computer("modal-other");
+    let other_sandbox = other
+        .create(&spec(&second, true, &InstanceId::random()), &NoProgress)
+        .await
+        .unwrap();
+    let found = other.lookup(&id).await.unwrap().unwrap();
+    assert_eq!(found.sandbox, sandbox);
+    let (_, stdout, _) = completed(
+        run(
+            &*other,
+            &found.sandbox,
+            "cat /tmp/f",
+            None,
+            None,
+            30,
+            2_097_152,
+        )
+        .await,
+    );
+    assert_eq!(stdout, "kept\n");
+    let listed = other.list().await.unwrap();
+    let ids: Vec<&str> = listed
+        .iter()
+        .map(|c| c.sandbox.computer_id.as_str())
+        .collect();
+    assert!(
+        ids.contains(&id.as_str()) && ids.contains(&second.as_str()),
+        "{ids:?}"
+    );
+    assert!(
+        listed
+            .iter()
+            .all(|c| c.state == "running" && c.created_at.is_some())
+    );
+    let list = requests(&fake)
+        .into_iter()
+        .filter_map(|r| match r {
+            Req::SandboxList(l) => Some(l),
+            _ => None,
+        })
+        .collect::<Vec<_>>();
+    assert!(
+        list.iter()
+            .all(|l| !l.include_finished && l.app_id == "ap-kilntainers")
+    );
+    assert!(
+        list.iter().any(|l| l.before_timestamp > 0.0),
+        "pages are followed"
+    );
+    assert!(
+        list.iter()
+            .any(|l| l.tags.len() == 2 && l.tags[1].tag_value == id.as_str())
+    );
+
+    // A duplicate name is refused by the provider (two servers racing for one id).
+    let error = other
+        .create(&spec(&id, false, &InstanceId::random()), &NoProgress)
+        .await
+        .unwrap_err();
+    assert!(error.to_string().contains("already exists"), "{error}");
+
+    // Restart recreates: new sandbox, files gone, same mode and image.
+    let restarted = other.restart(&found.sandbox).await.unwrap();
+    assert!(!restarted.state_preserved);
+    assert_ne!(restarted.sandbox.sandbox_id, sandbox.sandbox_id);
+    assert!(!restarted.sandbox.temporary);
+    let (code, _, _) = completed(
+        run(
+            &*other,
+            &restarted.sandbox,
+            "test -e /tmp/f",
+            None,
+            None,
+            30,
+            2_097_152,
+        )
+        .await,
+    );
+    assert_eq!(code, 1);
+
+    other.remove(&restarted.sandbox).await.unwrap();
+    other.remove(&other_sandbox).await.unwrap();
+    assert!(other.lookup(&id).await.unwrap().is_none());
+    assert!(fake.live_sandboxes().is_empty());
+}
+
+#[tokio::test]
+async fn contract_output_limit_timeout_and_kill_sweep_against_fake() {
+    if !enabled("KILNTAINERS_IT_DOCKER") {
+        return;
+    }
+    let fake = fake().await;
+    let backend = modal(&fake, &[]);
+    let id = computer("modal-limits");
+    let sandbox = backend
+        .create(&spec(&id, true, &InstanceId::random()), &NoProgress)
+        .await
+        .unwrap();
+
+    // Streaming: many batches arrive and are counted as they come.
+    let (code, stdout, _) = completed(
+        run(
+            &*backend,
+            &sandbox,
+            "head -c 300000 /dev/zero | tr '\\0' a",
+            None,
+            None,
+            30,
+            2_097_152,
+        )
+        .await,
+    );
+    assert_eq!((code, stdout.len()), (0, 300_000));
+
+    let started = Instant::now();
+    let outcome = run(
+        &*backend,
+        &sandbox,
+        "yes | head -c 100000000",
+        None,
+        None,
+        60,
+        1024,
+    )
+    .await;
+    assert!(
+        matches!(
+            outcome,
+            ExecOutcome::OutputLimitExceeded { limit: 1024, .. }
+        ),
+        "{outcome:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(20));
+
+    let started = Instant::now();
+    let outcome = run(
+        &*backend,
+        &sandbox,
+        "sleep 300 & sleep 301",
+        None,
+        None,
+        1,
+        2_097_152,
+    )
+    .await;
+    assert!(
+        matches!(
+            outcome,
+            ExecOutcome::TimedOut {
+                timeout_secs: 1,
+                ..
+            }
+        ),
+        "{outcome:?}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let (_, stdout, _) = completed(
+        run(
+            &*backend,
+            &sandbox,
+            "ps -o args | grep -c '^sleep 30[01]' || true",
+            None,
+            None,
+            30,
+            2_097_152,
+        )
+        .await,
+    );
+    assert_eq!(stdout.trim(), "0", "the kill sweep removed the whole tree");
+    backend.remove(&sandbox).await.unwrap();
+}
+
+#[tokio::test]
+async fn contract_image_not_found_and_lifetime_expiry_against_fake() {
+    if !enabled("KILNTAINERS_IT_DOCKER") {
+        return;
+    }
+    let fake = fake().await;
+    let missing = modal(&fake, &["--image", "no-such-image:nope"]);
+    let error = missing
+        .create(
+            &spec(&computer("modal-noimg"), true, &InstanceId::random()),
+            &NoProgress,
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(
+        error.to_string(),
+        "Modal image not found: 'no-such-image:nope'. Check that the image name is correct and the registry is accessible."
+    );
+    assert!(fake.live_sandboxes().is_empty());
+
+    let short = modal(&fake, &["--sandbox-timeout", "3"]);
+    let sandbox = short
+        .create(
+            &spec(&computer("modal-expire"), true, &InstanceId::random()),
+            &NoProgress,
+        )
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let error = loop {
+        let request = ExecRequest {
+            program: Program::Shell("true".to_owned()),
+            stdin: None,
+            working_dir: None,
+            timeout_secs: 10,
+        };
+        match exec::run(
+            &*short,
+            &sandbox,
+            "/bin/sh",
+            &request,
+            ExecId::random(),
+            1024,
+            &CancellationToken::new(),
+        )
+        .await
+        {
+            Ok(_) => {
+                assert!(Instant::now() < deadline, "the sandbox never expired");
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            Err(error) => break error,
+        }
+    };
+    assert_eq!(
+        error.to_string(),
+        format!("Sandbox {} lifetime timeout expired", sandbox.sandbox_id)
+    );
+}
+
+#[tokio::test]
+async fn contract_crash_gc_terminates_only_dead_instances_against_fake() {
+    if !enabled("KILNTAINERS_IT_DOCKER") {
+        return;
+    }
+    let fake = fake().await;
+    let backend = modal(&fake, &[]);
+    let (dead, alive) = (InstanceId::random(), InstanceId::random());
+    let orphan = computer("modal-orphan");
+    let kept = computer("modal-kept");
+    let permanent = computer("modal-permanent");
+    backend
+        .create(&spec(&orphan, true, &dead), &NoProgress)
+        .await
+        .unwrap();
+    let kept_sandbox = backend
+        .create(&spec(&kept, true, &alive), &NoProgress)
+        .await
+        .unwrap();
+    let permanent_sandbox = backend
+        .create(&spec(&permanent, false, &dead), &NoProgress)
+        .await
+        .unwrap();
+    let removed = backend
+        .collect_orphans(&HashSet::from([dead]))
+        .await
+        .unwrap();
+    assert_eq!(removed, std::slice::from_ref(&orphan));
+    assert!(backend.lookup(&orphan).await.unwrap().is_none());
+    assert!(backend.lookup(&kept).await.unwrap().is_some());
+    backend.remove(&kept_sandbox).await.unwrap();
+    backend.remove(&permanent_sandbox).await.unwrap();
+}
