@@ -44,17 +44,18 @@ RUN if [ -f /tmp/prebuilt/mcp-sandbox-computer-vm-for-ai ]; then \
 FROM rust:1.95-bookworm AS builder
 WORKDIR /src
 # Dependencies first, against placeholder sources, so that source edits reuse this layer.
-# `wasm` is built in as soon as the manifest defines that feature.
-COPY Cargo.toml Cargo.lock ./
-RUN mkdir src && echo 'fn main() {}' > src/main.rs && touch src/lib.rs \
-    && features="$(grep -qE '^wasm *=' Cargo.toml && echo '--features wasm' || true)" \
-    && cargo build --release --locked $features \
+# The default features are every backend.
+# build.rs compiles the Modal .proto, so both come along with the manifests.
+COPY Cargo.toml Cargo.lock build.rs ./
+COPY src/backends/modal/modal_api.proto src/backends/modal/
+RUN mkdir -p src/bin && echo 'fn main() {}' > src/main.rs && touch src/lib.rs \
+    && cp src/main.rs src/bin/fake_modal.rs \
+    && cargo build --release --locked \
     && rm -rf src target/release/.fingerprint/mcp-sandbox-computer-vm-for-ai-* \
         target/release/deps/mcp_sandbox_computer_vm_for_ai-* \
         target/release/deps/libmcp_sandbox_computer_vm_for_ai-*
 COPY src ./src
-RUN features="$(grep -qE '^wasm *=' Cargo.toml && echo '--features wasm' || true)" \
-    && cargo build --release --locked $features \
+RUN cargo build --release --locked \
     && install -m 0755 target/release/mcp-sandbox-computer-vm-for-ai /usr/local/bin/
 
 FROM runtime-base AS runtime
