@@ -5,6 +5,7 @@
 
 pub mod fly;
 pub mod run_flags;
+pub mod wasm;
 
 use std::time::Duration;
 
@@ -13,6 +14,7 @@ use crate::cli::{
 };
 pub use fly::FlyConfig;
 use run_flags::{RunFlags, parse_run_flags, parse_size};
+pub use wasm::{WasmConfig, WasmModule};
 
 /// The image every default configuration uses, and the one the exact reference tool text
 /// describes (`mcp-surface.md` §6).
@@ -38,6 +40,7 @@ pub struct Config {
     pub description: DescriptionConfig,
     pub docker: DockerConfig,
     pub fly: FlyConfig,
+    pub wasm: WasmConfig,
 }
 
 #[derive(Debug, Clone)]
@@ -185,6 +188,7 @@ impl Config {
             },
             docker,
             fly: FlyConfig::from_cli(cli, |name| std::env::var(name).ok()),
+            wasm: WasmConfig::from_cli(cli, |name| std::env::var(name).ok()),
         })
     }
 }
@@ -198,6 +202,7 @@ fn check_backend_is_built(backend: BackendChoice) -> Result<(), ConfigError> {
         BackendChoice::Fly => fail(
             "Backend 'fly' requires additional dependencies. This build was compiled without the 'fly' feature; install with: cargo install mcp-sandbox-computer-vm-for-ai --features fly",
         ),
+        BackendChoice::Wasm | BackendChoice::GoBusybox if cfg!(feature = "wasm") => Ok(()),
         BackendChoice::Wasm | BackendChoice::GoBusybox => fail(format!(
             "Backend '{}' requires additional dependencies. This build was compiled without the 'wasm' feature; install with: cargo install mcp-sandbox-computer-vm-for-ai --features wasm",
             backend.name()

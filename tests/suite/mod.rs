@@ -8,3 +8,5 @@ mod fly;
 mod http;
 mod stdio;
 mod tidy;
+#[cfg(feature = "wasm")]
+mod wasm;

@@ -80,6 +80,11 @@ const CONFINED: &[(&str, &[&str])] = &[
     ("axum::", &["src/transport/"]),
     ("subtle::", &["src/transport/"]),
     ("reqwest::", &["src/backends/fly/"]),
+    ("wasmtime", &["src/backends/wasm/"]),
+    ("cap_std::", &["src/backends/wasm/"]),
+    ("zip::", &["src/backends/wasm/"]),
+    ("glob::", &["src/backends/wasm/"]),
+    ("sha2::", &["src/backends/wasm/"]),
     ("rmcp::", &["src/mcp/", "src/transport/"]),
     (
         "clap::",
