@@ -239,7 +239,7 @@ impl WasmBackend {
             .run(&["--list".to_owned()], &[], &scratch, &scratch, Vec::new(), &outputs, Out::Stdout, Out::Stderr, &mut fuel)
             .await;
         let _ = std::fs::remove_dir_all(&scratch);
-        result.map_err(|e| provider(e.to_string()))?.ok();
+        let _ = result.map_err(|e| provider(e.to_string()))?;
         let (stdout, _) = outputs.take_output();
         let text = String::from_utf8_lossy(&stdout);
         let body = text

@@ -214,7 +214,7 @@ impl Runtime {
                 .set_fuel(fuel)
                 .map_err(|e| RuntimeError::Setup(e.to_string()))?;
         }
-        let result = async {
+        let result: wasmtime::Result<()> = async {
             let instance = self.linker.instantiate_async(&mut store, &self.module).await?;
             let start = instance.get_typed_func::<(), ()>(&mut store, "_start")?;
             start.call_async(&mut store, ()).await

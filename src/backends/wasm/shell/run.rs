@@ -251,7 +251,7 @@ impl<'h, H: Host> Interpreter<'h, H> {
             if absolute { "/".to_owned() } else { String::new() },
             if absolute { "/".to_owned() } else { self.cwd.clone() },
         )];
-        for (index, component) in components.iter().enumerate() {
+        for component in &components {
             if component.is_empty() {
                 continue;
             }
@@ -311,7 +311,6 @@ impl<'h, H: Host> Interpreter<'h, H> {
             if candidates.is_empty() {
                 return Vec::new();
             }
-            let _ = index;
         }
         let mut shown: Vec<String> = candidates.into_iter().map(|(shown, _)| shown).collect();
         shown.sort();
@@ -446,7 +445,7 @@ impl<'h, H: Host> Interpreter<'h, H> {
                 env.push(("PWD".into(), self.cwd.clone()));
                 env.extend(assignments);
                 let mut argv = argv;
-                argv[0] = name;
+                argv[0] = name.clone();
                 let cwd = self.cwd.clone();
                 self.status = self.host.run(argv, env, &cwd, input, out, err).await?;
             }
