@@ -86,12 +86,21 @@ mod tests {
             "KILNTAINERS_GO_BUSYBOX_DOWNLOAD" => Some("False".into()),
             _ => None,
         });
-        assert_eq!(c.cache_dir, Some(PathBuf::from("/h/.cache/mcp-sandbox-computer-vm-for-ai")));
-        assert_eq!(c.state_dir, Some(PathBuf::from("/h/.mcp-sandbox-computer-vm-for-ai")));
+        assert_eq!(
+            c.cache_dir,
+            Some(PathBuf::from("/h/.cache/mcp-sandbox-computer-vm-for-ai"))
+        );
+        assert_eq!(
+            c.state_dir,
+            Some(PathBuf::from("/h/.mcp-sandbox-computer-vm-for-ai"))
+        );
         assert_eq!(c.python, "/venv/bin/python");
         assert!(!c.download);
         let c = WasmConfig::from_cli(&cli, |k| (k == "XDG_CACHE_HOME").then(|| "/x".into()));
-        assert_eq!(c.cache_dir, Some(PathBuf::from("/x/mcp-sandbox-computer-vm-for-ai")));
+        assert_eq!(
+            c.cache_dir,
+            Some(PathBuf::from("/x/mcp-sandbox-computer-vm-for-ai"))
+        );
         assert_eq!(c.python, "python3");
         assert!(c.download);
     }

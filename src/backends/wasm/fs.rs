@@ -56,20 +56,21 @@ impl Root {
     /// of the real directory (symlinks followed inside the root only).
     pub fn working_dir(&self, wd: &str, guest_abs: &str) -> Result<PathBuf, String> {
         let outside = || format!("working_directory '{wd}' resolves outside the computer.");
-        let relative = rel(guest_abs);
-        if let Err(error) = self.dir.create_dir_all(relative) {
-            if escaped(&error) {
-                return Err(outside());
-            }
-            return Err(format!("working_directory '{wd}': {}", describe(&error)));
+        // cap-std does not follow a symlink while creating, so a link to outside shows up as
+        // "File exists" here and as an escape when resolved below.
+        let created = self.dir.create_dir_all(rel(guest_abs));
+        match self.resolve_dir(guest_abs) {
+            Ok(path) => Ok(path),
+            Err(error) if escaped(&error) => Err(outside()),
+            Err(error) => match created {
+                Err(create_error) if escaped(&create_error) => Err(outside()),
+                Err(create_error) => Err(format!(
+                    "working_directory '{wd}': {}",
+                    describe(&create_error)
+                )),
+                Ok(()) => Err(format!("working_directory '{wd}': {}", describe(&error))),
+            },
         }
-        self.resolve_dir(guest_abs).map_err(|error| {
-            if escaped(&error) {
-                outside()
-            } else {
-                format!("working_directory '{wd}': {}", describe(&error))
-            }
-        })
     }
 
     /// The host path of an existing directory inside the root, with symlinks resolved by
@@ -126,7 +127,8 @@ mod tests {
     use super::*;
 
     fn temp_root() -> PathBuf {
-        let dir = std::env::temp_dir().join(format!("kilntainers-fs-test-{}", uuid::Uuid::new_v4()));
+        let dir =
+            std::env::temp_dir().join(format!("kilntainers-fs-test-{}", uuid::Uuid::new_v4()));
         std::fs::create_dir_all(&dir).unwrap();
         dir
     }
@@ -149,9 +151,18 @@ mod tests {
             );
         }
         assert!(!base.join("outside/x").exists());
-        assert_eq!(root.working_dir("/ok", "/ok").unwrap(), root_path.join("inner"));
-        assert_eq!(root.working_dir("/new/dir", "/new/dir").unwrap(), root_path.join("new/dir"));
-        assert!(root.open_output("/abs/etc/kilntainers-test", false).is_err());
+        assert_eq!(
+            root.working_dir("/ok", "/ok").unwrap(),
+            root_path.join("inner")
+        );
+        assert_eq!(
+            root.working_dir("/new/dir", "/new/dir").unwrap(),
+            root_path.join("new/dir")
+        );
+        assert!(
+            root.open_output("/abs/etc/kilntainers-test", false)
+                .is_err()
+        );
         assert!(root.read("/rel/../../etc/passwd").is_err());
         std::fs::remove_dir_all(&base).unwrap();
     }

@@ -105,13 +105,16 @@ impl WasmBackend {
 
     fn image(&self) -> String {
         match &self.config.module {
-            WasmModule::Custom(path) => path
-                .file_name()
-                .map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned()),
-            WasmModule::GoBusybox { explicit } => explicit
-                .as_ref()
-                .and_then(|p| p.file_name())
-                .map_or_else(|| "busybox.wasm".to_owned(), |n| n.to_string_lossy().into_owned()),
+            WasmModule::Custom(path) => path.file_name().map_or_else(
+                || path.display().to_string(),
+                |n| n.to_string_lossy().into_owned(),
+            ),
+            WasmModule::GoBusybox { explicit } => {
+                explicit.as_ref().and_then(|p| p.file_name()).map_or_else(
+                    || "busybox.wasm".to_owned(),
+                    |n| n.to_string_lossy().into_owned(),
+                )
+            }
         }
     }
 
@@ -143,10 +146,16 @@ impl WasmBackend {
                     fuel: self.config.fuel,
                     cache_dir: self.config.cache_dir.clone(),
                 };
-                let loaded = tokio::task::spawn_blocking(move || Runtime::load(&path, &options))
-                    .await
-                    .map_err(|e| BackendError::Unavailable(e.to_string()))?
-                    .map_err(|e| BackendError::Unavailable(e.to_string()))?;
+                let mut loaded =
+                    tokio::task::spawn_blocking(move || Runtime::load(&path, &options))
+                        .await
+                        .map_err(|e| BackendError::Unavailable(e.to_string()))?
+                        .map_err(|e| BackendError::Unavailable(e.to_string()))?;
+                if matches!(self.config.module, WasmModule::GoBusybox { .. }) {
+                    // A multicall binary picks its applet from argv[0] when it is not its own
+                    // name, and the cached file is `busybox-<sha prefix>.wasm`.
+                    loaded.stem = "busybox".to_owned();
+                }
                 Ok(Arc::new(loaded))
             })
             .await
@@ -165,8 +174,9 @@ impl WasmBackend {
         if sandbox.temporary {
             Ok(self.config.temp_dir.join(&sandbox.sandbox_id))
         } else {
-            self.permanent_dir(&sandbox.computer_id)
-                .ok_or_else(|| provider("Permanent WASM computers need a home directory (HOME is unset)."))
+            self.permanent_dir(&sandbox.computer_id).ok_or_else(|| {
+                provider("Permanent WASM computers need a home directory (HOME is unset).")
+            })
         }
     }
 
@@ -231,12 +241,25 @@ impl WasmBackend {
     /// Runs the module's `--list` and keeps the applet names for the tool description.
     async fn read_applets(&self) -> Result<Vec<String>, BackendError> {
         let runtime = self.runtime().await?;
-        let scratch = self.config.temp_dir.join(format!("{TEMP_PREFIX}list-{}", random_suffix()));
+        let scratch = self
+            .config
+            .temp_dir
+            .join(format!("{TEMP_PREFIX}list-{}", random_suffix()));
         std::fs::create_dir_all(&scratch).map_err(|e| provider(e.to_string()))?;
         let outputs = Outputs::new(1 << 20);
         let mut fuel = runtime.fuel();
         let result = runtime
-            .run(&["--list".to_owned()], &[], &scratch, &scratch, Vec::new(), &outputs, Out::Stdout, Out::Stderr, &mut fuel)
+            .run(
+                &["--list".to_owned()],
+                &[],
+                &scratch,
+                &scratch,
+                Vec::new(),
+                &outputs,
+                Out::Stdout,
+                Out::Stderr,
+                &mut fuel,
+            )
             .await;
         let _ = std::fs::remove_dir_all(&scratch);
         let _ = result.map_err(|e| provider(e.to_string()))?;
@@ -245,11 +268,15 @@ impl WasmBackend {
         let body = text
             .split_once("Currently defined functions:")
             .map_or(text.as_ref(), |(_, rest)| rest);
-        Ok(body
+        // The module prints its applets in map order; sort them for a stable description.
+        let mut applets: Vec<String> = body
             .split(|c: char| c == ',' || c.is_whitespace())
             .filter(|w| !w.is_empty())
             .map(str::to_owned)
-            .collect())
+            .collect();
+        applets.sort();
+        applets.dedup();
+        Ok(applets)
     }
 }
 
@@ -276,18 +303,34 @@ impl Host for WasmHost<'_> {
         let cwd_host = match self.root.resolve_dir(cwd) {
             Ok(path) => path,
             Err(error) => {
-                self.write(&stderr, format!("kilntainers: {cwd}: {}\n", fs::describe(&error)).as_bytes())?;
+                self.write(
+                    &stderr,
+                    format!("kilntainers: {cwd}: {}\n", fs::describe(&error)).as_bytes(),
+                )?;
                 return Ok(1);
             }
         };
         let result = self
             .runtime
-            .run(&argv, &env, self.root.host_path(), &cwd_host, stdin, &self.outputs, stdout, stderr.clone(), &mut self.fuel)
+            .run(
+                &argv,
+                &env,
+                self.root.host_path(),
+                &cwd_host,
+                stdin,
+                &self.outputs,
+                stdout,
+                stderr.clone(),
+                &mut self.fuel,
+            )
             .await;
         match result {
             Ok(Ok(RunEnd::Exit(code))) => Ok(code),
             Ok(Ok(RunEnd::Trap(message))) => {
-                self.write(&stderr, format!("[kilntainers: WASM trap: {message}]\n").as_bytes())?;
+                self.write(
+                    &stderr,
+                    format!("[kilntainers: WASM trap: {message}]\n").as_bytes(),
+                )?;
                 Ok(1)
             }
             Ok(Err(stop)) => {
@@ -326,7 +369,10 @@ impl Host for WasmHost<'_> {
     }
 
     fn check_dir(&mut self, path: &str) -> Result<(), String> {
-        self.root.resolve_dir(path).map(drop).map_err(|e| fs::describe(&e))
+        self.root
+            .resolve_dir(path)
+            .map(drop)
+            .map_err(|e| fs::describe(&e))
     }
 
     fn list_dir(&mut self, path: &str) -> Option<Vec<String>> {
@@ -348,7 +394,11 @@ impl Backend for WasmBackend {
                     "a WebAssembly (WASI) module `{}`; args run the module with those arguments; there is no shell",
                     self.image()
                 ),
-                self.config.shell.rsplit('/').next().unwrap_or(&self.config.shell),
+                self.config
+                    .shell
+                    .rsplit('/')
+                    .next()
+                    .unwrap_or(&self.config.shell),
                 self.config.default_timeout_secs,
             ),
         }
@@ -369,15 +419,19 @@ impl Backend for WasmBackend {
         self.runtime().await.map(drop)
     }
 
-    async fn create(&self, spec: &CreateSpec, _: &dyn Progress) -> Result<SandboxRef, BackendError> {
+    async fn create(
+        &self,
+        spec: &CreateSpec,
+        _: &dyn Progress,
+    ) -> Result<SandboxRef, BackendError> {
         let runtime = self.runtime().await?;
         let (dir, sandbox_id) = if spec.temporary {
             let id = format!("{TEMP_PREFIX}{}", random_suffix());
             (self.config.temp_dir.join(&id), id)
         } else {
-            let dir = self
-                .permanent_dir(&spec.computer_id)
-                .ok_or_else(|| provider("Permanent WASM computers need a home directory (HOME is unset)."))?;
+            let dir = self.permanent_dir(&spec.computer_id).ok_or_else(|| {
+                provider("Permanent WASM computers need a home directory (HOME is unset).")
+            })?;
             (dir, format!("{TEMP_PREFIX}{}", spec.computer_id))
         };
         let image = spec.image.clone().unwrap_or_else(|| self.image());
@@ -415,14 +469,20 @@ impl Backend for WasmBackend {
             && let Some(meta) = Self::read_meta(&dir)
             && let Some(sandbox) = self.sandbox_of(&dir, &meta)
         {
-            return Ok(Some(Found { sandbox, running: true }));
+            return Ok(Some(Found {
+                sandbox,
+                running: true,
+            }));
         }
         Ok(self
             .scan()
             .into_iter()
             .find(|(_, meta)| meta.computer_id == id.as_str())
             .and_then(|(dir, meta)| self.sandbox_of(&dir, &meta))
-            .map(|sandbox| Found { sandbox, running: true }))
+            .map(|sandbox| Found {
+                sandbox,
+                running: true,
+            }))
     }
 
     async fn ensure_running(&self, sandbox: &SandboxRef) -> Result<SandboxRef, BackendError> {
@@ -489,7 +549,10 @@ impl Backend for WasmBackend {
             ("HOME".to_owned(), "/".to_owned()),
             ("PATH".to_owned(), "/bin:/usr/bin".to_owned()),
             ("PWD".to_owned(), cwd.clone()),
-            (ExecId::ENV_NAME.to_owned(), spec.exec_id.as_str().to_owned()),
+            (
+                ExecId::ENV_NAME.to_owned(),
+                spec.exec_id.as_str().to_owned(),
+            ),
         ];
         let outputs = Outputs::new(self.config.output_limit);
         let stdin = spec.stdin.clone();
@@ -521,7 +584,10 @@ impl Backend for WasmBackend {
             (module, command) => {
                 let argv: Vec<String> = match command {
                     None => spec.argv.clone(),
-                    Some(_) if self.config.shell == "/bin/bash" || matches!(module, WasmModule::GoBusybox { .. }) => {
+                    Some(_)
+                        if self.config.shell == "/bin/bash"
+                            || matches!(module, WasmModule::GoBusybox { .. }) =>
+                    {
                         return Err(provider(
                             "This WASM backend does not support command mode (no shell configured). Use args mode instead, which passes arguments directly to the WASM module. Example: args=['ls', '-la'] instead of command='ls -la'. To enable command mode, run with the shell available in the WASM module (e.g., kilntainers --shell bash ...).",
                         ));
@@ -529,14 +595,31 @@ impl Backend for WasmBackend {
                     Some(_) => spec.argv.clone(),
                 };
                 let result = runtime
-                    .run(&argv, &base_env, &root_path, &cwd_host, stdin.unwrap_or_default(), &outputs, Out::Stdout, Out::Stderr, &mut fuel)
+                    .run(
+                        &argv,
+                        &base_env,
+                        &root_path,
+                        &cwd_host,
+                        stdin.unwrap_or_default(),
+                        &outputs,
+                        Out::Stdout,
+                        Out::Stderr,
+                        &mut fuel,
+                    )
                     .await
                     .map_err(|e| provider(e.to_string()))?;
                 match result {
                     Ok(RunEnd::Exit(code)) => Ok(code),
                     Ok(RunEnd::Trap(message)) => {
-                        outputs.write(&Out::Stderr, format!("[kilntainers: WASM trap: {message}]\n").as_bytes());
-                        if outputs.overflowed() { Err(Stop::OutputLimit) } else { Ok(1) }
+                        outputs.write(
+                            &Out::Stderr,
+                            format!("[kilntainers: WASM trap: {message}]\n").as_bytes(),
+                        );
+                        if outputs.overflowed() {
+                            Err(Stop::OutputLimit)
+                        } else {
+                            Ok(1)
+                        }
                     }
                     Err(stop) => Err(stop),
                 }
@@ -554,7 +637,11 @@ impl Backend for WasmBackend {
             }
             Err(Stop::OutputLimit) => {
                 // Tell the sink the limit was crossed; it decides the fixed result.
-                let over = vec![0u8; usize::try_from(self.config.output_limit.saturating_add(1)).unwrap_or(usize::MAX)];
+                let over = vec![
+                    0u8;
+                    usize::try_from(self.config.output_limit.saturating_add(1))
+                        .unwrap_or(usize::MAX)
+                ];
                 let _ = sink.push(Stream::Stdout, &over);
                 Ok(ExecEnd::StoppedBySink)
             }
@@ -568,7 +655,10 @@ impl Backend for WasmBackend {
         Ok(())
     }
 
-    async fn collect_orphans(&self, dead: &HashSet<InstanceId>) -> Result<Vec<ComputerId>, BackendError> {
+    async fn collect_orphans(
+        &self,
+        dead: &HashSet<InstanceId>,
+    ) -> Result<Vec<ComputerId>, BackendError> {
         let mut removed = Vec::new();
         for (dir, meta) in self.scan() {
             let orphan = meta.temporary
@@ -577,7 +667,8 @@ impl Backend for WasmBackend {
                     .as_deref()
                     .and_then(InstanceId::parse)
                     .is_some_and(|i| dead.contains(&i));
-            if orphan && std::fs::remove_dir_all(&dir).is_ok()
+            if orphan
+                && std::fs::remove_dir_all(&dir).is_ok()
                 && let Ok(id) = ComputerId::parse(&meta.computer_id)
             {
                 removed.push(id);
@@ -602,6 +693,9 @@ mod tests {
     fn random_suffix_is_8_lowercase_alnum() {
         let s = random_suffix();
         assert_eq!(s.len(), 8);
-        assert!(s.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit()));
+        assert!(
+            s.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
+        );
     }
 }

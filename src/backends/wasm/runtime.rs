@@ -17,7 +17,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncWrite;
-use wasmtime::{Config, Engine, Linker, Module, Store, StoreLimits, StoreLimitsBuilder, Trap, UpdateDeadline};
+use wasmtime::{
+    Config, Engine, Linker, Module, Store, StoreLimits, StoreLimitsBuilder, Trap, UpdateDeadline,
+};
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
 use wasmtime_wasi::p1::WasiP1Ctx;
 use wasmtime_wasi::p2::pipe::MemoryInputPipe;
@@ -36,7 +38,9 @@ const WRITE_PERMIT: usize = 64 * 1024;
 pub enum RuntimeError {
     #[error("Failed to compile WASM module '{path}': {message}")]
     Compile { path: String, message: String },
-    #[error("WASM module does not export a '_start' function. Only WASI command modules are supported.")]
+    #[error(
+        "WASM module does not export a '_start' function. Only WASI command modules are supported."
+    )]
     NoStart,
     #[error("Failed to start the WASM module: {0}")]
     Setup(String),
@@ -125,7 +129,10 @@ impl Runtime {
                 if options.fuel.is_some() { "-fuel" } else { "" }
             ))
         });
-        let module = match cached.as_deref().and_then(|file| load_cached(&engine, file)) {
+        let module = match cached
+            .as_deref()
+            .and_then(|file| load_cached(&engine, file))
+        {
             Some(module) => module,
             None => {
                 let module =
@@ -215,7 +222,10 @@ impl Runtime {
                 .map_err(|e| RuntimeError::Setup(e.to_string()))?;
         }
         let result: wasmtime::Result<()> = async {
-            let instance = self.linker.instantiate_async(&mut store, &self.module).await?;
+            let instance = self
+                .linker
+                .instantiate_async(&mut store, &self.module)
+                .await?;
             let start = instance.get_typed_func::<(), ()>(&mut store, "_start")?;
             start.call_async(&mut store, ()).await
         }
@@ -450,7 +460,11 @@ impl OutputStream for GuestOutput {
 }
 
 impl AsyncWrite for GuestOutput {
-    fn poll_write(self: Pin<&mut Self>, _: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
         if self.outputs.write(&self.target, buf) {
             Poll::Ready(Ok(buf.len()))
         } else {

@@ -13,10 +13,18 @@ use std::fmt;
 /// One piece of a word, as written. `quoted` pieces never glob-expand or field-split.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Part {
-    Lit { text: String, quoted: bool },
-    Var { name: String, quoted: bool },
+    Lit {
+        text: String,
+        quoted: bool,
+    },
+    Var {
+        name: String,
+        quoted: bool,
+    },
     /// `$?`.
-    Status { quoted: bool },
+    Status {
+        quoted: bool,
+    },
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -127,7 +135,10 @@ fn is_name_char(c: char) -> bool {
 
 /// Characters that end an unquoted word.
 fn is_meta(c: char) -> bool {
-    matches!(c, ' ' | '\t' | '\n' | '|' | '&' | ';' | '<' | '>' | '(' | ')')
+    matches!(
+        c,
+        ' ' | '\t' | '\n' | '|' | '&' | ';' | '<' | '>' | '(' | ')'
+    )
 }
 
 struct Lexer<'a> {
@@ -190,27 +201,38 @@ impl Lexer<'_> {
                         .iter()
                         .take_while(|c| c.is_ascii_digit())
                         .count();
-                    if digits > 0
-                        && matches!(self.peek_at(digits), Some('<' | '>'))
-                    {
+                    if digits > 0 && matches!(self.peek_at(digits), Some('<' | '>')) {
                         let text: String = self.chars[self.pos..self.pos + digits].iter().collect();
                         self.pos += digits;
                         let fd = match text.as_str() {
                             "0" => 0,
                             "1" => 1,
                             "2" => 2,
-                            _ => return unsupported(&format!("redirection of file descriptor {text}")),
+                            _ => {
+                                return unsupported(&format!(
+                                    "redirection of file descriptor {text}"
+                                ));
+                            }
                         };
                         out.push(self.redirect(Some(fd))?);
                         continue;
                     }
                     let at_command_start = matches!(
                         out.last(),
-                        None | Some(Token::Sep | Token::And | Token::Or | Token::Pipe | Token::Bang)
+                        None | Some(
+                            Token::Sep | Token::And | Token::Or | Token::Pipe | Token::Bang
+                        )
                     );
                     let word = self.word()?;
-                    if at_command_start {
-                        if let [Part::Lit { text, quoted: false }] = word.0.as_slice() {
+                    if at_command_start
+                        && let [
+                            Part::Lit {
+                                text,
+                                quoted: false,
+                            },
+                        ] = word.0.as_slice()
+                    {
+                        {
                             match text.as_str() {
                                 "!" => {
                                     out.push(Token::Bang);
@@ -218,8 +240,7 @@ impl Lexer<'_> {
                                 }
                                 "{" | "}" => return unsupported("{ } (command group)"),
                                 "if" | "then" | "else" | "elif" | "fi" | "for" | "while"
-                                | "until" | "do" | "done" | "case" | "esac" | "function"
-                                | "[[" => {
+                                | "until" | "do" | "done" | "case" | "esac" | "function" | "[[" => {
                                     return unsupported(&format!("'{text}' (compound command)"));
                                 }
                                 _ => {}
@@ -595,7 +616,10 @@ impl Parser {
                         && command.assignments.is_empty()
                         && command.redirects.is_empty()
                     {
-                        return syntax(format!("expected a command, found {}", describe(other.as_ref())));
+                        return syntax(format!(
+                            "expected a command, found {}",
+                            describe(other.as_ref())
+                        ));
                     }
                     return Ok(command);
                 }
@@ -661,7 +685,7 @@ mod tests {
                 qlit(" d")
             ])
         );
-        assert_eq!(c.words[3], Word(vec![lit("e"), qlit(" f")]));
+        assert_eq!(c.words[3], Word(vec![lit("e"), qlit(" "), lit("f")]));
     }
 
     #[test]
@@ -782,11 +806,26 @@ mod tests {
 
     #[test]
     fn syntax_errors() {
-        assert_eq!(err("echo 'abc"), "kilntainers: syntax error: unterminated single quote");
-        assert_eq!(err("echo \"abc"), "kilntainers: syntax error: unterminated double quote");
-        assert_eq!(err("echo a &&"), "kilntainers: syntax error: missing command after '&&'");
-        assert_eq!(err("| b"), "kilntainers: syntax error: expected a command, found '|'");
-        assert_eq!(err("a | | b"), "kilntainers: syntax error: expected a command, found '|'");
+        assert_eq!(
+            err("echo 'abc"),
+            "kilntainers: syntax error: unterminated single quote"
+        );
+        assert_eq!(
+            err("echo \"abc"),
+            "kilntainers: syntax error: unterminated double quote"
+        );
+        assert_eq!(
+            err("echo a &&"),
+            "kilntainers: syntax error: missing command after '&&'"
+        );
+        assert_eq!(
+            err("| b"),
+            "kilntainers: syntax error: expected a command, found '|'"
+        );
+        assert_eq!(
+            err("a | | b"),
+            "kilntainers: syntax error: expected a command, found '|'"
+        );
         assert!(err("echo >").starts_with("kilntainers: syntax error: redirection without"));
         assert_eq!(err("a ;; b"), "kilntainers: syntax error: unexpected ';;'");
     }

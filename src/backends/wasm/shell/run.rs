@@ -144,7 +144,11 @@ impl<'h, H: Host> Interpreter<'h, H> {
                 Flow::Exit(code) => return Ok(Flow::Exit(code)),
                 Flow::Next => status = self.status,
             }
-            input = if last { Vec::new() } else { self.host.take_pipe() };
+            input = if last {
+                Vec::new()
+            } else {
+                self.host.take_pipe()
+            };
         }
         self.status = if pipeline.negated {
             i32::from(status == 0)
@@ -248,8 +252,16 @@ impl<'h, H: Host> Interpreter<'h, H> {
         let absolute = field.first().is_some_and(|(c, _)| *c == '/');
         // (shown to the command, absolute guest path)
         let mut candidates = vec![(
-            if absolute { "/".to_owned() } else { String::new() },
-            if absolute { "/".to_owned() } else { self.cwd.clone() },
+            if absolute {
+                "/".to_owned()
+            } else {
+                String::new()
+            },
+            if absolute {
+                "/".to_owned()
+            } else {
+                self.cwd.clone()
+            },
         )];
         for component in &components {
             if component.is_empty() {
@@ -270,13 +282,13 @@ impl<'h, H: Host> Interpreter<'h, H> {
                     (shown, normalize(dir, name))
                 };
                 if !active {
-                    if text == "." || text == ".." {
-                        next.push(join(&text));
-                    } else if self
-                        .host
-                        .list_dir(dir)
-                        .is_some_and(|names| names.contains(&text))
-                    {
+                    let exists = text == "."
+                        || text == ".."
+                        || self
+                            .host
+                            .list_dir(dir)
+                            .is_some_and(|names| names.contains(&text));
+                    if exists {
                         next.push(join(&text));
                     }
                     continue;
@@ -373,8 +385,10 @@ impl<'h, H: Host> Interpreter<'h, H> {
                 }
                 Ok(None) => {}
                 Err(message) => {
-                    self.host
-                        .write(&err, format!("kilntainers: {target}: {message}\n").as_bytes())?;
+                    self.host.write(
+                        &err,
+                        format!("kilntainers: {target}: {message}\n").as_bytes(),
+                    )?;
                     self.status = 1;
                     return Ok(Flow::Next);
                 }
@@ -409,8 +423,10 @@ impl<'h, H: Host> Interpreter<'h, H> {
                         self.status = 0;
                     }
                     Err(message) => {
-                        self.host
-                            .write(&err, format!("kilntainers: cd: {target}: {message}\n").as_bytes())?;
+                        self.host.write(
+                            &err,
+                            format!("kilntainers: cd: {target}: {message}\n").as_bytes(),
+                        )?;
                         self.status = 1;
                     }
                 }
@@ -505,8 +521,16 @@ mod tests {
                 "upper" => (stdin.to_ascii_uppercase(), vec![], 0),
                 "fail" => (vec![], b"failed\n".to_vec(), 3),
                 "env-of" => {
-                    let v = env.iter().rev().find(|(k, _)| *k == argv[1]).map(|(_, v)| v.clone());
-                    (format!("{}\n", v.unwrap_or_default()).into_bytes(), vec![], 0)
+                    let v = env
+                        .iter()
+                        .rev()
+                        .find(|(k, _)| *k == argv[1])
+                        .map(|(_, v)| v.clone());
+                    (
+                        format!("{}\n", v.unwrap_or_default()).into_bytes(),
+                        vec![],
+                        0,
+                    )
                 }
                 "abort" => return Err(Aborted),
                 other => (vec![], format!("{other}: not found\n").into_bytes(), 127),
@@ -548,7 +572,11 @@ mod tests {
             }
         }
         fn list_dir(&mut self, path: &str) -> Option<Vec<String>> {
-            let prefix = if path == "/" { "/".to_owned() } else { format!("{path}/") };
+            let prefix = if path == "/" {
+                "/".to_owned()
+            } else {
+                format!("{path}/")
+            };
             let mut names: Vec<String> = self
                 .files
                 .keys()
@@ -613,7 +641,10 @@ mod tests {
     #[tokio::test]
     async fn redirections() {
         let mut fake = Fake::default();
-        assert_eq!(run(&mut fake, "echo x > /f 2>&1; fail 2>&1 >/g", None).await, 3);
+        assert_eq!(
+            run(&mut fake, "echo x > /f 2>&1; fail 2>&1 >/g", None).await,
+            3
+        );
         assert_eq!(fake.open[1], ("/f".into(), b"x\n".to_vec()));
         // 2>&1 before >/g: stderr still goes to the old stdout.
         assert_eq!(out(&fake), "failed\n");
@@ -631,8 +662,14 @@ mod tests {
         run(&mut fake, "upper < in", None).await;
         assert_eq!(out(&fake), "DATA");
         let mut fake = Fake::default();
-        assert_eq!(run(&mut fake, "echo a > /missing/x && echo no", None).await, 1);
-        assert_eq!(fake.stderr, b"kilntainers: /missing/x: No such file or directory\n");
+        assert_eq!(
+            run(&mut fake, "echo a > /missing/x && echo no", None).await,
+            1
+        );
+        assert_eq!(
+            fake.stderr,
+            b"kilntainers: /missing/x: No such file or directory\n"
+        );
         assert!(fake.ran.is_empty());
         let mut fake = Fake::default();
         fake.files.insert("/log".into(), b"1\n".to_vec());
@@ -661,9 +698,15 @@ mod tests {
     async fn builtins() {
         let mut fake = Fake::default();
         fake.dirs.push("/a".into());
-        assert_eq!(run(&mut fake, "cd a && pwd && env-of PWD && cd /nope", None).await, 1);
+        assert_eq!(
+            run(&mut fake, "cd a && pwd && env-of PWD && cd /nope", None).await,
+            1
+        );
         assert_eq!(out(&fake), "/a\n/a\n");
-        assert_eq!(fake.stderr, b"kilntainers: cd: /nope: No such file or directory\n");
+        assert_eq!(
+            fake.stderr,
+            b"kilntainers: cd: /nope: No such file or directory\n"
+        );
         let mut fake = Fake::default();
         assert_eq!(run(&mut fake, "echo a; exit 7; echo b", None).await, 7);
         assert_eq!(out(&fake), "a\n");
@@ -686,13 +729,21 @@ mod tests {
             fake.files.insert(f.into(), Vec::new());
         }
         fake.dirs.push("/d".into());
-        run(&mut fake, "echo *.txt; echo '*.txt'; echo *.none; echo .*.txt", None).await;
+        run(
+            &mut fake,
+            "echo *.txt; echo '*.txt'; echo *.none; echo .*.txt",
+            None,
+        )
+        .await;
         assert_eq!(fake.ran[0], vec!["echo", "a.txt", "b.txt"]);
         assert_eq!(fake.ran[1], vec!["echo", "*.txt"]);
         assert_eq!(fake.ran[2], vec!["echo", "*.none"]);
         assert_eq!(fake.ran[3], vec!["echo", ".h.txt"]);
         run(&mut fake, "echo d/*.txt /?.md [ab].txt", None).await;
-        assert_eq!(fake.ran[4], vec!["echo", "d/x.txt", "/c.md", "a.txt", "b.txt"]);
+        assert_eq!(
+            fake.ran[4],
+            vec!["echo", "d/x.txt", "/c.md", "a.txt", "b.txt"]
+        );
         run(&mut fake, "echo \\*.txt", None).await;
         assert_eq!(fake.ran[5], vec!["echo", "*.txt"]);
     }
