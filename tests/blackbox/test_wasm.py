@@ -114,9 +114,9 @@ async def test_without_pip_the_error_says_how_to_provide_the_module(kbb):
     env["XDG_CACHE_HOME"] = str(kbb.dir / "empty-cache")
     env["KILNTAINERS_PYTHON"] = "/nonexistent/python3"
     async with kbb.server("--backend", "go_busybox", env=env) as srv:
-        res = await srv.run("echo hi")
+        res = await srv.call({"command": "echo hi"})
         assert res.is_error
-        text = res.content_texts()[0]
+        text = res.content_texts[0]
         assert text.startswith(
             "go_busybox needs busybox.wasm (sha256 292555fb80479228212cf6e1bbfc611940a85e597b91a0222ce22cda0bf4e888). "
             "Automatic download with pip failed: cannot run '/nonexistent/python3 -m pip'"
