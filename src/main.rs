@@ -69,6 +69,7 @@ async fn run(config: Config) -> i32 {
         }
         None => None,
     };
+    backend.prepare().await;
     let description = description::assemble(backend.tool_instructions(), &config.description);
     let registry = Registry::new(
         backend.clone(),

@@ -15,6 +15,8 @@ pub mod fly;
 pub mod labels;
 #[cfg(feature = "modal")]
 pub mod modal;
+#[cfg(feature = "wasm")]
+pub mod wasm;
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -61,6 +63,9 @@ pub struct ExecSpec {
     pub stdin: Option<Vec<u8>>,
     pub working_dir: Option<String>,
     pub exec_id: ExecId,
+    /// The raw `command` string in command mode (`argv` is then `<shell> -c <command>`), for
+    /// backends without a shell that interpret it themselves (go_busybox).
+    pub command: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,6 +93,8 @@ pub enum ExecEnd {
     Exited(i64),
     /// The sink asked to stop; the process may still be running.
     StoppedBySink,
+    /// A WASM guest used up its `--wasm-fuel` budget (the value is that budget).
+    OutOfFuel(u64),
 }
 
 /// One row of the inventory (`lifecycle.md` §5.5).
@@ -151,6 +158,10 @@ pub trait Backend: Send + Sync {
     /// The backend's `terminal_execute` description (`mcp-surface.md` §6), before the
     /// override/extended rules are applied.
     fn tool_instructions(&self) -> String;
+
+    /// One-time work before [`Backend::tool_instructions`] can describe the backend (go_busybox
+    /// reads its applet list from the module). Failures are reported by the backend itself.
+    async fn prepare(&self) {}
 
     /// Checks reachability once; callers cache success.
     async fn validate(&self) -> Result<(), BackendError>;
@@ -246,6 +257,10 @@ pub fn build(config: &Config) -> Result<Arc<dyn Backend>, BackendError> {
         crate::cli::BackendChoice::E2b => Ok(Arc::new(e2b::E2bBackend::new(config)?)),
         #[cfg(feature = "modal")]
         crate::cli::BackendChoice::Modal => Ok(Arc::new(modal::ModalBackend::new(config))),
+        #[cfg(feature = "wasm")]
+        crate::cli::BackendChoice::Wasm | crate::cli::BackendChoice::GoBusybox => {
+            Ok(Arc::new(wasm::WasmBackend::new(config)?))
+        }
         _ => Ok(Arc::new(docker::DockerBackend::new(config)?)),
     }
 }

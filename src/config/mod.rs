@@ -7,6 +7,7 @@ pub mod e2b;
 pub mod fly;
 pub mod modal;
 pub mod run_flags;
+pub mod wasm;
 
 use std::time::Duration;
 
@@ -17,6 +18,7 @@ pub use e2b::E2bConfig;
 pub use fly::FlyConfig;
 pub use modal::ModalConfig;
 use run_flags::{RunFlags, parse_run_flags, parse_size};
+pub use wasm::{WasmConfig, WasmModule};
 
 /// The image every default configuration uses, and the one the exact reference tool text
 /// describes (`mcp-surface.md` §6).
@@ -44,6 +46,7 @@ pub struct Config {
     pub fly: FlyConfig,
     pub e2b: E2bConfig,
     pub modal: ModalConfig,
+    pub wasm: WasmConfig,
 }
 
 #[derive(Debug, Clone)]
@@ -193,6 +196,7 @@ impl Config {
             fly: FlyConfig::from_cli(cli, |name| std::env::var(name).ok()),
             e2b: E2bConfig::from_cli(cli),
             modal: ModalConfig::from_cli(cli, |name| std::env::var(name).ok()),
+            wasm: WasmConfig::from_cli(cli, |name| std::env::var(name).ok()),
         })
     }
 }
@@ -206,6 +210,7 @@ fn check_backend_is_built(backend: BackendChoice) -> Result<(), ConfigError> {
         BackendChoice::Fly => fail(
             "Backend 'fly' requires additional dependencies. This build was compiled without the 'fly' feature; install with: cargo install mcp-sandbox-computer-vm-for-ai --features fly",
         ),
+        BackendChoice::Wasm | BackendChoice::GoBusybox if cfg!(feature = "wasm") => Ok(()),
         BackendChoice::Wasm | BackendChoice::GoBusybox => fail(format!(
             "Backend '{}' requires additional dependencies. This build was compiled without the 'wasm' feature; install with: cargo install mcp-sandbox-computer-vm-for-ai --features wasm",
             backend.name()

@@ -53,6 +53,11 @@ pub enum ExecOutcome {
         limit: u64,
         duration: Duration,
     },
+    /// A WASM guest used up `--wasm-fuel`.
+    OutOfFuel {
+        fuel: u64,
+        duration: Duration,
+    },
 }
 
 /// Why an exec ended without an outcome.
@@ -69,6 +74,10 @@ impl ExecOutcome {
     /// The fixed notices of `mcp-surface.md` §4.3, identical on every backend.
     pub fn timeout_notice(timeout_secs: u64) -> String {
         format!("[kilntainers: command timed out after {timeout_secs}s]")
+    }
+
+    pub fn out_of_fuel_notice(fuel: u64) -> String {
+        format!("[kilntainers: command ran out of fuel (--wasm-fuel {fuel})]")
     }
 
     pub fn output_limit_notice(limit: u64) -> String {
@@ -98,6 +107,10 @@ pub async fn run(
         stdin: request.stdin.as_ref().map(|s| s.as_bytes().to_vec()),
         working_dir: request.working_dir.clone(),
         exec_id,
+        command: match &request.program {
+            Program::Shell(command) => Some(command.clone()),
+            Program::Args(_) => None,
+        },
     };
     let mut sink = LimitedSink::new(output_limit);
     let started = Instant::now();
@@ -129,6 +142,7 @@ pub async fn run(
                 duration,
             })
         }
+        Ok(Ok(ExecEnd::OutOfFuel(fuel))) => Ok(ExecOutcome::OutOfFuel { fuel, duration }),
         // The backend saw the cancellation before our own select did: still a cancellation,
         // not an overflow.
         Ok(Ok(ExecEnd::StoppedBySink)) if !sink.overflowed() && cancel.is_cancelled() => {

@@ -194,6 +194,12 @@ pub async fn terminal_execute(
             1,
             duration,
         ),
+        ExecOutcome::OutOfFuel { fuel, duration } => (
+            String::new(),
+            ExecOutcome::out_of_fuel_notice(fuel),
+            124,
+            duration,
+        ),
     };
     let mut payload = Map::new();
     payload.insert(

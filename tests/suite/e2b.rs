@@ -190,6 +190,7 @@ async fn run(backend: &dyn Backend, sandbox: &SandboxRef, command: &str) -> (i64
         stdin: None,
         working_dir: None,
         exec_id: ExecId::random(),
+        command: None,
     };
     let mut sink = Collect::default();
     let end = backend
@@ -307,6 +308,7 @@ async fn contract_create_exec_list_remove_against_fake() {
         stdin: Some(vec![b'x'; 150_000]),
         working_dir: Some("/tmp".into()),
         exec_id: ExecId::random(),
+        command: None,
     };
     let mut sink = Collect::default();
     let end = backend

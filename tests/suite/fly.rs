@@ -228,6 +228,7 @@ async fn run(backend: &dyn Backend, sandbox: &SandboxRef, command: &str) -> (i64
         stdin: None,
         working_dir: None,
         exec_id: ExecId::random(),
+        command: None,
     };
     let mut sink = Collect::default();
     let end = backend
@@ -457,6 +458,7 @@ async fn contract_machine_create_exec_list_destroy_against_fake() {
         stdin: Some(b"line one\nline 'two'\n".to_vec()),
         working_dir: Some("/tmp".into()),
         exec_id: ExecId::random(),
+        command: None,
     };
     let mut sink = Collect::default();
     let end = backend
@@ -595,6 +597,7 @@ async fn contract_permanent_machine_survives_restart_and_stop_against_fake() {
                 stdin: None,
                 working_dir: None,
                 exec_id: ExecId::random(),
+                command: None,
             },
             &mut sink,
             &CancellationToken::new(),

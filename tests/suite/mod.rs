@@ -12,3 +12,5 @@ mod http;
 mod modal;
 mod stdio;
 mod tidy;
+#[cfg(feature = "wasm")]
+mod wasm;

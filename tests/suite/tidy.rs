@@ -85,6 +85,11 @@ const CONFINED: &[(&str, &[&str])] = &[
     ("prost::", &["src/backends/modal/"]),
     ("protox::", &["src/backends/modal/"]),
     ("toml::", &["src/backends/modal/"]),
+    ("wasmtime", &["src/backends/wasm/"]),
+    ("cap_std::", &["src/backends/wasm/"]),
+    ("zip::", &["src/backends/wasm/"]),
+    ("glob::", &["src/backends/wasm/"]),
+    ("sha2::", &["src/backends/wasm/"]),
     ("rmcp::", &["src/mcp/", "src/transport/"]),
     (
         "clap::",

@@ -321,7 +321,8 @@ impl E2bBackend {
             Ok(Ok(end)) => {
                 sink.exit_code = match end {
                     ExecEnd::Exited(code) => code,
-                    ExecEnd::StoppedBySink => 0,
+                    // Only WASM guests run on fuel; envd never ends a command this way.
+                    ExecEnd::StoppedBySink | ExecEnd::OutOfFuel(_) => 0,
                 };
                 Ok(sink)
             }

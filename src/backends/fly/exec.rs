@@ -119,7 +119,7 @@ pub(super) async fn run_simple(
     })??;
     let exit_code = match ended {
         ExecEnd::Exited(code) => code,
-        ExecEnd::StoppedBySink => 0,
+        ExecEnd::StoppedBySink | ExecEnd::OutOfFuel(_) => 0,
     };
     Ok(Collected {
         exit_code,
@@ -700,6 +700,7 @@ mod tests {
             stdin: None,
             working_dir: Some("/tmp/it's".into()),
             exec_id: exec_id.clone(),
+            command: None,
         };
         assert_eq!(
             wrapper_script(&spec),

@@ -1,0 +1,701 @@
+//! The WebAssembly backends (`backends.md` §6): `--backend wasm --wasm-path FILE` runs a custom
+//! WASI preview-1 command module, `--backend go_busybox` runs go-busybox's applets and
+//! interprets `command` strings itself ([`shell`]). Both keep each computer as a directory the
+//! module sees as its root; permanent ones live under the state dir and are found again by id.
+//!
+//! Files: [`runtime`] (wasmtime, limits, output capture), [`fs`] (root-confined paths),
+//! [`fetch`] (the pinned go-busybox module), [`shell`] (the command interpreter).
+
+pub mod fetch;
+pub mod fs;
+pub mod runtime;
+pub mod shell;
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    Backend, BackendError, ComputerInfo, CreateSpec, ExecEnd, ExecSpec, Found, OutputSink,
+    Progress, Restarted, SandboxRef, SinkControl, Stream,
+};
+use crate::config::{WasmConfig, WasmModule};
+use crate::ids::{ComputerId, ExecId, InstanceId};
+use fetch::FetchOptions;
+use fs::Root;
+use runtime::{Outputs, RunEnd, Runtime, RuntimeOptions, Stop};
+use shell::{Aborted, Host, Interpreter, Out};
+
+const TEMP_PREFIX: &str = "kilntainers-wasm-";
+
+/// `meta.json` in every computer directory (§6.2).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Meta {
+    computer_id: String,
+    temporary: bool,
+    backend: String,
+    image: String,
+    module_sha256: String,
+    created_at: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    instance: Option<String>,
+}
+
+pub struct WasmBackend {
+    kind: &'static str,
+    config: WasmConfig,
+    runtime: tokio::sync::OnceCell<Arc<Runtime>>,
+    applets: OnceLock<Vec<String>>,
+}
+
+fn provider(message: impl Into<String>) -> BackendError {
+    BackendError::Provider(message.into())
+}
+
+/// RFC 3339 UTC from the system clock (days-to-civil, Howard Hinnant's algorithm).
+fn now_rfc3339() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        (rem / 60) % 60,
+        rem % 60
+    )
+}
+
+fn random_suffix() -> String {
+    use rand::RngExt;
+    const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
+    let mut rng = rand::rng();
+    (0..8)
+        .map(|_| char::from(ALPHABET[rng.random_range(0..ALPHABET.len())]))
+        .collect()
+}
+
+impl WasmBackend {
+    pub fn new(config: &crate::config::Config) -> Result<Self, BackendError> {
+        let kind = match config.wasm.module {
+            WasmModule::Custom(_) => "wasm",
+            WasmModule::GoBusybox { .. } => "go_busybox",
+        };
+        Ok(Self {
+            kind,
+            config: config.wasm.clone(),
+            runtime: tokio::sync::OnceCell::new(),
+            applets: OnceLock::new(),
+        })
+    }
+
+    fn image(&self) -> String {
+        match &self.config.module {
+            WasmModule::Custom(path) => path.file_name().map_or_else(
+                || path.display().to_string(),
+                |n| n.to_string_lossy().into_owned(),
+            ),
+            WasmModule::GoBusybox { explicit } => {
+                explicit.as_ref().and_then(|p| p.file_name()).map_or_else(
+                    || "busybox.wasm".to_owned(),
+                    |n| n.to_string_lossy().into_owned(),
+                )
+            }
+        }
+    }
+
+    /// Resolves, compiles (or loads the cached compilation of) the module, once per process.
+    async fn runtime(&self) -> Result<Arc<Runtime>, BackendError> {
+        self.runtime
+            .get_or_try_init(|| async {
+                let path = match &self.config.module {
+                    WasmModule::Custom(path) => {
+                        if !path.is_file() {
+                            return Err(BackendError::Unavailable(format!(
+                                "WASM file not found: '{}'",
+                                path.display()
+                            )));
+                        }
+                        path.clone()
+                    }
+                    WasmModule::GoBusybox { explicit } => fetch::resolve(&FetchOptions {
+                        explicit: explicit.clone(),
+                        cache_dir: self.config.cache_dir.clone(),
+                        download: self.config.download,
+                        python: self.config.python.clone(),
+                    })
+                    .await
+                    .map_err(BackendError::Unavailable)?,
+                };
+                let options = RuntimeOptions {
+                    max_memory_mib: self.config.max_memory_mib,
+                    fuel: self.config.fuel,
+                    cache_dir: self.config.cache_dir.clone(),
+                };
+                let mut loaded =
+                    tokio::task::spawn_blocking(move || Runtime::load(&path, &options))
+                        .await
+                        .map_err(|e| BackendError::Unavailable(e.to_string()))?
+                        .map_err(|e| BackendError::Unavailable(e.to_string()))?;
+                if matches!(self.config.module, WasmModule::GoBusybox { .. }) {
+                    // A multicall binary picks its applet from argv[0] when it is not its own
+                    // name, and the cached file is `busybox-<sha prefix>.wasm`.
+                    loaded.stem = "busybox".to_owned();
+                }
+                Ok(Arc::new(loaded))
+            })
+            .await
+            .cloned()
+    }
+
+    fn permanent_dir(&self, id: &ComputerId) -> Option<PathBuf> {
+        self.config
+            .state_dir
+            .as_ref()
+            .map(|dir| dir.join("wasm").join(self.kind).join(id.as_str()))
+    }
+
+    /// The computer's directory (holding `meta.json` and `root/`).
+    fn dir_of(&self, sandbox: &SandboxRef) -> Result<PathBuf, BackendError> {
+        if sandbox.temporary {
+            Ok(self.config.temp_dir.join(&sandbox.sandbox_id))
+        } else {
+            self.permanent_dir(&sandbox.computer_id).ok_or_else(|| {
+                provider("Permanent WASM computers need a home directory (HOME is unset).")
+            })
+        }
+    }
+
+    fn read_meta(dir: &Path) -> Option<Meta> {
+        let text = std::fs::read_to_string(dir.join("meta.json")).ok()?;
+        serde_json::from_str(&text).ok()
+    }
+
+    fn sandbox_of(&self, dir: &Path, meta: &Meta) -> Option<SandboxRef> {
+        let computer_id = ComputerId::parse(&meta.computer_id).ok()?;
+        let sandbox_id = if meta.temporary {
+            dir.file_name()?.to_string_lossy().into_owned()
+        } else {
+            format!("{TEMP_PREFIX}{}", meta.computer_id)
+        };
+        Some(SandboxRef {
+            computer_id,
+            sandbox_id,
+            temporary: meta.temporary,
+            image: meta.image.clone(),
+        })
+    }
+
+    /// Every computer of this backend on disk: (dir, meta).
+    fn scan(&self) -> Vec<(PathBuf, Meta)> {
+        let mut found = Vec::new();
+        let mut look = |parent: &Path, temp: bool| {
+            let Ok(entries) = std::fs::read_dir(parent) else {
+                return;
+            };
+            for entry in entries.filter_map(Result::ok) {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                if temp && !name.starts_with(TEMP_PREFIX) {
+                    continue;
+                }
+                let dir = entry.path();
+                if let Some(meta) = Self::read_meta(&dir)
+                    && meta.backend == self.kind
+                    && meta.temporary == temp
+                {
+                    found.push((dir, meta));
+                }
+            }
+        };
+        look(&self.config.temp_dir, true);
+        if let Some(state) = &self.config.state_dir {
+            look(&state.join("wasm").join(self.kind), false);
+        }
+        found
+    }
+
+    fn instructions_busybox(&self) -> String {
+        let applets = match self.applets.get() {
+            Some(list) if !list.is_empty() => list.join(", "),
+            _ => "(the applet list could not be read: the module is not available yet)".to_owned(),
+        };
+        format!(
+            "Execute a command in a lightweight sandbox (WebAssembly, BusyBox style). This is a multicall binary that provides common Unix utilities directly.\n\nUse the 'args' parameter to run one utility: the first arg is the command name, followed by its arguments. Examples:\n  - args=['ls', '-la']\n  - args=['grep', '-r', 'pattern', '.']\n  - args=['cat', 'file.txt']\n\nThe 'command' parameter accepts simple shell syntax interpreted by the server: quoting and escapes, pipes (|), &&, ||, ;, redirections (<, >, >>, 2>, 2>&1), cd, VAR=value prefixes, $VAR expansion, and * ? [ ] globs. Command substitution, subshells, background jobs and here-documents are not supported and give a clear error.\n\nAvailable commands: {applets}.\n\nThis is not a full Linux environment: many commands may be missing or simplified. Do not assume package managers, daemons, networking, or full GNU behavior. Files persist between calls for the life of the computer."
+        )
+    }
+
+    /// Runs the module's `--list` and keeps the applet names for the tool description.
+    async fn read_applets(&self) -> Result<Vec<String>, BackendError> {
+        let runtime = self.runtime().await?;
+        let scratch = self
+            .config
+            .temp_dir
+            .join(format!("{TEMP_PREFIX}list-{}", random_suffix()));
+        std::fs::create_dir_all(&scratch).map_err(|e| provider(e.to_string()))?;
+        let outputs = Outputs::new(1 << 20);
+        let mut fuel = runtime.fuel();
+        let result = runtime
+            .run(
+                &["--list".to_owned()],
+                &[],
+                &scratch,
+                &scratch,
+                Vec::new(),
+                &outputs,
+                Out::Stdout,
+                Out::Stderr,
+                &mut fuel,
+            )
+            .await;
+        let _ = std::fs::remove_dir_all(&scratch);
+        let _ = result.map_err(|e| provider(e.to_string()))?;
+        let (stdout, _) = outputs.take_output();
+        let text = String::from_utf8_lossy(&stdout);
+        let body = text
+            .split_once("Currently defined functions:")
+            .map_or(text.as_ref(), |(_, rest)| rest);
+        // The module prints its applets in map order; sort them for a stable description.
+        let mut applets: Vec<String> = body
+            .split(|c: char| c == ',' || c.is_whitespace())
+            .filter(|w| !w.is_empty())
+            .map(str::to_owned)
+            .collect();
+        applets.sort();
+        applets.dedup();
+        Ok(applets)
+    }
+}
+
+/// The go_busybox interpreter's view of one command line's computer.
+struct WasmHost<'a> {
+    runtime: &'a Runtime,
+    root: &'a Root,
+    outputs: Outputs,
+    fuel: Option<u64>,
+    stop: Option<Stop>,
+}
+
+#[async_trait]
+impl Host for WasmHost<'_> {
+    async fn run(
+        &mut self,
+        argv: Vec<String>,
+        env: Vec<(String, String)>,
+        cwd: &str,
+        stdin: Vec<u8>,
+        stdout: Out,
+        stderr: Out,
+    ) -> Result<i32, Aborted> {
+        let cwd_host = match self.root.resolve_dir(cwd) {
+            Ok(path) => path,
+            Err(error) => {
+                self.write(
+                    &stderr,
+                    format!("kilntainers: {cwd}: {}\n", fs::describe(&error)).as_bytes(),
+                )?;
+                return Ok(1);
+            }
+        };
+        let result = self
+            .runtime
+            .run(
+                &argv,
+                &env,
+                self.root.host_path(),
+                &cwd_host,
+                stdin,
+                &self.outputs,
+                stdout,
+                stderr.clone(),
+                &mut self.fuel,
+            )
+            .await;
+        match result {
+            Ok(Ok(RunEnd::Exit(code))) => Ok(code),
+            Ok(Ok(RunEnd::Trap(message))) => {
+                self.write(
+                    &stderr,
+                    format!("[kilntainers: WASM trap: {message}]\n").as_bytes(),
+                )?;
+                Ok(1)
+            }
+            Ok(Err(stop)) => {
+                self.stop = Some(stop);
+                Err(Aborted)
+            }
+            Err(error) => {
+                self.write(&stderr, format!("kilntainers: {error}\n").as_bytes())?;
+                Ok(126)
+            }
+        }
+    }
+
+    fn take_pipe(&mut self) -> Vec<u8> {
+        self.outputs.take_pipe()
+    }
+
+    fn write(&mut self, out: &Out, bytes: &[u8]) -> Result<(), Aborted> {
+        if self.outputs.write(out, bytes) || !self.outputs.overflowed() {
+            Ok(())
+        } else {
+            self.stop = Some(Stop::OutputLimit);
+            Err(Aborted)
+        }
+    }
+
+    fn open_output(&mut self, path: &str, append: bool) -> Result<usize, String> {
+        self.root
+            .open_output(path, append)
+            .map(|file| self.outputs.add_file(file))
+            .map_err(|e| fs::describe(&e))
+    }
+
+    fn read_input(&mut self, path: &str) -> Result<Vec<u8>, String> {
+        self.root.read(path).map_err(|e| fs::describe(&e))
+    }
+
+    fn check_dir(&mut self, path: &str) -> Result<(), String> {
+        self.root
+            .resolve_dir(path)
+            .map(drop)
+            .map_err(|e| fs::describe(&e))
+    }
+
+    fn list_dir(&mut self, path: &str) -> Option<Vec<String>> {
+        self.root.list(path)
+    }
+}
+
+#[async_trait]
+impl Backend for WasmBackend {
+    fn kind(&self) -> &'static str {
+        self.kind
+    }
+
+    fn tool_instructions(&self) -> String {
+        match &self.config.module {
+            WasmModule::GoBusybox { .. } => self.instructions_busybox(),
+            WasmModule::Custom(_) => super::generic_description(
+                &format!(
+                    "a WebAssembly (WASI) module `{}`; args run the module with those arguments; there is no shell",
+                    self.image()
+                ),
+                self.config
+                    .shell
+                    .rsplit('/')
+                    .next()
+                    .unwrap_or(&self.config.shell),
+                self.config.default_timeout_secs,
+            ),
+        }
+    }
+
+    async fn prepare(&self) {
+        if matches!(self.config.module, WasmModule::GoBusybox { .. }) {
+            match self.read_applets().await {
+                Ok(list) => {
+                    let _ = self.applets.set(list);
+                }
+                Err(error) => eprintln!("kilntainers: warning: {error}"),
+            }
+        }
+    }
+
+    async fn validate(&self) -> Result<(), BackendError> {
+        self.runtime().await.map(drop)
+    }
+
+    async fn create(
+        &self,
+        spec: &CreateSpec,
+        _: &dyn Progress,
+    ) -> Result<SandboxRef, BackendError> {
+        let runtime = self.runtime().await?;
+        let (dir, sandbox_id) = if spec.temporary {
+            let id = format!("{TEMP_PREFIX}{}", random_suffix());
+            (self.config.temp_dir.join(&id), id)
+        } else {
+            let dir = self.permanent_dir(&spec.computer_id).ok_or_else(|| {
+                provider("Permanent WASM computers need a home directory (HOME is unset).")
+            })?;
+            (dir, format!("{TEMP_PREFIX}{}", spec.computer_id))
+        };
+        let image = spec.image.clone().unwrap_or_else(|| self.image());
+        let meta = Meta {
+            computer_id: spec.computer_id.as_str().to_owned(),
+            temporary: spec.temporary,
+            backend: self.kind.to_owned(),
+            image: image.clone(),
+            module_sha256: runtime.sha256.clone(),
+            created_at: now_rfc3339(),
+            instance: spec.temporary.then(|| spec.instance.as_str().to_owned()),
+        };
+        let write = || -> std::io::Result<()> {
+            std::fs::create_dir_all(dir.join("root"))?;
+            let text = serde_json::to_string_pretty(&meta).map_err(std::io::Error::other)?;
+            std::fs::write(dir.join("meta.json"), text)
+        };
+        if let Err(error) = write() {
+            let _ = std::fs::remove_dir_all(&dir);
+            return Err(provider(format!(
+                "Failed to create the directory of WASM computer '{}': {error}",
+                spec.computer_id
+            )));
+        }
+        Ok(SandboxRef {
+            computer_id: spec.computer_id.clone(),
+            sandbox_id,
+            temporary: spec.temporary,
+            image,
+        })
+    }
+
+    async fn lookup(&self, id: &ComputerId) -> Result<Option<Found>, BackendError> {
+        if let Some(dir) = self.permanent_dir(id)
+            && let Some(meta) = Self::read_meta(&dir)
+            && let Some(sandbox) = self.sandbox_of(&dir, &meta)
+        {
+            return Ok(Some(Found {
+                sandbox,
+                running: true,
+            }));
+        }
+        Ok(self
+            .scan()
+            .into_iter()
+            .find(|(_, meta)| meta.computer_id == id.as_str())
+            .and_then(|(dir, meta)| self.sandbox_of(&dir, &meta))
+            .map(|sandbox| Found {
+                sandbox,
+                running: true,
+            }))
+    }
+
+    async fn ensure_running(&self, sandbox: &SandboxRef) -> Result<SandboxRef, BackendError> {
+        if self.dir_of(sandbox)?.join("root").is_dir() {
+            Ok(sandbox.clone())
+        } else {
+            Err(BackendError::Vanished(sandbox.computer_id.clone()))
+        }
+    }
+
+    async fn list(&self) -> Result<Vec<ComputerInfo>, BackendError> {
+        Ok(self
+            .scan()
+            .into_iter()
+            .filter_map(|(dir, meta)| {
+                let sandbox = self.sandbox_of(&dir, &meta)?;
+                Some(ComputerInfo {
+                    sandbox,
+                    state: "running".into(),
+                    created_at: Some(meta.created_at),
+                })
+            })
+            .collect())
+    }
+
+    async fn restart(&self, sandbox: &SandboxRef) -> Result<Restarted, BackendError> {
+        // No process survives a call, so there is nothing to restart; the root is kept.
+        let sandbox = self.ensure_running(sandbox).await?;
+        Ok(Restarted {
+            sandbox,
+            state_preserved: true,
+        })
+    }
+
+    async fn remove(&self, sandbox: &SandboxRef) -> Result<(), BackendError> {
+        let dir = self.dir_of(sandbox)?;
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(provider(format!(
+                "Failed to delete the directory of WASM computer '{}': {e}",
+                sandbox.computer_id
+            ))),
+        }
+    }
+
+    async fn exec(
+        &self,
+        sandbox: &SandboxRef,
+        spec: &ExecSpec,
+        sink: &mut dyn OutputSink,
+        _cancel: &CancellationToken,
+    ) -> Result<ExecEnd, BackendError> {
+        let runtime = self.runtime().await?;
+        let root_path = self.dir_of(sandbox)?.join("root");
+        if !root_path.is_dir() {
+            return Err(BackendError::Vanished(sandbox.computer_id.clone()));
+        }
+        let root = Root::open(&root_path).map_err(|e| provider(e.to_string()))?;
+        let wd = spec.working_dir.clone().unwrap_or_else(|| "/".to_owned());
+        let cwd = shell::normalize("/", &wd);
+        let cwd_host = root.working_dir(&wd, &cwd).map_err(provider)?;
+        let base_env = vec![
+            ("HOME".to_owned(), "/".to_owned()),
+            ("PATH".to_owned(), "/bin:/usr/bin".to_owned()),
+            ("PWD".to_owned(), cwd.clone()),
+            (
+                ExecId::ENV_NAME.to_owned(),
+                spec.exec_id.as_str().to_owned(),
+            ),
+        ];
+        let outputs = Outputs::new(self.config.output_limit);
+        let stdin = spec.stdin.clone();
+        let mut fuel = runtime.fuel();
+
+        let stop = match (&self.config.module, &spec.command) {
+            (WasmModule::GoBusybox { .. }, Some(command)) => match shell::parse(command) {
+                Err(error) => {
+                    sink.push(Stream::Stderr, format!("{error}\n").as_bytes());
+                    return Ok(ExecEnd::Exited(2));
+                }
+                Ok(script) => {
+                    let mut host = WasmHost {
+                        runtime: &runtime,
+                        root: &root,
+                        outputs: outputs.clone(),
+                        fuel,
+                        stop: None,
+                    };
+                    let status = Interpreter::new(&mut host, base_env, cwd, stdin)
+                        .run(&script)
+                        .await;
+                    match status {
+                        Ok(code) => Ok(code),
+                        Err(Aborted) => Err(host.stop.unwrap_or(Stop::OutputLimit)),
+                    }
+                }
+            },
+            (module, command) => {
+                let argv: Vec<String> = match command {
+                    None => spec.argv.clone(),
+                    Some(_)
+                        if self.config.shell == "/bin/bash"
+                            || matches!(module, WasmModule::GoBusybox { .. }) =>
+                    {
+                        return Err(provider(
+                            "This WASM backend does not support command mode (no shell configured). Use args mode instead, which passes arguments directly to the WASM module. Example: args=['ls', '-la'] instead of command='ls -la'. To enable command mode, run with the shell available in the WASM module (e.g., kilntainers --shell bash ...).",
+                        ));
+                    }
+                    Some(_) => spec.argv.clone(),
+                };
+                let result = runtime
+                    .run(
+                        &argv,
+                        &base_env,
+                        &root_path,
+                        &cwd_host,
+                        stdin.unwrap_or_default(),
+                        &outputs,
+                        Out::Stdout,
+                        Out::Stderr,
+                        &mut fuel,
+                    )
+                    .await
+                    .map_err(|e| provider(e.to_string()))?;
+                match result {
+                    Ok(RunEnd::Exit(code)) => Ok(code),
+                    Ok(RunEnd::Trap(message)) => {
+                        outputs.write(
+                            &Out::Stderr,
+                            format!("[kilntainers: WASM trap: {message}]\n").as_bytes(),
+                        );
+                        if outputs.overflowed() {
+                            Err(Stop::OutputLimit)
+                        } else {
+                            Ok(1)
+                        }
+                    }
+                    Err(stop) => Err(stop),
+                }
+            }
+        };
+        match stop {
+            Ok(code) => {
+                let (stdout, stderr) = outputs.take_output();
+                for (stream, bytes) in [(Stream::Stdout, stdout), (Stream::Stderr, stderr)] {
+                    if !bytes.is_empty() && sink.push(stream, &bytes) == SinkControl::Stop {
+                        return Ok(ExecEnd::StoppedBySink);
+                    }
+                }
+                Ok(ExecEnd::Exited(i64::from(code)))
+            }
+            Err(Stop::OutputLimit) => {
+                // Tell the sink the limit was crossed; it decides the fixed result.
+                let over = vec![
+                    0u8;
+                    usize::try_from(self.config.output_limit.saturating_add(1))
+                        .unwrap_or(usize::MAX)
+                ];
+                let _ = sink.push(Stream::Stdout, &over);
+                Ok(ExecEnd::StoppedBySink)
+            }
+            Err(Stop::OutOfFuel) => Ok(ExecEnd::OutOfFuel(self.config.fuel.unwrap_or(0))),
+        }
+    }
+
+    async fn kill_exec(&self, _: &SandboxRef, _: &ExecId) -> Result<(), BackendError> {
+        // Nothing outlives an exec: dropping its future drops the guest, blocked host calls
+        // included.
+        Ok(())
+    }
+
+    async fn collect_orphans(
+        &self,
+        dead: &HashSet<InstanceId>,
+    ) -> Result<Vec<ComputerId>, BackendError> {
+        let mut removed = Vec::new();
+        for (dir, meta) in self.scan() {
+            let orphan = meta.temporary
+                && meta
+                    .instance
+                    .as_deref()
+                    .and_then(InstanceId::parse)
+                    .is_some_and(|i| dead.contains(&i));
+            if orphan
+                && std::fs::remove_dir_all(&dir).is_ok()
+                && let Ok(id) = ComputerId::parse(&meta.computer_id)
+            {
+                removed.push(id);
+            }
+        }
+        Ok(removed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc3339_shape() {
+        let now = now_rfc3339();
+        assert_eq!(now.len(), 20, "{now}");
+        assert!(now.starts_with("20") && now.ends_with('Z'));
+    }
+
+    #[test]
+    fn random_suffix_is_8_lowercase_alnum() {
+        let s = random_suffix();
+        assert_eq!(s.len(), 8);
+        assert!(
+            s.chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
+        );
+    }
+}

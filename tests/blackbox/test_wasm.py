@@ -1,0 +1,124 @@
+"""`--backend go_busybox` end to end over stdio with the official Python MCP client.
+
+The module is obtained exactly as users get it: the server fetches the pinned PyPI wheel with
+pip (here the test venv's interpreter, named by KILNTAINERS_PYTHON) into a cache directory that
+every test of the run shares (XDG_CACHE_HOME=`target/tmp/xdg-cache`, or KILNTAINERS_TEST_XDG_CACHE), so the
+wheel is downloaded once per run.  If it cannot be obtained the first test fails with the
+server's own message; nothing is skipped.
+
+Covered: command strings (pipes, `&&`/`||`, redirections, `2>&1`), timeout → 124, output flood,
+`working_directory` escapes, unsupported syntax, temporary computers' directories removed with
+the session, permanent computers found again after a restart, the lifecycle tools, and the tool
+description built from the module's applet list."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, limit_notice, timeout_notice
+
+pytestmark = pytest.mark.anyio
+
+# XDG_CACHE_HOME shared with the Rust suite (tests/suite/wasm.rs): one download per run.
+XDG_CACHE = Path(os.environ.get("KILNTAINERS_TEST_XDG_CACHE") or REPO / "target" / "tmp" / "xdg-cache")
+
+
+def wasm_env(kbb) -> dict:
+    tmp = kbb.dir / "tmp"
+    tmp.mkdir(exist_ok=True)
+    return {
+        "XDG_CACHE_HOME": str(XDG_CACHE),
+        "KILNTAINERS_PYTHON": sys.executable,
+        "TMPDIR": str(tmp),
+    }
+
+
+async def test_command_strings_and_limits(kbb):
+    env = wasm_env(kbb)
+    async with kbb.server("--backend", "go_busybox", "--output-limit", "10000", env=env) as srv:
+        res = await srv.run("echo hi | tr a-z A-Z")
+        assert res.structured["stdout"] == "HI\n", res.structured
+        assert res.structured["exit_code"] == 0
+        cid = res.structured["computer_id"]
+        kbb.track(cid, True)
+        # go-busybox has no `seq` applet (and its awk panics under TinyGo); printf makes them.
+        numbers = " ".join(str(n) for n in range(1, 101))
+        res = await srv.run(f"printf '%s\\n' {numbers} | sort -rn | head -3", computer_id=cid)
+        assert res.structured["stdout"] == "100\n99\n98\n"
+        res = await srv.run("mkdir -p a/b && echo x > a/b/f && cat a/b/f", computer_id=cid)
+        assert res.structured["stdout"] == "x\n"
+        res = await srv.run("cat nope 2>&1 >/dev/null; ls nope || echo fallback", computer_id=cid)
+        assert "nope" in res.structured["stdout"] and res.structured["stdout"].endswith("fallback\n")
+        res = await srv.run("false && echo no", computer_id=cid)
+        assert res.structured["exit_code"] == 1 and res.structured["stdout"] == ""
+        res = await srv.call({"args": ["sleep", "30"], "timeout": 1, "computer_id": cid})
+        assert res.structured["exit_code"] == 124
+        assert res.structured["stderr"] == timeout_notice(1)
+        res = await srv.call({"args": ["cat"], "stdin": "y\n" * 50000, "computer_id": cid})
+        assert res.structured["stderr"] == limit_notice(10000)
+        res = await srv.run("echo `id`", computer_id=cid)
+        assert res.structured["exit_code"] == 2
+        assert res.structured["stderr"] == "kilntainers: unsupported shell syntax: `...` (command substitution)\n"
+        res = await srv.call({"args": ["pwd"], "working_directory": "/../../escape", "computer_id": cid})
+        assert res.structured["exit_code"] == 0
+        res = await srv.run("ls /", computer_id=cid)
+        assert sorted(res.structured["stdout"].split()) == ["a", "escape"]
+        assert not (kbb.dir / "escape").exists()
+        roots = list((kbb.dir / "tmp").glob("kilntainers-wasm-*/root"))
+        assert len(roots) == 1 and (roots[0] / "a" / "b" / "f").read_text() == "x\n"
+    # The temporary computer's directory went with the session.
+    assert list((kbb.dir / "tmp").glob("kilntainers-wasm-*")) == []
+
+
+async def test_permanent_computer_survives_restart(kbb):
+    env = wasm_env(kbb)
+    home = kbb.home()
+    cid = kbb.new_id("wasm-keep")
+    async with kbb.server("--backend", "go_busybox", home=home, env=env) as srv:
+        res = await srv.run("echo kept > note", computer_id=cid, temporary=False)
+        assert res.structured["exit_code"] == 0, res.structured
+    assert (home / ".mcp-sandbox-computer-vm-for-ai" / "wasm" / "go_busybox" / cid / "root" / "note").is_file()
+    async with kbb.server("--backend", "go_busybox", "--lifecycle-tools", home=home, env=env) as srv:
+        res = await srv.run("cat note", computer_id=cid, temporary=False)
+        assert res.structured["stdout"] == "kept\n"
+        listed = await srv.call({}, name="computer_list")
+        ids = [c["computer_id"] for c in listed.structured["computers"]]
+        assert cid in ids
+        restarted = await srv.call({"computer_id": cid}, name="computer_restart")
+        assert restarted.structured["state_preserved"] is True
+        reset = await srv.call({"computer_id": cid}, name="computer_factory_reset")
+        assert reset.structured["ok"] is True
+        res = await srv.run("ls", computer_id=cid, temporary=False)
+        assert res.structured["stdout"] == ""
+        deleted = await srv.call({"computer_id": cid}, name="computer_delete")
+        assert deleted.structured["deleted"] is True
+    assert not (home / ".mcp-sandbox-computer-vm-for-ai" / "wasm" / "go_busybox" / cid).exists()
+
+
+async def test_description_lists_the_module_applets(kbb):
+    async with kbb.server("--backend", "go_busybox", env=wasm_env(kbb)) as srv:
+        tools = await srv.list_tools()
+        desc = next(t for t in tools if t["name"] == "terminal_execute")["description"]
+        assert desc.startswith("Execute a command in a lightweight sandbox (WebAssembly, BusyBox style).")
+        line = next(l for l in desc.splitlines() if l.startswith("Available commands: "))
+        for applet in ("cat", "ls", "sort", "tr"):
+            assert f" {applet}," in line or f" {applet}." in line, line
+
+
+async def test_without_pip_the_error_says_how_to_provide_the_module(kbb):
+    env = wasm_env(kbb)
+    env["XDG_CACHE_HOME"] = str(kbb.dir / "empty-cache")
+    env["KILNTAINERS_PYTHON"] = "/nonexistent/python3"
+    async with kbb.server("--backend", "go_busybox", env=env) as srv:
+        res = await srv.call({"command": "echo hi"})
+        assert res.is_error
+        text = res.content_texts[0]
+        assert text.startswith(
+            "go_busybox needs busybox.wasm (sha256 292555fb80479228212cf6e1bbfc611940a85e597b91a0222ce22cda0bf4e888). "
+            "Automatic download with pip failed: cannot run '/nonexistent/python3 -m pip'"
+        ), text
+        assert text.endswith("and pass it with --go-busybox-wasm.")

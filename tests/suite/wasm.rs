@@ -1,0 +1,677 @@
+//! The WASM backends against the real wasmtime runtime: go-busybox (fetched through the
+//! server's own pip path into a cache shared by the whole test run) for the command
+//! interpreter, escapes, limits and lifecycle; small WAT modules for fuel, memory, exit codes,
+//! stdin and traps. A module that cannot be obtained fails the tests with the server's error.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use mcp_sandbox_computer_vm_for_ai::backends::wasm::WasmBackend;
+use mcp_sandbox_computer_vm_for_ai::backends::wasm::fetch::{self, FetchOptions};
+use mcp_sandbox_computer_vm_for_ai::backends::wasm::runtime::{Runtime, RuntimeOptions};
+use mcp_sandbox_computer_vm_for_ai::backends::{Backend, CreateSpec, NoProgress, SandboxRef};
+use mcp_sandbox_computer_vm_for_ai::cli::Cli;
+use mcp_sandbox_computer_vm_for_ai::config::Config;
+use mcp_sandbox_computer_vm_for_ai::exec::{self, ExecOutcome, ExecRequest, Program};
+use mcp_sandbox_computer_vm_for_ai::ids::{ComputerId, ExecId, InstanceId};
+use tokio_util::sync::CancellationToken;
+
+/// One cache for every test of the run (and the black-box suite): one download, one compile.
+fn shared_cache() -> PathBuf {
+    std::env::var_os("KILNTAINERS_TEST_XDG_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("xdg-cache"))
+        .join("mcp-sandbox-computer-vm-for-ai")
+}
+
+/// The pip-capable interpreter: KILNTAINERS_PYTHON, else the test venv's, else python3.
+fn test_python() -> String {
+    if let Ok(python) = std::env::var("KILNTAINERS_PYTHON") {
+        return python;
+    }
+    if let Ok(venv) = std::env::var("KILNTAINERS_TEST_VENV") {
+        return format!("{venv}/bin/python");
+    }
+    "python3".into()
+}
+
+static MODULE: Mutex<Option<PathBuf>> = Mutex::new(None);
+
+/// The go-busybox module through the server's own resolution (cache, else pip), compiled once
+/// into the shared cache so parallel tests only load it.
+fn busybox_module() -> PathBuf {
+    let mut guard = MODULE.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(path) = guard.as_ref() {
+        return path.clone();
+    }
+    let options = FetchOptions {
+        explicit: None,
+        cache_dir: Some(shared_cache()),
+        download: true,
+        python: test_python(),
+    };
+    let path = std::thread::spawn(move || {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        rt.block_on(fetch::resolve(&options))
+    })
+    .join()
+    .unwrap()
+    .unwrap_or_else(|error| panic!("{error}"));
+    for fuel in [None, Some(1)] {
+        Runtime::load(
+            &path,
+            &RuntimeOptions {
+                max_memory_mib: 256,
+                fuel,
+                cache_dir: Some(shared_cache()),
+            },
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+    }
+    *guard = Some(path.clone());
+    path
+}
+
+/// A private HOME and temp dir per test; removed on drop.
+struct Place {
+    base: PathBuf,
+}
+
+impl Place {
+    fn new() -> Self {
+        let base =
+            std::env::temp_dir().join(format!("kilntainers-wasm-test-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(base.join("tmp")).unwrap();
+        std::fs::create_dir_all(base.join("home")).unwrap();
+        Self { base }
+    }
+
+    fn config(&self, args: &[&str]) -> Config {
+        let cli = Cli::try_parse_from(std::iter::once("x").chain(args.iter().copied())).unwrap();
+        let mut config = Config::from_cli(&cli, None).unwrap();
+        config.wasm.cache_dir = Some(shared_cache());
+        config.wasm.state_dir = Some(self.base.join("home/state"));
+        config.wasm.temp_dir = self.base.join("tmp");
+        config.wasm.python = test_python();
+        config
+    }
+
+    fn busybox(&self, extra: &[&str]) -> Arc<dyn Backend> {
+        let module = busybox_module();
+        let module = module.to_str().unwrap().to_owned();
+        let mut args = vec![
+            "--backend",
+            "go_busybox",
+            "--go-busybox-wasm",
+            module.as_str(),
+        ];
+        args.extend_from_slice(extra);
+        Arc::new(WasmBackend::new(&self.config(&args)).unwrap())
+    }
+
+    fn custom(&self, wat: &str, extra: &[&str]) -> Arc<dyn Backend> {
+        let bytes = wat::parse_str(wat).unwrap();
+        let path = self
+            .base
+            .join(format!("m{}.wasm", uuid::Uuid::new_v4().simple()));
+        std::fs::write(&path, bytes).unwrap();
+        let path = path.to_str().unwrap().to_owned();
+        let mut args = vec!["--backend", "wasm", "--wasm-path", path.as_str()];
+        args.extend_from_slice(extra);
+        Arc::new(WasmBackend::new(&self.config(&args)).unwrap())
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.base);
+    }
+}
+
+async fn create(backend: &dyn Backend, id: &str, temporary: bool) -> SandboxRef {
+    backend
+        .create(
+            &CreateSpec {
+                computer_id: ComputerId::parse(id).unwrap(),
+                temporary,
+                image: None,
+                instance: InstanceId::random(),
+            },
+            &NoProgress,
+        )
+        .await
+        .unwrap()
+}
+
+#[derive(Debug)]
+struct Res {
+    stdout: String,
+    stderr: String,
+    code: i64,
+}
+
+async fn run(
+    backend: &dyn Backend,
+    sandbox: &SandboxRef,
+    program: Program,
+    stdin: Option<&str>,
+    wd: Option<&str>,
+    timeout: u64,
+) -> Result<Res, String> {
+    let request = ExecRequest {
+        program,
+        stdin: stdin.map(str::to_owned),
+        working_dir: wd.map(str::to_owned),
+        timeout_secs: timeout,
+    };
+    let outcome = exec::run(
+        backend,
+        sandbox,
+        "/bin/bash",
+        &request,
+        ExecId::random(),
+        10_000,
+        &CancellationToken::new(),
+    )
+    .await
+    .map_err(|e| e.to_string())?;
+    Ok(match outcome {
+        ExecOutcome::Completed {
+            stdout,
+            stderr,
+            exit_code,
+            ..
+        } => Res {
+            stdout: String::from_utf8_lossy(&stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&stderr).into_owned(),
+            code: exit_code,
+        },
+        ExecOutcome::TimedOut { timeout_secs, .. } => Res {
+            stdout: String::new(),
+            stderr: ExecOutcome::timeout_notice(timeout_secs),
+            code: 124,
+        },
+        ExecOutcome::OutputLimitExceeded { limit, .. } => Res {
+            stdout: String::new(),
+            stderr: ExecOutcome::output_limit_notice(limit),
+            code: 1,
+        },
+        ExecOutcome::OutOfFuel { fuel, .. } => Res {
+            stdout: String::new(),
+            stderr: ExecOutcome::out_of_fuel_notice(fuel),
+            code: 124,
+        },
+    })
+}
+
+async fn sh(backend: &dyn Backend, sandbox: &SandboxRef, command: &str) -> Res {
+    run(
+        backend,
+        sandbox,
+        Program::Shell(command.into()),
+        None,
+        None,
+        30,
+    )
+    .await
+    .unwrap()
+}
+
+fn args(list: &[&str]) -> Program {
+    Program::Args(list.iter().map(|s| (*s).to_owned()).collect())
+}
+
+#[tokio::test]
+async fn busybox_command_strings() {
+    let place = Place::new();
+    let b = place.busybox(&[]);
+    let s = create(b.as_ref(), "cmds", true).await;
+    let r = sh(b.as_ref(), &s, "echo hi | tr a-z A-Z").await;
+    assert_eq!((r.stdout.as_str(), r.code), ("HI\n", 0), "{}", r.stderr);
+    // go-busybox has no `seq` applet (and its awk panics under TinyGo); printf makes the
+    // numbers.
+    let numbers: Vec<String> = (1..=100).map(|n| n.to_string()).collect();
+    let r = sh(
+        b.as_ref(),
+        &s,
+        &format!("printf '%s\\n' {} | sort -rn | head -3", numbers.join(" ")),
+    )
+    .await;
+    assert_eq!(r.stdout, "100\n99\n98\n", "{}", r.stderr);
+    let r = sh(
+        b.as_ref(),
+        &s,
+        "mkdir -p a/b && echo x > a/b/f && cat a/b/f",
+    )
+    .await;
+    assert_eq!((r.stdout.as_str(), r.code), ("x\n", 0), "{}", r.stderr);
+    let r = sh(
+        b.as_ref(),
+        &s,
+        "echo one > f; echo two >> f; cat < f; cat missing 2>&1; echo err >&2",
+    )
+    .await;
+    assert!(r.stdout.starts_with("one\ntwo\n"), "{}", r.stdout);
+    assert!(r.stdout.contains("missing"), "{}", r.stdout);
+    assert_eq!(r.stderr, "err\n");
+    let r = sh(b.as_ref(), &s, "cat missing 2>/dev/null; echo $?").await;
+    assert_ne!(r.stdout.trim(), "0");
+    assert_eq!(r.stderr, "");
+    let r = sh(
+        b.as_ref(),
+        &s,
+        "false && echo no || echo yes; true && echo and",
+    )
+    .await;
+    assert_eq!(r.stdout, "yes\nand\n");
+    let r = sh(b.as_ref(), &s, "false || false").await;
+    assert_eq!(r.code, 1);
+    let r = sh(b.as_ref(), &s, "ls nope && echo never").await;
+    assert_ne!(r.code, 0);
+    assert!(!r.stdout.contains("never"));
+    let r = sh(
+        b.as_ref(),
+        &s,
+        "X='a b'; echo \"$X\" ${X} 'lit $X' a$; Y=/a cd $Y; pwd",
+    )
+    .await;
+    assert_eq!(r.stdout, "a b a b lit $X a$\n/\n", "{}", r.stderr);
+    let r = sh(b.as_ref(), &s, "D=a; cd $D && ls").await;
+    assert_eq!(r.stdout, "b\n", "{}", r.stderr);
+    let r = sh(b.as_ref(), &s, "echo > g1.txt; echo > g2.txt; echo > .hidden.txt; echo *.txt && echo '*.txt' && echo nomatch*").await;
+    assert_eq!(r.stdout, "g1.txt g2.txt\n*.txt\nnomatch*\n");
+    let r = sh(b.as_ref(), &s, "cd a/b && pwd && cat f && cd /nope").await;
+    assert_eq!(r.stdout, "/a/b\nx\n");
+    assert_eq!(r.code, 1);
+    let r = sh(b.as_ref(), &s, "echo $(id)").await;
+    assert_eq!(
+        (r.stderr.as_str(), r.code),
+        (
+            "kilntainers: unsupported shell syntax: $(...) (command substitution)\n",
+            2
+        )
+    );
+    let r = sh(b.as_ref(), &s, "echo 'open").await;
+    assert_eq!(
+        (r.stderr.as_str(), r.code),
+        ("kilntainers: syntax error: unterminated single quote\n", 2)
+    );
+    let r = sh(b.as_ref(), &s, "exit 5").await;
+    assert_eq!(r.code, 5);
+    let r = run(
+        b.as_ref(),
+        &s,
+        Program::Shell("cat | wc -c".into()),
+        Some("12345"),
+        None,
+        30,
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.stdout.trim(), "5");
+    let r = run(b.as_ref(), &s, args(&["ls", "a"]), None, None, 30)
+        .await
+        .unwrap();
+    assert_eq!(r.stdout, "b\n");
+    b.remove(&s).await.unwrap();
+}
+
+#[tokio::test]
+async fn busybox_escapes_stay_inside_the_root() {
+    let place = Place::new();
+    let b = place.busybox(&[]);
+    let s = create(b.as_ref(), "escape", true).await;
+    let root = place.base.join("tmp").join(&s.sandbox_id).join("root");
+    // `..` in working_directory is clamped at the root.
+    let r = run(b.as_ref(), &s, args(&["pwd"]), None, Some("/../../x"), 30)
+        .await
+        .unwrap();
+    assert_eq!(r.code, 0, "{}", r.stderr);
+    assert!(root.join("x").is_dir());
+    assert!(!place.base.join("tmp").join("x").exists());
+    // Absolute paths see the computer only.
+    let r = sh(b.as_ref(), &s, "ls /").await;
+    assert_eq!(r.stdout.split_whitespace().collect::<Vec<_>>(), vec!["x"]);
+    let r = sh(
+        b.as_ref(),
+        &s,
+        "cat /etc/passwd; cat ../../../../etc/passwd",
+    )
+    .await;
+    assert!(!r.stdout.contains("root:"), "{}", r.stdout);
+    // A symlink planted on the host side (or made by the guest) cannot lead out.
+    std::os::unix::fs::symlink("/etc", root.join("etc-link")).unwrap();
+    std::os::unix::fs::symlink("../..", root.join("up")).unwrap();
+    let r = sh(
+        b.as_ref(),
+        &s,
+        "cat etc-link/passwd; cat up/home/x 2>&1; echo hi > up/escaped.txt",
+    )
+    .await;
+    assert!(!r.stdout.contains("root:"), "{}", r.stdout);
+    assert!(!place.base.join("escaped.txt").exists());
+    assert!(!place.base.join("tmp/escaped.txt").exists());
+    for wd in ["/etc-link", "/up", "/up/home"] {
+        let e = run(b.as_ref(), &s, args(&["pwd"]), None, Some(wd), 30)
+            .await
+            .unwrap_err();
+        assert_eq!(
+            e,
+            format!("working_directory '{wd}' resolves outside the computer.")
+        );
+    }
+    let r = sh(b.as_ref(), &s, "cd /up").await;
+    assert_eq!(r.code, 1);
+    let r = sh(b.as_ref(), &s, "echo *").await;
+    assert!(!r.stdout.contains("passwd"));
+    b.remove(&s).await.unwrap();
+    assert!(!root.exists());
+}
+
+#[tokio::test]
+async fn busybox_limits() {
+    let place = Place::new();
+    // The same limit as `run` gives the exec policy, so pipeline buffers share it.
+    let b = place.busybox(&["--output-limit", "10000"]);
+    let s = create(b.as_ref(), "limits", true).await;
+    // An endless loop ends at the timeout (yes | ... never finishes its first stage).
+    let started = Instant::now();
+    let r = run(b.as_ref(), &s, args(&["sleep", "30"]), None, None, 1)
+        .await
+        .unwrap();
+    assert_eq!(
+        (r.code, r.stderr.as_str()),
+        (124, "[kilntainers: command timed out after 1s]")
+    );
+    assert!(
+        started.elapsed() < Duration::from_millis(1500),
+        "{:?}",
+        started.elapsed()
+    );
+    let started = Instant::now();
+    let flood = "y\n".repeat(50_000);
+    let r = run(b.as_ref(), &s, args(&["cat"]), Some(&flood), None, 5)
+        .await
+        .unwrap();
+    assert_eq!(r.code, 1, "{}", r.stderr); // flood: 10 000 byte limit
+    assert!(
+        r.stderr
+            .starts_with("[kilntainers: output limit exceeded (10000 bytes)")
+    );
+    assert!(started.elapsed() < Duration::from_secs(2));
+    let r = run(
+        b.as_ref(),
+        &s,
+        Program::Shell("cat | head -2".into()),
+        Some("y\ny\ny\ny\n"),
+        None,
+        5,
+    )
+    .await
+    .unwrap();
+    assert_eq!(r.stdout, "y\ny\n");
+    let r = run(
+        b.as_ref(),
+        &s,
+        Program::Shell("cat | cat | wc -l".into()),
+        Some(&flood),
+        None,
+        5,
+    )
+    .await
+    .unwrap();
+    assert!(
+        r.stderr.starts_with("[kilntainers: output limit exceeded"),
+        "intermediate buffers are bounded: {}",
+        r.stderr
+    );
+    b.remove(&s).await.unwrap();
+    // Fuel works for ordinary commands and stops runaway ones.
+    let b = place.busybox(&["--wasm-fuel", "50000000000"]);
+    let s = create(b.as_ref(), "fuel", true).await;
+    assert_eq!(sh(b.as_ref(), &s, "echo fuelled").await.stdout, "fuelled\n");
+    b.remove(&s).await.unwrap();
+    let b = place.busybox(&["--wasm-fuel", "1000"]);
+    let s = create(b.as_ref(), "nofuel", true).await;
+    let r = sh(b.as_ref(), &s, "ls -R / >/dev/null").await;
+    assert_eq!(
+        (r.code, r.stderr.as_str()),
+        (
+            124,
+            "[kilntainers: command ran out of fuel (--wasm-fuel 1000)]"
+        )
+    );
+    b.remove(&s).await.unwrap();
+}
+
+#[tokio::test]
+async fn busybox_permanent_computers_survive_and_lifecycle_works() {
+    let place = Place::new();
+    let b = place.busybox(&[]);
+    let s = create(b.as_ref(), "keeper", false).await;
+    assert_eq!(s.sandbox_id, "kilntainers-wasm-keeper");
+    sh(b.as_ref(), &s, "echo kept > k").await;
+    drop(b);
+    // A new server finds it by id.
+    let b = place.busybox(&[]);
+    let id = ComputerId::parse("keeper").unwrap();
+    let found = b.lookup(&id).await.unwrap().unwrap();
+    assert!(!found.sandbox.temporary);
+    assert_eq!(
+        sh(b.as_ref(), &found.sandbox, "cat k").await.stdout,
+        "kept\n"
+    );
+    let listed = b.list().await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].sandbox.computer_id, id);
+    let restarted = b.restart(&found.sandbox).await.unwrap();
+    assert!(restarted.state_preserved);
+    assert_eq!(
+        sh(b.as_ref(), &found.sandbox, "cat k").await.stdout,
+        "kept\n"
+    );
+    let meta: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(
+            place
+                .base
+                .join("home/state/wasm/go_busybox/keeper/meta.json"),
+        )
+        .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(meta["backend"], "go_busybox");
+    assert_eq!(meta["module_sha256"], fetch::PINNED_SHA256);
+    // Factory reset = remove + create: the root is empty again.
+    b.remove(&found.sandbox).await.unwrap();
+    let fresh = create(b.as_ref(), "keeper", false).await;
+    assert_ne!(sh(b.as_ref(), &fresh, "cat k").await.code, 0);
+    b.remove(&fresh).await.unwrap();
+    assert!(b.lookup(&id).await.unwrap().is_none());
+    assert!(b.list().await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn busybox_description_lists_real_applets() {
+    let place = Place::new();
+    let b = place.busybox(&[]);
+    b.prepare().await;
+    let text = b.tool_instructions();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("Available commands: "))
+        .unwrap();
+    for applet in ["cat", "ls", "sort", "head", "tr", "printf"] {
+        assert!(
+            line.contains(&format!(" {applet},")) || line.contains(&format!(" {applet}.")),
+            "{line}"
+        );
+    }
+    assert!(!line.contains("Currently"));
+    assert!(
+        line.starts_with("Available commands: ash, awk, cat,"),
+        "sorted: {line}"
+    );
+}
+
+const EXIT_7: &str = r#"(module
+  (import "wasi_snapshot_preview1" "proc_exit" (func $exit (param i32)))
+  (memory (export "memory") 1)
+  (func (export "_start") (call $exit (i32.const 7))))"#;
+
+const SPIN: &str =
+    r#"(module (memory (export "memory") 1) (func (export "_start") (loop $l (br $l))))"#;
+
+const GROW: &str = r#"(module
+  (import "wasi_snapshot_preview1" "proc_exit" (func $exit (param i32)))
+  (memory (export "memory") 1)
+  (func (export "_start")
+    (if (i32.eq (memory.grow (i32.const 100)) (i32.const -1)) (then (call $exit (i32.const 3))))))"#;
+
+const ECHO: &str = r#"(module
+  (import "wasi_snapshot_preview1" "fd_read" (func $read (param i32 i32 i32 i32) (result i32)))
+  (import "wasi_snapshot_preview1" "fd_write" (func $write (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 1)
+  (func (export "_start") (local $n i32)
+    (loop $again
+      (i32.store (i32.const 0) (i32.const 64))
+      (i32.store (i32.const 4) (i32.const 1024))
+      (drop (call $read (i32.const 0) (i32.const 0) (i32.const 1) (i32.const 8)))
+      (local.set $n (i32.load (i32.const 8)))
+      (if (i32.gt_u (local.get $n) (i32.const 0))
+        (then
+          (i32.store (i32.const 16) (i32.const 64))
+          (i32.store (i32.const 20) (local.get $n))
+          (drop (call $write (i32.const 1) (i32.const 16) (i32.const 1) (i32.const 24)))
+          (br $again))))))"#;
+
+const FLOOD: &str = r#"(module
+  (import "wasi_snapshot_preview1" "fd_write" (func $write (param i32 i32 i32 i32) (result i32)))
+  (memory (export "memory") 1)
+  (func (export "_start")
+    (i32.store (i32.const 0) (i32.const 64))
+    (i32.store (i32.const 4) (i32.const 4096))
+    (loop $l (drop (call $write (i32.const 1) (i32.const 0) (i32.const 1) (i32.const 8))) (br $l))))"#;
+
+const TRAP: &str = r#"(module (memory (export "memory") 1) (func (export "_start") unreachable))"#;
+const NO_START: &str = r#"(module (memory (export "memory") 1) (func (export "main")))"#;
+
+#[tokio::test]
+async fn custom_modules() {
+    let place = Place::new();
+    let b = place.custom(EXIT_7, &[]);
+    let s = create(b.as_ref(), "exit", true).await;
+    assert_eq!(
+        run(b.as_ref(), &s, args(&["x"]), None, None, 10)
+            .await
+            .unwrap()
+            .code,
+        7
+    );
+    // Without a shell configured, command mode is refused with the reference text.
+    let e = run(b.as_ref(), &s, Program::Shell("ls".into()), None, None, 10)
+        .await
+        .unwrap_err();
+    assert!(
+        e.starts_with("This WASM backend does not support command mode (no shell configured)."),
+        "{e}"
+    );
+
+    let b = place.custom(ECHO, &[]);
+    let s = create(b.as_ref(), "echo", true).await;
+    let r = run(b.as_ref(), &s, args(&["x"]), Some("hello stdin"), None, 10)
+        .await
+        .unwrap();
+    assert_eq!((r.stdout.as_str(), r.code), ("hello stdin", 0));
+
+    let b = place.custom(SPIN, &["--wasm-fuel", "100000"]);
+    let s = create(b.as_ref(), "spin", true).await;
+    let started = Instant::now();
+    let r = run(b.as_ref(), &s, args(&["x"]), None, None, 30)
+        .await
+        .unwrap();
+    assert_eq!(
+        (r.code, r.stderr.as_str()),
+        (
+            124,
+            "[kilntainers: command ran out of fuel (--wasm-fuel 100000)]"
+        )
+    );
+    assert!(started.elapsed() < Duration::from_secs(5));
+
+    let b = place.custom(SPIN, &[]);
+    let s = create(b.as_ref(), "spin2", true).await;
+    let started = Instant::now();
+    let r = run(b.as_ref(), &s, args(&["x"]), None, None, 1)
+        .await
+        .unwrap();
+    assert_eq!(
+        (r.code, r.stderr.as_str()),
+        (124, "[kilntainers: command timed out after 1s]")
+    );
+    assert!(started.elapsed() < Duration::from_millis(1500));
+
+    let b = place.custom(GROW, &["--wasm-max-memory", "2"]);
+    let s = create(b.as_ref(), "grow", true).await;
+    assert_eq!(
+        run(b.as_ref(), &s, args(&["x"]), None, None, 10)
+            .await
+            .unwrap()
+            .code,
+        3
+    );
+    let b = place.custom(GROW, &[]);
+    let s = create(b.as_ref(), "grow2", true).await;
+    assert_eq!(
+        run(b.as_ref(), &s, args(&["x"]), None, None, 10)
+            .await
+            .unwrap()
+            .code,
+        0
+    );
+
+    let b = place.custom(FLOOD, &[]);
+    let s = create(b.as_ref(), "flood", true).await;
+    let r = run(b.as_ref(), &s, args(&["x"]), None, None, 10)
+        .await
+        .unwrap();
+    assert!(
+        r.stderr
+            .starts_with("[kilntainers: output limit exceeded (10000 bytes)"),
+        "{}",
+        r.stderr
+    );
+
+    let b = place.custom(TRAP, &[]);
+    let s = create(b.as_ref(), "trap", true).await;
+    let r = run(b.as_ref(), &s, args(&["x"]), None, None, 10)
+        .await
+        .unwrap();
+    assert_eq!(r.code, 1);
+    assert!(
+        r.stderr.starts_with("[kilntainers: WASM trap: "),
+        "{}",
+        r.stderr
+    );
+    assert!(r.stderr.ends_with("]\n"));
+
+    let b = place.custom(NO_START, &[]);
+    let e = b.validate().await.unwrap_err().to_string();
+    assert_eq!(
+        e,
+        "WASM module does not export a '_start' function. Only WASI command modules are supported."
+    );
+    let missing = WasmBackend::new(&place.config(&[
+        "--backend",
+        "wasm",
+        "--wasm-path",
+        "/nonexistent/m.wasm",
+    ]))
+    .unwrap();
+    assert_eq!(
+        missing.validate().await.unwrap_err().to_string(),
+        "WASM file not found: '/nonexistent/m.wasm'"
+    );
+    let _ = Path::new("/");
+}
