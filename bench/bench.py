@@ -1771,7 +1771,13 @@ def main() -> int:
     ]
     results_dir = Path(opts.results_dir)
     results_dir.mkdir(parents=True, exist_ok=True)
-    name = now.strftime("%Y-%m-%d") + ("-quick" if opts.quick else "") + ".json"
+    stem = now.strftime("%Y-%m-%d") + ("-quick" if opts.quick else "")
+    name = stem + ".json"
+    # A second run on the same day keeps the first one's figures.
+    n = 2
+    while (results_dir / name).exists():
+        name = f"{stem}-{n}.json"
+        n += 1
     res["results_file"] = name
     tmp = results_dir / (name + ".tmp")
     tmp.write_text(json.dumps(res, indent=1, default=lambda o: None) + "\n")
