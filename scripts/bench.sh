@@ -116,7 +116,7 @@ main() {
     fi
 
     step_begin apt
-    apt_ensure python3-venv || die "could not install python3-venv"
+    apt_ensure python3-venv libc6-dev || die "could not install python3-venv and libc6-dev (the exec helper links statically)"
     local tools=()
     command -v strace >/dev/null 2>&1 || tools+=(strace)
     command -v perf >/dev/null 2>&1 || tools+=(linux-perf)

@@ -72,7 +72,8 @@ step_packages() {
     # runc is listed explicitly and first: podman Depends on "crun | runc", and on a fresh
     # machine apt would pick crun (which fails on this cgroup v1 hybrid host) unless runc
     # is requested in the same transaction.
-    local pkgs=(runc docker.io busybox-static debootstrap python3-venv curl)
+    # libc6-dev: the static C library the exec helper links against (build.rs).
+    local pkgs=(runc docker.io busybox-static debootstrap python3-venv curl libc6-dev)
     [[ "${SKIP_PODMAN:-0}" == 1 ]] || pkgs+=(podman)
     [[ "${SKIP_RUNSC:-0}" == 1 ]] || pkgs+=(runsc)
     local missing=() p
@@ -86,7 +87,7 @@ step_packages() {
     if ! apt_ensure "${pkgs[@]}"; then
         # Retry the required ones alone so an optional package cannot block the rest.
         warn "apt-get install of all packages failed; retrying without podman/runsc"
-        apt_ensure runc docker.io busybox-static debootstrap python3-venv curl ||
+        apt_ensure runc docker.io busybox-static debootstrap python3-venv curl libc6-dev ||
             die "could not install the required packages"
     fi
     if pkg_installed crun; then

@@ -36,6 +36,13 @@ pub enum TransportChoice {
     Http,
 }
 
+/// `--exec-helper`: whether Docker/Podman commands go through the in-computer helper.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ExecHelperChoice {
+    On,
+    Off,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum FlyCpuKind {
     Shared,
@@ -213,6 +220,16 @@ pub struct Cli {
         help_heading = "docker backend options"
     )]
     pub runtime: Option<String>,
+    /// Not in the Python reference: our resident exec helper (docs/exec-helper.md).
+    #[arg(
+        long,
+        env = "KILNTAINERS_EXEC_HELPER",
+        value_enum,
+        default_value_t = ExecHelperChoice::On,
+        help = "Run commands through a small helper started once per computer (on) or through one Docker exec per command (off) (default: on)",
+        help_heading = "docker backend options"
+    )]
+    pub exec_helper: ExecHelperChoice,
 
     // ---- e2b backend options ----
     #[arg(

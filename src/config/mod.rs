@@ -104,6 +104,8 @@ pub struct DockerConfig {
     pub pids_limit: Option<i64>,
     pub security_opts: Vec<String>,
     pub runtime: Option<String>,
+    /// `--exec-helper on`: commands go through the resident helper where it can run.
+    pub exec_helper: bool,
 }
 
 impl Config {
@@ -278,6 +280,7 @@ fn docker_config(cli: &Cli) -> Result<DockerConfig, ConfigError> {
         pids_limit: (cli.pids_limit > 0).then_some(cli.pids_limit),
         security_opts,
         runtime: cli.runtime.clone(),
+        exec_helper: cli.exec_helper == crate::cli::ExecHelperChoice::On,
     })
 }
 

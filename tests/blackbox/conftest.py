@@ -417,7 +417,8 @@ class KBB:
     # -- servers ------------------------------------------------------------------------------
     def env(self, home: Path, extra: dict | None = None) -> dict:
         env = {"HOME": str(home), "PATH": os.environ.get("PATH", "/usr/bin:/bin")}
-        for key in ("DOCKER_HOST", "DOCKER_TLS_VERIFY", "DOCKER_CERT_PATH", "RUST_LOG", "RUST_BACKTRACE"):
+        # KILNTAINERS_EXEC_HELPER: scripts/test.sh runs the core files again with it "off".
+        for key in ("DOCKER_HOST", "DOCKER_TLS_VERIFY", "DOCKER_CERT_PATH", "RUST_LOG", "RUST_BACKTRACE", "KILNTAINERS_EXEC_HELPER"):
             if key in os.environ:
                 env[key] = os.environ[key]
         # Keep the process environment of the server predictable.

@@ -1,10 +1,11 @@
 //! Integration suites: `tidy` keeps the code map honest; `stdio` drives the real binary with
 //! the Rust MCP client against a real Docker engine; `engines` does the same on Podman and on
-//! gVisor.
+//! gVisor; `exec_helper` drives the resident exec helper through the `Backend` trait.
 
 #[cfg(feature = "e2b")]
 mod e2b;
 mod engines;
+mod exec_helper;
 #[cfg(feature = "fly")]
 mod fly;
 mod http;

@@ -19,6 +19,7 @@ fn sources() -> Vec<(String, String)> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut files = Vec::new();
     rust_files(&root.join("src"), &mut files);
+    rust_files(&root.join("helper/src"), &mut files);
     files.sort();
     files
         .into_iter()
@@ -77,6 +78,11 @@ fn every_top_level_module_is_in_the_architecture_map() {
 /// (crate path prefix, directories or files allowed to use it)
 const CONFINED: &[(&str, &[&str])] = &[
     ("bollard::", &["src/backends/docker/"]),
+    (
+        "kilntainers_helper::",
+        &["src/backends/docker/helper/", "helper/src/"],
+    ),
+    ("tar::", &["src/backends/docker/helper/"]),
     ("axum::", &["src/transport/"]),
     ("subtle::", &["src/transport/"]),
     ("reqwest::", &["src/backends/fly/", "src/backends/e2b/"]),

@@ -82,10 +82,12 @@ pub(super) async fn create(
         temporary: spec.temporary,
         image,
     };
+    backend.helpers.install(docker, &sandbox).await;
     match start(backend, &sandbox).await {
         Ok(()) => Ok(sandbox),
         Err(error) => {
             // Never leave a half-made computer behind, permanent ones included.
+            backend.helpers.forget(&sandbox.sandbox_id);
             let _ = backend.remove_container(&created.id).await;
             Err(error)
         }

@@ -1,6 +1,9 @@
-//! Command execution through the exec API: create the exec with the exec tag, attach, feed
-//! stdin and half-close it, demultiplex stdout/stderr into the sink, then read the exit code.
-//! Docker has no kill-exec call; killing is the sweep in [`crate::backends::kill_sweep_script`].
+//! Command execution: through the computer's resident helper ([`super::helper`]) when it has
+//! one, else through the exec API — create the exec with the exec tag, attach, feed stdin and
+//! half-close it, demultiplex stdout/stderr into the sink, then read the exit code. Both paths
+//! end in the same check for a container that died under the command. Docker has no
+//! kill-exec call; killing is the helper's `Kill` or the sweep in
+//! [`crate::backends::kill_sweep_script`].
 
 use std::time::Duration;
 
@@ -11,6 +14,7 @@ use futures_util::StreamExt;
 use tokio::io::AsyncWriteExt;
 use tokio_util::sync::CancellationToken;
 
+use super::helper::Lost;
 use super::{DockerBackend, describe, status_of};
 use crate::backends::{
     BackendError, ExecEnd, ExecSpec, OutputSink, SandboxRef, SinkControl, Stream,
@@ -48,6 +52,59 @@ pub(super) async fn exec(
     cancel: &CancellationToken,
 ) -> Result<ExecEnd, BackendError> {
     let docker = backend.client().await?;
+    let exit_code = match backend
+        .helpers
+        .run(docker, sandbox, spec, sink, cancel)
+        .await
+    {
+        Some(Ok(ExecEnd::Exited(code))) => Some(code),
+        Some(Ok(other)) => return Ok(other),
+        Some(Err(Lost(reason))) => {
+            let message = format!(
+                "The exec helper in container {} stopped during the command ({reason}); the command was interrupted. Running it again starts a new helper.",
+                sandbox.sandbox_id
+            );
+            return Err(died_or(backend, sandbox, message).await);
+        }
+        None => match engine_exec(backend, docker, sandbox, spec, sink, cancel).await? {
+            EngineEnd::Ended(exit_code) => exit_code,
+            EngineEnd::Stopped => return Ok(ExecEnd::StoppedBySink),
+        },
+    };
+    match exit_code {
+        Some(code) if code == 0 => Ok(ExecEnd::Exited(code)),
+        other => {
+            // A non-zero or missing code may mean the container itself died.
+            if container_died(backend, sandbox, other).await {
+                return Err(BackendError::DiedDuringExec(sandbox.sandbox_id.clone()));
+            }
+            other.map(ExecEnd::Exited).ok_or_else(|| {
+                BackendError::Provider(format!(
+                    "Docker did not report an exit code for exec in container {}",
+                    sandbox.sandbox_id
+                ))
+            })
+        }
+    }
+}
+
+/// How a plain Docker exec ended.
+enum EngineEnd {
+    /// The sink or the caller stopped it early.
+    Stopped,
+    /// The output ended; the engine's exit code, if it reported one.
+    Ended(Option<i64>),
+}
+
+/// One command as one Docker exec: the fallback when the helper cannot run.
+async fn engine_exec(
+    backend: &DockerBackend,
+    docker: &Docker,
+    sandbox: &SandboxRef,
+    spec: &ExecSpec,
+    sink: &mut dyn OutputSink,
+    cancel: &CancellationToken,
+) -> Result<EngineEnd, BackendError> {
     let options = CreateExecOptions {
         cmd: Some(spec.argv.clone()),
         attach_stdin: Some(spec.stdin.is_some()),
@@ -106,12 +163,12 @@ pub(super) async fn exec(
             item = output.next() => match item {
                 Some(Ok(LogOutput::StdOut { message })) => {
                     if sink.push(Stream::Stdout, &message) == SinkControl::Stop {
-                        return Ok(ExecEnd::StoppedBySink);
+                        return Ok(EngineEnd::Stopped);
                     }
                 }
                 Some(Ok(LogOutput::StdErr { message })) => {
                     if sink.push(Stream::Stderr, &message) == SinkControl::Stop {
-                        return Ok(ExecEnd::StoppedBySink);
+                        return Ok(EngineEnd::Stopped);
                     }
                 }
                 Some(Ok(_)) => {}
@@ -120,25 +177,10 @@ pub(super) async fn exec(
                 }
                 None => break,
             },
-            () = cancel.cancelled() => return Ok(ExecEnd::StoppedBySink),
+            () = cancel.cancelled() => return Ok(EngineEnd::Stopped),
         }
     }
-    let exit_code = exit_code_of(docker, &created.id).await;
-    match exit_code {
-        Some(code) if code == 0 => Ok(ExecEnd::Exited(code)),
-        other => {
-            // A non-zero or missing code may mean the container itself died.
-            if container_died(backend, sandbox, other).await {
-                return Err(BackendError::DiedDuringExec(sandbox.sandbox_id.clone()));
-            }
-            other.map(ExecEnd::Exited).ok_or_else(|| {
-                BackendError::Provider(format!(
-                    "Docker did not report an exit code for exec in container {}",
-                    sandbox.sandbox_id
-                ))
-            })
-        }
-    }
+    Ok(EngineEnd::Ended(exit_code_of(docker, &created.id).await))
 }
 
 /// Whether the container died under the exec. A signal death (code ≥ 128) or a missing code

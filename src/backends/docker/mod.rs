@@ -7,6 +7,7 @@
 
 mod create;
 mod exec;
+mod helper;
 mod run_flags_api;
 
 use std::collections::{HashMap, HashSet};
@@ -54,6 +55,8 @@ pub struct DockerBackend {
     pulls: create::PullGate,
     /// Bounds container create+start+readiness running at once; see [`create::PARALLEL_STARTS`].
     starts: tokio::sync::Semaphore,
+    /// The resident exec helpers, one connection per container.
+    helpers: helper::Helpers,
 }
 
 impl DockerBackend {
@@ -66,6 +69,7 @@ impl DockerBackend {
             client: OnceCell::new(),
             pulls: create::PullGate::default(),
             starts: tokio::sync::Semaphore::new(create::PARALLEL_STARTS),
+            helpers: helper::Helpers::new(config.docker.exec_helper),
         })
     }
 
@@ -206,6 +210,8 @@ impl DockerBackend {
             .await?
             .ok_or_else(|| BackendError::Vanished(sandbox.computer_id.clone()))?;
         if !is_running(&inspect) {
+            // Whatever helper connection there was died with the container.
+            self.helpers.forget(&sandbox.sandbox_id);
             if let Err(e) = docker
                 .start_container(&name, None::<StartContainerOptions>)
                 .await
@@ -247,13 +253,17 @@ impl DockerBackend {
             "-c".to_owned(),
             format!("echo {}", super::READY_MARKER),
         ];
-        let outcome = exec::run_simple(
-            self.client().await?,
-            &sandbox.sandbox_id,
-            argv,
-            READINESS_TIMEOUT,
-        )
-        .await;
+        let docker = self.client().await?;
+        // Through the helper when it can run: this also connects it, so the first command
+        // after a create or a start pays for no exec of its own.
+        let outcome = match self
+            .helpers
+            .run_collected(docker, sandbox, argv.clone(), READINESS_TIMEOUT)
+            .await
+        {
+            Some(outcome) => outcome,
+            None => exec::run_simple(docker, &sandbox.sandbox_id, argv, READINESS_TIMEOUT).await,
+        };
         match outcome {
             Ok((0, stdout)) if String::from_utf8_lossy(&stdout).contains(super::READY_MARKER) => {
                 Ok(())
@@ -403,6 +413,8 @@ impl Backend for DockerBackend {
     async fn restart(&self, sandbox: &SandboxRef) -> Result<Restarted, BackendError> {
         let docker = self.client().await?;
         let name = Self::container_name(&sandbox.computer_id);
+        // The restart kills the helper; the next command connects a new one.
+        self.helpers.forget(&sandbox.sandbox_id);
         let options = RestartContainerOptionsBuilder::default()
             .t(RESTART_GRACE_SECS)
             .build();
@@ -434,6 +446,7 @@ impl Backend for DockerBackend {
     }
 
     async fn remove(&self, sandbox: &SandboxRef) -> Result<(), BackendError> {
+        self.helpers.forget(&sandbox.sandbox_id);
         self.remove_container(&Self::container_name(&sandbox.computer_id))
             .await
     }
@@ -449,6 +462,14 @@ impl Backend for DockerBackend {
     }
 
     async fn kill_exec(&self, sandbox: &SandboxRef, exec_id: &ExecId) -> Result<(), BackendError> {
+        if self
+            .helpers
+            .kill(sandbox, exec_id.env_entry())
+            .await
+            .is_some()
+        {
+            return Ok(());
+        }
         let argv = vec![
             self.shell.clone(),
             "-c".to_owned(),

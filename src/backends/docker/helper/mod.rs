@@ -1,0 +1,298 @@
+//! The resident exec helper (`docs/exec-helper.md`): instead of one Docker exec per command,
+//! each computer gets one long-lived exec of a small static helper, and commands travel over
+//! its stdin/stdout. A warm command then costs a pipe round trip instead of the engine's exec
+//! create/start/inspect calls.
+//!
+//! This module decides, per container, whether that path is usable and keeps its connection:
+//! the binary is uploaded with the Engine API's archive call (before start for new computers,
+//! on demand for existing ones, remote engines included), and any computer where it cannot run
+//! (read-only root filesystem, another architecture, noexec, a helper that keeps dying) falls
+//! back to plain Docker exec for the rest of this server's life, with the reason logged once.
+//!
+//! Nothing here decides policy: timeouts, limits and kill-on-early-end stay in `crate::exec`;
+//! the helper only carries them out (its `Kill` is the kill sweep).
+
+mod binary;
+mod connection;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bollard::Docker;
+use bollard::query_parameters::UploadToContainerOptionsBuilder;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use crate::backends::{ExecEnd, ExecSpec, OutputSink, SandboxRef, SinkControl, Stream};
+use crate::ids::ExecId;
+pub(super) use connection::Lost;
+use connection::{ConnectError, Connection};
+
+/// After this many lost connections in a row (no command finished in between), a computer
+/// stops trying the helper: a helper that keeps dying must not cost every call a reconnect.
+const MAX_LOSSES: u32 = 3;
+/// Bound for the helper's own kill; past it the Docker exec sweep runs instead.
+const KILL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Per-container helper state.
+enum State {
+    /// No live connection. `uploaded` = this server already put the binary there.
+    Idle { losses: u32, uploaded: bool },
+    /// `losses` = connections lost in a row before this one.
+    Ready {
+        connection: Arc<Connection>,
+        losses: u32,
+    },
+    /// Plain Docker exec from now on; the reason was logged when this was decided.
+    Fallback,
+}
+
+pub(super) struct Helpers {
+    /// `Err(reason)` = never use the helper (turned off, or not in this build).
+    enabled: Result<(), String>,
+    containers: Mutex<HashMap<String, Arc<tokio::sync::Mutex<State>>>>,
+}
+
+impl Helpers {
+    pub(super) fn new(turned_on: bool) -> Self {
+        let enabled = if turned_on {
+            binary::available()
+        } else {
+            Err("turned off with --exec-helper off".to_owned())
+        };
+        match &enabled {
+            Ok(()) => {}
+            Err(reason) if turned_on => {
+                warn!("exec helper unavailable, every command uses Docker exec: {reason}")
+            }
+            Err(reason) => info!("exec helper {reason}"),
+        }
+        Self {
+            enabled,
+            containers: Mutex::new(HashMap::new()),
+        }
+    }
+
+    fn slot(&self, container: &str) -> Arc<tokio::sync::Mutex<State>> {
+        let mut containers = self
+            .containers
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        containers
+            .entry(container.to_owned())
+            .or_insert_with(|| {
+                Arc::new(tokio::sync::Mutex::new(State::Idle {
+                    losses: 0,
+                    uploaded: false,
+                }))
+            })
+            .clone()
+    }
+
+    /// Puts the helper into a container that was created but not started yet, so its first
+    /// command needs no extra round trip. A failure only means this computer uses Docker exec.
+    pub(super) async fn install(&self, docker: &Docker, sandbox: &SandboxRef) {
+        if self.enabled.is_err() {
+            return;
+        }
+        let slot = self.slot(&sandbox.sandbox_id);
+        let mut state = slot.lock().await;
+        *state = match upload(docker, &sandbox.sandbox_id).await {
+            Ok(()) => State::Idle {
+                losses: 0,
+                uploaded: true,
+            },
+            Err(reason) => fall_back(sandbox, &reason),
+        };
+    }
+
+    /// The live connection for this container, connecting (and uploading) when needed;
+    /// `None` = use Docker exec.
+    async fn connection(&self, docker: &Docker, sandbox: &SandboxRef) -> Option<Arc<Connection>> {
+        self.enabled.as_ref().ok()?;
+        let slot = self.slot(&sandbox.sandbox_id);
+        let mut state = slot.lock().await;
+        let (losses, mut uploaded) = match &*state {
+            State::Ready { connection, .. } if !connection.is_lost() => {
+                return Some(connection.clone());
+            }
+            // Whoever notices a lost connection first counts it, here, once.
+            State::Ready { losses, .. } => (losses + 1, true),
+            State::Idle { losses, uploaded } => (*losses, *uploaded),
+            State::Fallback => return None,
+        };
+        if losses >= MAX_LOSSES {
+            *state = fall_back(
+                sandbox,
+                &format!("the helper stopped unexpectedly {losses} times in a row"),
+            );
+            return None;
+        }
+        loop {
+            match Connection::open(docker, &sandbox.sandbox_id, &binary::PATH).await {
+                Ok(connection) => {
+                    *state = State::Ready {
+                        connection: connection.clone(),
+                        losses,
+                    };
+                    return Some(connection);
+                }
+                // The plain path reports a vanished or stopped computer in its usual words.
+                Err(ConnectError::Engine(error)) => {
+                    debug!(container = %sandbox.sandbox_id, %error, "the engine refused the helper's exec");
+                    *state = State::Idle { losses, uploaded };
+                    return None;
+                }
+                Err(ConnectError::Unusable { missing: true, .. }) if !uploaded => {
+                    uploaded = true;
+                    if let Err(reason) = upload(docker, &sandbox.sandbox_id).await {
+                        *state = fall_back(sandbox, &reason);
+                        return None;
+                    }
+                }
+                Err(ConnectError::Unusable { reason, .. }) => {
+                    *state = fall_back(sandbox, &reason);
+                    return None;
+                }
+            }
+        }
+    }
+
+    /// Runs `spec` through the helper when this container has one; `None` = use Docker exec.
+    pub(super) async fn run(
+        &self,
+        docker: &Docker,
+        sandbox: &SandboxRef,
+        spec: &ExecSpec,
+        sink: &mut dyn OutputSink,
+        cancel: &CancellationToken,
+    ) -> Option<Result<ExecEnd, Lost>> {
+        if !fits_in_a_frame(spec) {
+            // Far beyond what the kernel accepts as arguments anyway: Docker exec reports it.
+            return None;
+        }
+        let connection = self.connection(docker, sandbox).await?;
+        let outcome = connection.run(spec, sink, cancel).await;
+        if matches!(outcome, Ok(ExecEnd::Exited(_))) {
+            self.finished(&sandbox.sandbox_id, &connection).await;
+        }
+        Some(outcome)
+    }
+
+    /// Runs a short internal command (readiness) through the helper and returns its exit code
+    /// and stdout; `None` = no usable helper here, or it broke: use Docker exec.
+    pub(super) async fn run_collected(
+        &self,
+        docker: &Docker,
+        sandbox: &SandboxRef,
+        argv: Vec<String>,
+        limit: Duration,
+    ) -> Option<Result<(i64, Vec<u8>), String>> {
+        let spec = ExecSpec {
+            argv,
+            stdin: None,
+            working_dir: None,
+            exec_id: ExecId::random(),
+            command: None,
+        };
+        let mut stdout = StdoutOnly(Vec::new());
+        let cancel = CancellationToken::new();
+        let run = self.run(docker, sandbox, &spec, &mut stdout, &cancel);
+        match tokio::time::timeout(limit, run).await {
+            Ok(Some(Ok(ExecEnd::Exited(code)))) => Some(Ok((code, stdout.0))),
+            Ok(Some(Ok(_))) | Ok(Some(Err(_))) | Ok(None) => None,
+            Err(_) => Some(Err(format!("timed out after {}s", limit.as_secs()))),
+        }
+    }
+
+    /// A command completed normally: the losses in a row start again from zero.
+    async fn finished(&self, container: &str, connection: &Arc<Connection>) {
+        let slot = self.slot(container);
+        let mut state = slot.lock().await;
+        if let State::Ready {
+            connection: current,
+            losses,
+        } = &mut *state
+            && Arc::ptr_eq(current, connection)
+        {
+            *losses = 0;
+        }
+    }
+
+    /// Kills tagged processes through a live helper; `None` = no live helper here (or it did
+    /// not answer), so the caller runs the Docker exec sweep.
+    pub(super) async fn kill(&self, sandbox: &SandboxRef, tag: String) -> Option<()> {
+        let slot = {
+            let containers = self
+                .containers
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            containers.get(&sandbox.sandbox_id)?.clone()
+        };
+        let connection = match &*slot.lock().await {
+            State::Ready { connection, .. } if !connection.is_lost() => connection.clone(),
+            _ => return None,
+        };
+        match tokio::time::timeout(KILL_TIMEOUT, connection.kill(tag)).await {
+            Ok(Ok(())) => Some(()),
+            _ => None,
+        }
+    }
+
+    /// Drops what is known about a container (removed, restarted or reset): its helper dies
+    /// with it, and a restarted container gets a new connection on its next command.
+    pub(super) fn forget(&self, container: &str) {
+        self.containers
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .remove(container);
+    }
+}
+
+/// Whether the command's `Start` frame stays under the protocol's limit (a bigger one would be
+/// a protocol error that ends the connection for every command on it).
+fn fits_in_a_frame(spec: &ExecSpec) -> bool {
+    let strings: usize = spec
+        .argv
+        .iter()
+        .chain(spec.working_dir.iter())
+        .map(|s| s.len() + 4)
+        .sum();
+    strings + 1024 < kilntainers_helper::wire::MAX_PAYLOAD
+}
+
+/// Collects stdout, drops stderr (internal commands report through their exit code).
+struct StdoutOnly(Vec<u8>);
+
+impl OutputSink for StdoutOnly {
+    fn push(&mut self, stream: Stream, bytes: &[u8]) -> SinkControl {
+        if stream == Stream::Stdout {
+            self.0.extend_from_slice(bytes);
+        }
+        SinkControl::Continue
+    }
+}
+
+fn fall_back(sandbox: &SandboxRef, reason: &str) -> State {
+    warn!(
+        computer_id = %sandbox.computer_id,
+        container = %sandbox.sandbox_id,
+        "exec helper cannot run here, this computer uses Docker exec: {reason}"
+    );
+    State::Fallback
+}
+
+/// Extracts the helper archive at `/` through the Engine API (works on remote engines, and on
+/// created-but-not-started containers).
+async fn upload(docker: &Docker, container: &str) -> Result<(), String> {
+    let archive = binary::archive().map_err(|e| format!("cannot build the helper archive: {e}"))?;
+    let options = UploadToContainerOptionsBuilder::default()
+        .path("/")
+        .no_overwrite_dir_non_dir("true")
+        .build();
+    docker
+        .upload_to_container(container, Some(options), bollard::body_full(archive.into()))
+        .await
+        .map_err(|e| format!("uploading the helper failed: {}", super::describe(&e)))
+}
