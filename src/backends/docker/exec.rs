@@ -60,11 +60,15 @@ pub(super) async fn exec(
         Some(Ok(ExecEnd::Exited(code))) => Some(code),
         Some(Ok(other)) => return Ok(other),
         Some(Err(Lost(reason))) => {
-            let message = format!(
+            // `docker kill` ends the helper's stream a moment before the engine reports the
+            // container dead, so a lost connection gets the same grace as a signal death.
+            if container_died(backend, sandbox, None).await {
+                return Err(BackendError::DiedDuringExec(sandbox.sandbox_id.clone()));
+            }
+            return Err(BackendError::Provider(format!(
                 "The exec helper in container {} stopped during the command ({reason}); the command was interrupted. Running it again starts a new helper.",
                 sandbox.sandbox_id
-            );
-            return Err(died_or(backend, sandbox, message).await);
+            )));
         }
         None => match engine_exec(backend, docker, sandbox, spec, sink, cancel).await? {
             EngineEnd::Ended(exit_code) => exit_code,

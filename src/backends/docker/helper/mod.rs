@@ -9,8 +9,8 @@
 //! (read-only root filesystem, another architecture, noexec, a helper that keeps dying) falls
 //! back to plain Docker exec for the rest of this server's life, with the reason logged once.
 //!
-//! Nothing here decides policy: timeouts, limits and kill-on-early-end stay in the exec policy layer (`src/exec/`);
-//! the helper only carries them out (its `Kill` is the kill sweep).
+//! Nothing here decides policy: timeouts, limits and kill-on-early-end stay in the exec policy
+//! layer (`src/exec/`); the helper only carries them out (its `Kill` is the kill sweep).
 
 mod binary;
 mod connection;
