@@ -29,8 +29,9 @@ export KILNTAINERS_BIN="$PWD/target/debug/mcp-sandbox-computer-vm-for-ai"
 
 step "black-box core tests again, with the exec helper off (one Docker exec per command)"
 KILNTAINERS_EXEC_HELPER=off "$KILNTAINERS_TEST_VENV/bin/python" -m pytest -q -p no:cacheprovider \
-    tests/blackbox/test_exec.py tests/blackbox/test_limits.py \
-    tests/blackbox/test_lifecycle_docker.py tests/blackbox/test_crash_gc.py
+    tests/blackbox/test_cli.py tests/blackbox/test_surface.py tests/blackbox/test_exec.py \
+    tests/blackbox/test_limits.py tests/blackbox/test_lifecycle_docker.py \
+    tests/blackbox/test_crash_gc.py
 
 step "MCP conformance suite (server scenarios over Streamable HTTP)"
 bash scripts/conformance-test.sh
