@@ -82,7 +82,6 @@ pub(super) async fn create(
         temporary: spec.temporary,
         image,
     };
-    backend.helpers.install(docker, &sandbox).await;
     match start(backend, &sandbox).await {
         Ok(()) => Ok(sandbox),
         Err(error) => {
@@ -96,16 +95,19 @@ pub(super) async fn create(
 
 async fn start(backend: &DockerBackend, sandbox: &SandboxRef) -> Result<(), BackendError> {
     let docker = backend.client().await?;
-    docker
-        .start_container(&sandbox.sandbox_id, None::<StartContainerOptions>)
-        .await
-        .map_err(|e| {
-            BackendError::Provider(format!(
-                "Docker start of container {} failed: {}",
-                sandbox.sandbox_id,
-                describe(&e)
-            ))
-        })?;
+    // The exec helper's upload (~1.5 MB) overlaps the start: readiness needs both, and neither
+    // needs the other.
+    let (started, ()) = tokio::join!(
+        docker.start_container(&sandbox.sandbox_id, None::<StartContainerOptions>),
+        backend.helpers.install(docker, sandbox),
+    );
+    started.map_err(|e| {
+        BackendError::Provider(format!(
+            "Docker start of container {} failed: {}",
+            sandbox.sandbox_id,
+            describe(&e)
+        ))
+    })?;
     match backend.inspect(&sandbox.sandbox_id).await? {
         Some(inspect) if is_running(&inspect) => backend.readiness(sandbox).await,
         _ => Err(backend.exited_immediately(&sandbox.sandbox_id)),

@@ -84,7 +84,9 @@ impl Connection {
         let start = StartExecOptions {
             detach: false,
             tty: false,
-            output_capacity: Some(wire::CHUNK * 2),
+            // Small on purpose: one connection stays open per computer, and frames larger
+            // than the buffer are simply read in several pieces.
+            output_capacity: Some(16 * 1024),
         };
         let started = docker
             .start_exec(&created.id, Some(start))

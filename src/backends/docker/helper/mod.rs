@@ -90,8 +90,9 @@ impl Helpers {
             .clone()
     }
 
-    /// Puts the helper into a container that was created but not started yet, so its first
-    /// command needs no extra round trip. A failure only means this computer uses Docker exec.
+    /// Puts the helper into a container this server just created (while it starts), so its
+    /// first command needs no extra round trip. A failure only means this computer uses
+    /// Docker exec.
     pub(super) async fn install(&self, docker: &Docker, sandbox: &SandboxRef) {
         if self.enabled.is_err() {
             return;
