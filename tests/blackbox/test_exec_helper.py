@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import BUSYBOX_ARGS, DEBIAN, MINIMAL_ARGS
+from conftest import BUSYBOX, BUSYBOX_ARGS, DEBIAN, MINIMAL_ARGS, docker_exec, poll
 
 pytestmark = pytest.mark.anyio
 
@@ -90,3 +90,19 @@ async def test_minimal_image_runs_through_the_helper(kbb):
         res = await srv.run("echo $PPID; cat", stdin="x")
         parent, rest = res.structured["stdout"].split("\n", 1)
         assert int(parent) > 0 and rest == "x", res.structured
+
+
+async def test_reference_computer_gets_the_helper_and_keeps_nothing_after_the_server(kbb):
+    """A computer made by the Python reference (tail -f /dev/null keep-alive) gets the helper by
+    upload on first use; when the server goes, so does the helper process."""
+    cid = kbb.new_id("pyref-helper")
+    container = kbb.python_style_container(cid, BUSYBOX, temporary="false", start=True)
+    helpers = "for d in /proc/[0-9]*; do tr '\\0' ' ' < $d/cmdline 2>/dev/null; echo; done | grep -c '^/.kilntainers/helper-' || true"
+    async with kbb.server(*BUSYBOX_ARGS, env=ON) as srv:
+        parent = await parent_of(srv, computer_id=cid, temporary=False)
+        assert parent.startswith("/.kilntainers/helper-"), parent
+        assert docker_exec(container, "sh", "-c", helpers).stdout == "1\n"
+    # The helper sees its stdin close and exits (it kills nothing: no command was running).
+    gone = poll(lambda: docker_exec(container, "sh", "-c", helpers).stdout == "0\n", 10)
+    assert gone, docker_exec(container, "sh", "-c", helpers).stdout
+    assert docker_exec(container, "sh", "-c", "echo still-usable").stdout == "still-usable\n"
