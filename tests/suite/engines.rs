@@ -1,5 +1,6 @@
 //! Exec round trips on the other engines the Docker backend supports: Podman through its
-//! Docker-compatible API socket, and gVisor (`--runtime runsc`) with networking off.
+//! Docker-compatible API socket, and gVisor (`--runtime runsc`) with networking off, both
+//! through the resident exec helper.
 
 use serde_json::json;
 
@@ -16,6 +17,17 @@ async fn round_trip(args: &[&str], id: &str) {
     let payload = structured(&result);
     assert_eq!(payload["stdout"], "über 0\n");
     assert_eq!(payload["exit_code"], 0);
+    // Through the resident exec helper (its pid is the parent; plain Docker exec shows 0).
+    let parent = execute(&client, json!({"command": "echo $PPID", "computer_id": id})).await;
+    let parent = structured(&parent)["stdout"]
+        .as_str()
+        .unwrap_or_default()
+        .trim()
+        .to_owned();
+    assert!(
+        parent.parse::<u32>().is_ok_and(|pid| pid > 0),
+        "parent {parent:?}"
+    );
     let timed_out = execute(
         &client,
         json!({"command": "sleep 100", "timeout": 1, "computer_id": id}),
