@@ -45,9 +45,11 @@ FROM rust:1.95-bookworm AS builder
 WORKDIR /src
 # Dependencies first, against placeholder sources, so that source edits reuse this layer.
 # The default features are every backend.
-# build.rs compiles the Modal .proto, so both come along with the manifests.
+# build.rs compiles the Modal .proto and the exec helper (a workspace member, std only), so
+# they come along with the manifests.
 COPY Cargo.toml Cargo.lock build.rs ./
 COPY src/backends/modal/modal_api.proto src/backends/modal/
+COPY helper ./helper
 RUN mkdir -p src/bin && echo 'fn main() {}' > src/main.rs && touch src/lib.rs \
     && cp src/main.rs src/bin/fake_modal.rs \
     && cargo build --release --locked \
