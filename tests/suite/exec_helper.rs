@@ -321,6 +321,30 @@ async fn a_helper_killed_mid_command_fails_that_call_and_the_next_call_gets_a_ne
 }
 
 #[tokio::test]
+async fn a_helper_that_keeps_dying_is_given_up_for_docker_exec() {
+    if !enabled("KILNTAINERS_IT_DOCKER") {
+        return;
+    }
+    let computer = computer("rs-helper-dies", &[]).await;
+    // Three losses in a row with no command finishing in between (the limit in `helper`).
+    for _ in 0..3 {
+        let outcome = computer
+            .policed("kill -9 $PPID; sleep 1000", 600, 1 << 20, ExecId::random())
+            .await;
+        assert!(
+            matches!(outcome, Err(ExecError::Backend(BackendError::Provider(_)))),
+            "{outcome:?}"
+        );
+    }
+    assert_eq!(
+        computer.parent().await,
+        0,
+        "the computer now uses Docker exec"
+    );
+    assert_eq!(computer.stdout("echo fine").await, "fine\n");
+}
+
+#[tokio::test]
 async fn restart_brings_the_helper_back() {
     if !enabled("KILNTAINERS_IT_DOCKER") {
         return;
