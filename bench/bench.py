@@ -1564,16 +1564,18 @@ def profile_md(prof: dict[str, Any] | None) -> str:
         lines.append("")
     st = prof.get("strace")
     if st:
+        shape = "; ".join(f"`{k}` ×{v}" for k, v in st["shapes"].items())
         lines.append(f"**One call, from the server's syscalls** (`strace -f -tt -T`, {st['calls_parsed']} calls parsed; "
                      f"strace slows every syscall, so the server's own share is an upper bound — call p50 under strace "
                      f"{st['wall_under_strace']['p50'] * 1e3:.1f} ms). Request shape: "
-                     + "; ".join(f"`{k}` ×{v}" for k, v in st["shapes"].items()) + ".")
+                     + (shape or "no Engine API request (the call went through the resident exec helper)") + ".")
         lines.append("")
-        lines.append("| segment | p50 ms |")
-        lines.append("|---|---:|")
-        for k, v in st["phases_ms_p50"].items():
-            lines.append(f"| {k} | {v:.2f} |")
-        lines.append("")
+        if st["phases_ms_p50"]:
+            lines.append("| segment | p50 ms |")
+            lines.append("|---|---:|")
+            for k, v in st["phases_ms_p50"].items():
+                lines.append(f"| {k} | {v:.2f} |")
+            lines.append("")
         sc = st.get("syscalls_per_call") or {}
         if sc:
             lines.append("Syscalls per call (`strace -c`, all threads): " + ", ".join(
