@@ -506,14 +506,7 @@ fn refuse(shared: &Shared, id: u32, reason: &str) {
         text.push_str(NOT_A_DIRECTORY_HINT);
     }
     text.push_str("\r\n");
-    for chunk in text.as_bytes().chunks(wire::CHUNK) {
-        shared.writer.send(&Event::Output {
-            id,
-            stream: OutputStream::Stdout,
-            data: chunk.to_vec(),
-        });
-    }
-    shared.writer.send(&Event::Exited { id, code: 126 });
+    end_with(shared, id, OutputStream::Stdout, &text, 126);
 }
 
 /// Reports a program that passed the checks but could not be executed (a script without `#!`, a
@@ -521,14 +514,19 @@ fn refuse(shared: &Shared, id: u32, reason: &str) {
 /// its exec error is the process's own output: one line on stderr, exit code 1.
 fn exec_failed(shared: &Shared, id: u32, name: &str, error: &io::Error) {
     let text = format!("exec {name}: {}\n", os_text(error));
+    end_with(shared, id, OutputStream::Stderr, &text, 1);
+}
+
+/// Ends a command that never ran: its only output, then its exit code.
+fn end_with(shared: &Shared, id: u32, stream: OutputStream, text: &str, code: i64) {
     for chunk in text.as_bytes().chunks(wire::CHUNK) {
         shared.writer.send(&Event::Output {
             id,
-            stream: OutputStream::Stderr,
+            stream,
             data: chunk.to_vec(),
         });
     }
-    shared.writer.send(&Event::Exited { id, code: 1 });
+    shared.writer.send(&Event::Exited { id, code });
 }
 
 /// An OS error as Go prints it: lowercase, without Rust's "(os error N)".

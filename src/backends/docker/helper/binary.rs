@@ -26,12 +26,7 @@ pub(super) static PATH: LazyLock<String> = LazyLock::new(|| {
 /// `Err(reason)` when this build carries no helper.
 pub(super) fn available() -> Result<(), String> {
     if BINARY.is_empty() {
-        let reason = if MISSING_REASON.is_empty() {
-            "this build has no exec helper"
-        } else {
-            MISSING_REASON
-        };
-        Err(format!("this build has no exec helper ({reason})"))
+        Err(format!("this build has no exec helper ({MISSING_REASON})"))
     } else {
         Ok(())
     }

@@ -176,6 +176,8 @@ impl Connection {
         let closed = CancellationToken::new();
         let connection = std::sync::Arc::new_cyclic(|weak: &std::sync::Weak<Connection>| {
             let reader_side = weak.clone();
+            // `close` below needs the connection; this marks it closed even if the stream ends
+            // before the Arc is complete.
             let writer_closed = closed.clone();
             let container = container.to_owned();
             let tasks = async move {
