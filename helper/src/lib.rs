@@ -8,4 +8,5 @@
 //! Linux image of the same architecture, BusyBox and distroless ones included.
 
 pub mod serve;
+mod sweep;
 pub mod wire;

@@ -25,6 +25,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread;
 use std::time::{Duration, Instant};
 
+use crate::sweep;
 use crate::wire::{self, Event, OutputStream, Request, Start, WireError};
 
 /// How long a command's output may keep flowing after the command itself has exited. Its
@@ -402,57 +403,42 @@ fn handle(shared: &Arc<Shared>, request: Request) -> Result<(), WireError> {
     Ok(())
 }
 
-/// Kills every running command started with `tag` in its environment, then every process
-/// whose environment holds it (what a command left behind, or moved out of its group).
+/// Kills every running command started with `tag` in its environment, then what the command
+/// left behind: the processes [`sweep::targets`] picks (tagged, their descendants, untagged
+/// orphans started since).
 fn kill_tagged(shared: &Shared, tag: &str) {
+    let mut roots = Vec::new();
     for entry in lock(&shared.commands).values() {
         if entry.cmd.env.iter().any(|e| e == tag) {
             entry.cmd.kill_if_running();
+            roots.push(entry.cmd.pgid);
         }
     }
-    // Twice: a process forked while the first sweep was listing carries the tag too, and one
-    // with SIGKILL pending cannot fork any more.
-    for _ in 0..2 {
-        for pid in tagged_processes(tag) {
+    // Anything but a `NAME=value` entry would match environments at random (every environ
+    // "contains" the empty entry after its last NUL).
+    let Some((name, _)) = tag.split_once('=').filter(|(name, _)| !name.is_empty()) else {
+        return;
+    };
+    // Three passes: a process forked while a pass was listing is caught by the next, one with
+    // SIGKILL pending cannot fork any more, and a kill orphans the children of what it hit.
+    let mut since = None;
+    for _ in 0..3 {
+        let procs = sweep::snapshot(name, std::process::id());
+        for pid in sweep::targets(&procs, tag.as_bytes(), &roots, &mut since) {
             kill_process(pid);
         }
     }
 }
 
 /// Processes (other than this one) whose environment has `tag` as an entry.
+#[cfg(test)]
 fn tagged_processes(tag: &str) -> Vec<i32> {
-    // Anything but a `NAME=value` entry would match environments at random (every environ
-    // "contains" the empty entry after its last NUL).
-    if tag.is_empty() || !tag.contains('=') {
-        return Vec::new();
-    }
-    let Ok(dir) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    let own = std::process::id();
-    let mut found = Vec::new();
-    for entry in dir.flatten() {
-        let Some(pid) = entry
-            .file_name()
-            .to_str()
-            .and_then(|n| n.parse::<u32>().ok())
-        else {
-            continue;
-        };
-        if pid == own {
-            continue;
-        }
-        // Unreadable (gone, a zombie, someone else's): nothing to kill there.
-        let Ok(environ) = std::fs::read(entry.path().join("environ")) else {
-            continue;
-        };
-        if environ.split(|&b| b == 0).any(|e| e == tag.as_bytes())
-            && let Ok(pid) = i32::try_from(pid)
-        {
-            found.push(pid);
-        }
-    }
-    found
+    let name = tag.split_once('=').map_or("", |(name, _)| name);
+    sweep::snapshot(name, std::process::id())
+        .into_iter()
+        .filter(|proc| proc.tag.as_deref() == Some(tag.as_bytes()))
+        .map(|proc| proc.pid)
+        .collect()
 }
 
 /// On end of input: kills the commands that still run (their background processes included,

@@ -211,12 +211,79 @@ pub trait Backend: Send + Sync {
     ) -> Result<Vec<ComputerId>, BackendError>;
 }
 
-/// The kill sweep of `backends.md` §1.3: two passes over /proc killing every process whose
-/// environment carries the exec tag. Plain POSIX sh, so it runs on BusyBox images too.
-pub fn kill_sweep_script(exec_id: &ExecId) -> String {
+/// Which processes the kill sweep ends besides those carrying the exec tag.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SweepReach {
+    /// Processes whose environment carries the tag (`backends.md` §1.3) and their
+    /// descendants. For providers whose PID 1 is not ours, where an orphan of the command
+    /// cannot be told from the provider's own processes.
+    Tagged,
+    /// Also orphans (parent PID 1) started no earlier than the command, unless their tag is
+    /// one an older process carries: what a command leaves behind after dropping or forging
+    /// the tag (`setsid env -i …`). Only where PID 1 is our keep-alive (Docker/Podman).
+    TaggedAndOrphans,
+}
+
+/// The kill sweep of `backends.md` §1.3, widened as docs/reliability.md ("Kill tree") says:
+/// three passes over /proc, each killing the processes whose environment carries the exec
+/// tag, their descendants, and with [`SweepReach::TaggedAndOrphans`] the orphans started no
+/// earlier than the oldest tagged process whose tag no older process carries. A later pass catches what an earlier
+/// kill orphaned. Plain POSIX sh (BusyBox included).
+pub fn kill_sweep_script(exec_id: &ExecId, reach: SweepReach) -> String {
+    let orphans = match reach {
+        SweepReach::Tagged => "0",
+        SweepReach::TaggedAndOrphans => "1",
+    };
     format!(
-        "t='{tag}'\nfor n in 1 2; do\n  for d in /proc/[0-9]*; do\n    tr '\\0' '\\n' < \"$d/environ\" 2>/dev/null | grep -qxF \"$t\" && kill -9 \"${{d#/proc/}}\" 2>/dev/null\n  done\ndone\ntrue\n",
-        tag = exec_id.env_entry()
+        r#"t='{tag}'; orphans={orphans}; since=''
+for n in 1 2 3; do
+  snap=''; kill=' '
+  for d in /proc/[0-9]*; do
+    p=${{d#/proc/}}
+    [ "$p" = "$$" ] && continue
+    {{ read -r s < "$d/stat"; }} 2>/dev/null || continue
+    s=${{s##*) }}
+    set -- $s
+    e=$(tr '\0' '\n' 2>/dev/null < "$d/environ" | grep -m1 '^{name}=')
+    if [ "$e" = "$t" ]; then
+      kill="$kill$p "
+      if [ -z "$since" ] || [ "${{20}}" -lt "$since" ]; then since=${{20}}; fi
+    fi
+    snap="$snap$p $2 ${{20}} $e
+"
+  done
+  if [ "$orphans" = 1 ] && [ -n "$since" ]; then
+    older=' '
+    while read -r p pp st e; do
+      if [ -n "$e" ] && [ "$st" -lt "$since" ]; then older="$older$e "; fi
+    done <<SNAP
+$snap
+SNAP
+    while read -r p pp st e; do
+      [ -n "$p" ] && [ "$pp" = 1 ] && [ "$st" -ge "$since" ] || continue
+      case "$older" in *" $e "*) [ -n "$e" ] && continue ;; esac
+      kill="$kill$p "
+    done <<SNAP
+$snap
+SNAP
+  fi
+  grew=1
+  while [ "$grew" = 1 ]; do
+    grew=0
+    while read -r p pp st e; do
+      [ -n "$p" ] || continue
+      case "$kill" in *" $p "*) continue ;; esac
+      case "$kill" in *" $pp "*) kill="$kill$p "; grew=1 ;; esac
+    done <<SNAP
+$snap
+SNAP
+  done
+  for p in $kill; do kill -9 "$p" 2>/dev/null; done
+done
+true
+"#,
+        tag = exec_id.env_entry(),
+        name = ExecId::ENV_NAME,
     )
 }
 

@@ -73,6 +73,24 @@ struct ExecuteCall {
     temporary: bool,
 }
 
+/// Whether `dir`, normalised lexically (`.`, `..`, repeated slashes), names `/proc` or
+/// something below it. A working directory there reaches the runtime's own file descriptors
+/// (`/proc/self/fd/N`: the escape of runc CVE-2024-21626 on runc before 1.1.12), and no
+/// command has a reason to start there; see docs/reliability.md ("Working directory").
+fn is_under_proc(dir: &str) -> bool {
+    let mut parts: Vec<&str> = Vec::new();
+    for part in dir.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => {
+                parts.pop();
+            }
+            part => parts.push(part),
+        }
+    }
+    parts.first() == Some(&"proc")
+}
+
 fn decode_execute(
     arguments: Option<&JsonObject>,
     default_timeout: u64,
@@ -109,6 +127,13 @@ fn decode_execute(
     {
         return Err(format!(
             "working_directory must be an absolute path, got: {dir}"
+        ));
+    }
+    if let Some(dir) = &working_dir
+        && is_under_proc(dir)
+    {
+        return Err(format!(
+            "working_directory must not be under /proc, got: {dir}"
         ));
     }
     let timeout_secs = match timeout {
@@ -233,6 +258,32 @@ mod tests {
 
     fn decode(value: Value) -> Result<ExecuteCall, String> {
         decode_execute(value.as_object(), 120)
+    }
+
+    #[test]
+    fn working_directories_under_proc_are_refused_however_spelled() {
+        for dir in [
+            "/proc",
+            "/proc/self/fd/8",
+            "//proc/1/cwd",
+            "/./proc/",
+            "/tmp/../proc/self",
+            "/../../proc/self/fd/7",
+        ] {
+            assert_eq!(
+                decode(json!({"command": "pwd", "working_directory": dir}))
+                    .err()
+                    .as_deref(),
+                Some(format!("working_directory must not be under /proc, got: {dir}").as_str()),
+                "{dir}"
+            );
+        }
+        for dir in ["/procfs", "/tmp/proc", "/proc-x", "/", "/proc/../tmp"] {
+            assert!(
+                decode(json!({"command": "pwd", "working_directory": dir})).is_ok(),
+                "{dir}"
+            );
+        }
     }
 
     #[test]

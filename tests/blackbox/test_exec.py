@@ -232,6 +232,12 @@ VALIDATION_CASES = [
     ({"working_directory": "rel", "timeout": 0}, NEITHER),
     ({"command": "x", "working_directory": "rel", "timeout": 0}, "working_directory must be an absolute path, got: rel"),
     ({"command": "x", "timeout": 0, "stdin": "a" * (2 * 1024 * 1024 + 1)}, TIMEOUT_MIN),
+    # /proc, however spelled, never reaches the runtime (runc CVE-2024-21626's path)
+    ({"command": "pwd", "working_directory": "/proc/self/fd/8"},
+     "working_directory must not be under /proc, got: /proc/self/fd/8"),
+    ({"args": ["pwd"], "working_directory": "/tmp/../proc//1/cwd"},
+     "working_directory must not be under /proc, got: /tmp/../proc//1/cwd"),
+    ({"command": "pwd", "working_directory": "/./proc"}, "working_directory must not be under /proc, got: /./proc"),
     # validation runs before computer resolution: an invalid id does not win
     ({"computer_id": "NOT VALID"}, NEITHER),
     # type errors (§3): first offending property in schema order wins

@@ -101,6 +101,12 @@ async def test_timeout_kills_command_and_returns_promptly(kbb):
         ("sleep 302 & sleep 303 & wait", ["sleep 302", "sleep 303"]),
         ("setsid sleep 304 & sleep 63", ["sleep 304", "sleep 63"]),
         ("(sleep 305; echo never) | cat", ["sleep 305", "cat"]),
+        # Escapes that drop the exec tag from their environment (issue 15, item 7).
+        ("setsid env -i sh -c 'sleep 306' & sleep 64", ["sleep 306", "sh -c sleep 306", "sleep 64"]),
+        ("(env -i sleep 307 &); sleep 65", ["sleep 307", "sleep 65"]),
+        ("sh -c 'exec env -i sleep 308' & sleep 66", ["sleep 308", "sleep 66"]),
+        ("(setsid env -i sh -c 'env -i sleep 309 & sleep 310' &); sleep 67",
+         ["sleep 309", "sleep 310", "sleep 67"]),
     ],
 )
 async def test_timeout_kills_background_children(kbb, command, leftovers):
@@ -110,6 +116,22 @@ async def test_timeout_kills_background_children(kbb, command, leftovers):
         assert_timeout_result(res, 1)
         assert res.elapsed <= TIMEOUT_RETURN_BOUND, f"timeout result took {res.elapsed:.2f} s"
         assert await scan(srv, *leftovers) == "", f"processes of {command!r} survived the timeout"
+
+
+async def test_timeout_spares_untagged_processes_of_earlier_commands(kbb):
+    # The widened sweep takes untagged orphans started during the timed-out command only: a
+    # daemon an earlier command started (and detached from its tag) keeps running.
+    async with kbb.server(*BUSYBOX_ARGS) as srv:
+        await srv.run("setsid env -i sleep 311 >/dev/null 2>&1 &")
+        started = ""
+        deadline = time.monotonic() + 10
+        while not started and time.monotonic() < deadline:
+            started = await scan(srv, "sleep 311")
+        assert started, "the earlier command's daemon did not start"
+        res = await srv.call({"command": "setsid env -i sleep 312 & sleep 68", "timeout": 1})
+        assert_timeout_result(res, 1)
+        assert await scan(srv, "sleep 312", "sleep 68") == ""
+        assert await scan(srv, "sleep 311") != "", "a daemon of an earlier command was killed"
 
 
 async def test_timeout_in_args_mode(kbb):

@@ -473,7 +473,7 @@ impl Backend for DockerBackend {
         let argv = vec![
             self.shell.clone(),
             "-c".to_owned(),
-            super::kill_sweep_script(exec_id),
+            super::kill_sweep_script(exec_id, super::SweepReach::TaggedAndOrphans),
         ];
         let docker = self.client().await?;
         exec::run_simple(docker, &sandbox.sandbox_id, argv, exec::KILL_SWEEP_TIMEOUT)

@@ -654,7 +654,7 @@ impl Backend for E2bBackend {
         let argv = vec![
             self.shell.clone(),
             "-c".to_owned(),
-            super::kill_sweep_script(exec_id),
+            super::kill_sweep_script(exec_id, super::SweepReach::Tagged),
         ];
         self.run_simple(sandbox, &argv, KILL_SWEEP_TIMEOUT)
             .await

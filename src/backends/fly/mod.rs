@@ -712,7 +712,7 @@ impl Backend for FlyBackend {
         let argv = vec![
             self.inner.shell.clone(),
             "-c".to_owned(),
-            super::kill_sweep_script(exec_id),
+            super::kill_sweep_script(exec_id, super::SweepReach::Tagged),
         ];
         exec::run_simple(&self.inner, sandbox, argv, KILL_SWEEP_TIMEOUT)
             .await

@@ -1,0 +1,204 @@
+//! Which processes a `Kill` ends: the rule of the server's shell kill sweep, in process.
+//!
+//! A command's processes are found three ways, because each alone misses some: by the exec tag
+//! in their environment (what moved to another process group or session keeps it), by
+//! descent from a process already chosen (what dropped the tag but still has its parent, as
+//! `sudo`'s child does), and as orphans of PID 1 started no earlier than the command whose tag,
+//! if any, no older process carries (what dropped or forged the tag *and* lost its parent:
+//! `setsid env -i … &` once the shell is gone).
+//! The last rule is sound only where PID 1 is the computer's keep-alive, whose only child is
+//! its `sleep`, which is the case wherever this helper runs (Docker and Podman computers).
+//! Processes of earlier commands started before this one and are left alone, as are new
+//! orphans of an exec that was already running. This module only reads /proc; the caller sends the signals.
+
+use std::collections::HashSet;
+
+/// One process as the sweep sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Proc {
+    pub pid: i32,
+    pub ppid: i32,
+    /// Start time in clock ticks since boot (`/proc/<pid>/stat` field 22).
+    pub start: u64,
+    /// The process's first `<NAME>=…` entry for the tag's `NAME`, if any.
+    pub tag: Option<Vec<u8>>,
+}
+
+/// Every readable process but `own`. Unreadable ones (gone, zombies, someone else's) have
+/// nothing left to kill.
+pub fn snapshot(tag_name: &str, own: u32) -> Vec<Proc> {
+    let Ok(dir) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    let prefix = format!("{tag_name}=");
+    let mut found = Vec::new();
+    for entry in dir.flatten() {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
+            continue;
+        };
+        if pid == own {
+            continue;
+        }
+        let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else {
+            continue;
+        };
+        let Some((ppid, start)) = parse_stat(&stat) else {
+            continue;
+        };
+        let tag = std::fs::read(entry.path().join("environ"))
+            .ok()
+            .and_then(|environ| {
+                environ
+                    .split(|&b| b == 0)
+                    .find(|e| e.starts_with(prefix.as_bytes()))
+                    .map(<[u8]>::to_vec)
+            });
+        if let Ok(pid) = i32::try_from(pid) {
+            found.push(Proc {
+                pid,
+                ppid,
+                start,
+                tag,
+            });
+        }
+    }
+    found
+}
+
+/// The parent pid and start time of a `/proc/<pid>/stat` line. The command name may hold
+/// spaces and parentheses, so fields are counted from the last `)`.
+fn parse_stat(stat: &str) -> Option<(i32, u64)> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_ascii_whitespace();
+    // After the name: state, ppid, … with the start time 20th.
+    let ppid = fields.nth(1)?.parse().ok()?;
+    let start = fields.nth(17)?.parse().ok()?;
+    Some((ppid, start))
+}
+
+/// The pids to kill among `procs` for `tag` (a whole `NAME=value` entry), given `roots` (the
+/// command's own processes, tagged or not). `since` carries the oldest start time seen across
+/// passes, so a later pass still recognises orphans once every tagged process is gone.
+pub fn targets(procs: &[Proc], tag: &[u8], roots: &[i32], since: &mut Option<u64>) -> Vec<i32> {
+    let mut chosen: HashSet<i32> = HashSet::new();
+    for proc in procs {
+        if proc.tag.as_deref() == Some(tag) || roots.contains(&proc.pid) {
+            chosen.insert(proc.pid);
+            *since = Some(since.map_or(proc.start, |s| s.min(proc.start)));
+        }
+    }
+    if let Some(since) = *since {
+        // A tag an older process carries belongs to an exec that was already running (another
+        // server's command sharing the computer); any other tag on a new orphan is forged.
+        let older_tags: HashSet<&[u8]> = procs
+            .iter()
+            .filter(|proc| proc.start < since)
+            .filter_map(|proc| proc.tag.as_deref())
+            .collect();
+        for proc in procs {
+            let foreign = proc
+                .tag
+                .as_deref()
+                .is_some_and(|tag| older_tags.contains(tag));
+            if proc.ppid == 1 && proc.start >= since && !foreign {
+                chosen.insert(proc.pid);
+            }
+        }
+    }
+    // Descendants, to a fixed point: a child is listed in any order relative to its parent.
+    loop {
+        let before = chosen.len();
+        for proc in procs {
+            if chosen.contains(&proc.ppid) {
+                chosen.insert(proc.pid);
+            }
+        }
+        if chosen.len() == before {
+            break;
+        }
+    }
+    // Never PID 1 (the keep-alive) nor anything that would widen a kill(2) to a group.
+    let mut pids: Vec<i32> = chosen.into_iter().filter(|&pid| pid > 1).collect();
+    pids.sort_unstable();
+    pids
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn proc(pid: i32, ppid: i32, start: u64, tag: Option<&str>) -> Proc {
+        Proc {
+            pid,
+            ppid,
+            start,
+            tag: tag.map(|t| t.as_bytes().to_vec()),
+        }
+    }
+
+    const TAG: &[u8] = b"KILNTAINERS_EXEC_ID=b";
+
+    #[test]
+    fn stat_fields_are_counted_from_the_last_parenthesis() {
+        let line = "42 (a) b) (c) S 7 42 42 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 1 0 12345 1 2";
+        assert_eq!(parse_stat(line), Some((7, 12345)));
+        assert_eq!(parse_stat("garbage"), None);
+    }
+
+    #[test]
+    fn tagged_descendants_and_late_untagged_orphans_are_chosen() {
+        let procs = [
+            proc(1, 0, 0, None),                            // keep-alive
+            proc(5, 1, 10, None),                           // its sleep, older than the command
+            proc(6, 1, 20, Some("KILNTAINERS_EXEC_ID=a")),  // an earlier command's daemon
+            proc(7, 1, 22, None),                           // untagged, before this command
+            proc(10, 0, 30, Some("KILNTAINERS_EXEC_ID=b")), // the command
+            proc(11, 10, 31, None),                         // `sudo`'s child: no tag, has a parent
+            proc(12, 11, 32, None),                         // and its child
+            proc(13, 1, 33, None),                          // `setsid env -i …`, orphaned
+            proc(14, 0, 40, None),                          // another exec: parent outside
+            proc(15, 1, 41, Some("KILNTAINERS_EXEC_ID=x")), // a forged tag, orphaned
+            proc(16, 0, 3, Some("KILNTAINERS_EXEC_ID=c")),  // an exec running since before
+            proc(17, 1, 42, Some("KILNTAINERS_EXEC_ID=c")), // and its new orphan
+        ];
+        let mut since = None;
+        assert_eq!(
+            targets(&procs, TAG, &[], &mut since),
+            vec![10, 11, 12, 13, 15]
+        );
+        assert_eq!(since, Some(30));
+    }
+
+    #[test]
+    fn a_later_pass_remembers_when_the_command_started() {
+        let mut since = Some(30);
+        let procs = [
+            proc(1, 0, 0, None),
+            proc(13, 1, 33, None),
+            proc(7, 1, 22, None),
+        ];
+        assert_eq!(targets(&procs, TAG, &[], &mut since), vec![13]);
+    }
+
+    #[test]
+    fn without_a_tagged_process_or_root_no_orphan_is_chosen() {
+        let mut since = None;
+        let procs = [proc(1, 0, 0, None), proc(13, 1, 33, None)];
+        assert!(targets(&procs, TAG, &[], &mut since).is_empty());
+    }
+
+    #[test]
+    fn a_root_that_dropped_its_tag_still_dates_the_command() {
+        let mut since = None;
+        let procs = [
+            proc(1, 0, 0, None),
+            proc(10, 0, 30, None),
+            proc(13, 1, 33, None),
+        ];
+        assert_eq!(targets(&procs, TAG, &[10], &mut since), vec![10, 13]);
+    }
+}
