@@ -38,3 +38,6 @@ bash scripts/conformance-test.sh
 
 step "dashboard in headless Chromium and the MCP Inspector CLI"
 bash scripts/browser-test.sh
+
+step "fault suite (restarts dockerd; figures into docs/reliability.md)"
+bash scripts/fault-test.sh
