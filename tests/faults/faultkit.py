@@ -87,8 +87,8 @@ class Figures:
     def __getitem__(self, key: str) -> Any:
         return self.entry["figures"][key]
 
-    def update(self, **values: Any) -> None:
-        self.entry["figures"].update(values)
+    def update(self, values: dict | None = None, **more: Any) -> None:
+        self.entry["figures"].update(values or {}, **more)
         self._flush()
 
     def finish(self, outcome: str, duration: float, message: str | None) -> None:

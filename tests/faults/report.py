@@ -69,7 +69,19 @@ is left behind.
 """
 
 
+UNITS = {"_mib": " (MiB)", "_ms": " (ms)", "_seconds": " (s)"}
+
+
+def format_key(key: str) -> str:
+    for suffix, unit in UNITS.items():
+        if key.endswith(suffix):
+            return key[: -len(suffix)].replace("_", " ") + unit
+    return key.replace("_", " ")
+
+
 def format_value(value) -> str:
+    if isinstance(value, dict) and len(value) > 3 and all(v == 0 for v in value.values()):
+        return f"0 for each of {len(value)}"
     if isinstance(value, dict):
         return ", ".join(f"{k}: {format_value(v)}" for k, v in value.items())
     if isinstance(value, list):
@@ -80,7 +92,7 @@ def format_value(value) -> str:
 
 
 def figures_text(figures: dict) -> str:
-    return "; ".join(f"{key.replace('_', ' ')} = {format_value(value)}" for key, value in figures.items())
+    return "; ".join(f"{format_key(key)} = {format_value(value)}" for key, value in figures.items())
 
 
 def rows(data: dict) -> list[tuple[str, str, str, str, str]]:

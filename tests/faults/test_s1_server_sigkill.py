@@ -72,7 +72,7 @@ async def test_sigkill_with_temporary_and_permanent_computers(kbb, figures):
         intact = 0
         for cid in permanents:
             assert bb.container_for(cid) == before[cid], f"{cid} is not the same container any more"
-            res = await b.run("md5sum /root/keep", computer_id=cid)
+            res = await b.run("md5sum /root/keep", computer_id=cid, temporary=False)
             assert res.structured["computer_id"] == cid and res.structured["temporary"] is False
             assert res.structured["stdout"].split()[0] == digest, f"{cid}: file changed"
             intact += 1

@@ -28,7 +28,7 @@ STDIO_CLEANUP_DEADLINE = 45.0
 HTTP_SESSIONS = 100
 # Sessions opened at once: enough to overlap container creation, few enough not to starve the
 # engine that other work on this 2-core machine shares.
-HTTP_CONCURRENCY = 8
+HTTP_CONCURRENCY = 16
 # Short, so abandoned sessions expire within the test; long enough that a session is not reaped
 # between its initialize and its one call on a loaded machine.
 SESSION_TIMEOUT = 10
@@ -116,7 +116,9 @@ async def test_hundred_http_sessions_abandoned(kbb, figures):
                     result = msg.get("result") or {}
                     structured = result.get("structuredContent") or {}
                     assert structured.get("stdout") == f"{n}\n", msg
-                    kbb.track(structured["computer_id"], temporary=True)
+                    # Recorded for the suite-level leak check only: the per-test check below
+                    # counts by the server's instance label, one engine query instead of 200.
+                    bb.MADE["ids"].add(structured["computer_id"])
                     computers.append(structured["computer_id"])
                     answered += 1
                 # Leaving the client closes its connections: no DELETE was sent.

@@ -63,6 +63,10 @@ KEEPS_TAG = [
     ("stopped with SIGSTOP", "setsid sleep {M} & kill -STOP $!; sleep 60"),
 ]
 
+# Whether a tag-dropping process is still alive when the kill comes varies from run to run on
+# this engine (some runs end them all, others leave one or two), so each runs this many times.
+DROPS_TAG_REPEATS = 3
+
 DROPS_TAG = [
     ("env -i", "env -i sleep {M} & sleep 60"),
     ("setsid env -i sh -c", "setsid env -i sh -c 'sleep {M}' & sleep 60"),
@@ -85,7 +89,8 @@ def _kill_out_of_band(container: str, baseline: set[int]) -> bool:
             return True
         if time.monotonic() >= deadline:
             return False
-        bb.docker("exec", container, "kill", "-9", *map(str, extra), check=False)
+        # `kill` is a shell builtin in images without procps.
+        bb.docker("exec", container, "sh", "-c", "kill -9 " + " ".join(map(str, extra)), check=False)
 
 
 async def _run_techniques(kbb, techniques, first_marker: int, exec_helper: str) -> dict[str, dict]:
@@ -126,20 +131,30 @@ async def _run_techniques(kbb, techniques, first_marker: int, exec_helper: str) 
                 cleaned = await to_thread.run_sync(_kill_out_of_band, container, baseline)
                 assert cleaned, f"could not clean up after {name}"
 
+        failures: list[str] = []
+
+        async def guarded(n: int, work) -> None:
+            try:
+                await lane(n, work)
+            except Exception as exc:  # reported together below, readable rather than grouped
+                failures.append(f"lane {n}: {type(exc).__name__}: {exc}")
+
         async with anyio.create_task_group() as tg:
             for n, work in enumerate(lanes):
-                tg.start_soon(lane, n, work)
+                tg.start_soon(guarded, n, work)
+    assert not failures, "; ".join(failures)
     return outcome
 
 
-def _record_and_check(figures, outcome: dict[str, dict], techniques, expectation: str) -> None:
+def _record_and_check(figures, outcome: dict[str, dict], techniques, expectation: str,
+                      per_technique: dict[str, int] | None = None) -> None:
     escaped = {name: o["escaped"] for name, o in outcome.items() if o["escaped"]}
     not_timed_out = {name: o["exit_code"] for name, o in outcome.items() if o["exit_code"] != 124}
     figures.update(
         techniques=len(techniques),
         techniques_with_escapes=len(escaped),
         escaped_processes=sum(escaped.values()),
-        escapes_per_technique={name: outcome[name]["escaped"] for name, _ in techniques},
+        escapes_per_technique=per_technique or {name: outcome[name]["escaped"] for name, _ in techniques},
         slowest_timeout_seconds=max(o["seconds"] for o in outcome.values()),
     )
     assert len(outcome) == len(techniques)
@@ -160,11 +175,14 @@ async def test_kill_escapes_keeping_the_exec_tag(kbb, figures, exec_helper):
 @pytest.mark.parametrize("exec_helper", ["on", "off"])
 async def test_kill_escapes_dropping_the_exec_tag(kbb, figures, exec_helper):
     """6 techniques that drop the exec tag from their environment and leave the process group
-    (`env -i`, `setsid env -i sh -c`, unset or overwritten tag, perl clearing %ENV) with
-    timeout 1: nothing survives either.  Needs a kill that does not rely on the tag (expected to
-    fail until the cgroup-level kill of issue 15 item 7 is in)."""
-    outcome = await _run_techniques(kbb, DROPS_TAG, 4200, exec_helper)
+    (`env -i`, `setsid env -i sh -c`, unset or overwritten tag, perl clearing %ENV), each run 3
+    times with timeout 1: nothing survives either.  Needs a kill that does not rely on the tag
+    (expected to fail until the cgroup-level kill of issue 15 item 7 is in)."""
+    repeated = [(f"{name} #{n + 1}", template) for n in range(DROPS_TAG_REPEATS) for name, template in DROPS_TAG]
+    outcome = await _run_techniques(kbb, repeated, 4200, exec_helper)
+    totals = {name: sum(outcome[f"{name} #{n + 1}"]["escaped"] for n in range(DROPS_TAG_REPEATS)) for name, _ in DROPS_TAG}
     _record_and_check(
-        figures, outcome, DROPS_TAG,
+        figures, outcome, repeated,
         "processes that drop the exec tag must be ended too (cgroup-level kill, issue 15 item 7)",
+        per_technique=totals,
     )

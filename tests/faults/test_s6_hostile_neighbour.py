@@ -100,7 +100,7 @@ async def test_fork_bomb_and_hostile_helper_in_a_neighbour(kbb, figures):
 
         async def run_bomb() -> None:
             bomb["result"] = await srv.call(
-                {"command": "bomb() { bomb | bomb & }; bomb", "computer_id": a, "timeout": BOMB_TIMEOUT},
+                {"command": "bomb() { bomb | bomb & }; bomb; sleep 600", "computer_id": a, "timeout": BOMB_TIMEOUT},
                 timeout=BOMB_TIMEOUT + 60,
             )
 

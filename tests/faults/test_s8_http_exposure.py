@@ -113,7 +113,7 @@ async def test_http_refusals_with_a_token(kbb, figures):
             big[label] = {"sent_mib": round(sent / MIB, 1), "seconds": round(seconds, 2)}
         figures.update(
             statuses=statuses,
-            big_body_bytes_read_before_413={k: v["sent_mib"] for k, v in big.items()},
+            mib_sent_before_413={k: v["sent_mib"] for k, v in big.items()},
             rss_before_big_bodies_mib=mib(rss_before),
             peak_rss_mib=mib(proc_status_kib(srv.pid, "VmHWM")),
             rss_after_big_bodies_mib=mib(proc_status_kib(srv.pid, "VmRSS")),
