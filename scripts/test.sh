@@ -2,7 +2,8 @@
 # The whole test suite, from a fresh Debian 12 machine or an already prepared one:
 # installs and starts what the tests need (idempotent), checks formatting and lints, builds,
 # then runs the Rust tests, the black-box MCP tests against a real Docker engine, the MCP
-# conformance suite and the browser tests.
+# conformance suite, the browser tests and the fault suite (last: it restarts the Docker daemon
+# this script's setup started, and rewrites docs/reliability.md from its figures).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -38,3 +39,6 @@ bash scripts/conformance-test.sh
 
 step "dashboard in headless Chromium and the MCP Inspector CLI"
 bash scripts/browser-test.sh
+
+step "fault suite (restarts dockerd; figures into docs/reliability.md)"
+bash scripts/fault-test.sh
