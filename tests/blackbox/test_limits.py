@@ -107,6 +107,7 @@ async def test_timeout_kills_command_and_returns_promptly(kbb):
         ("sh -c 'exec env -i sleep 308' & sleep 66", ["sleep 308", "sleep 66"]),
         ("(setsid env -i sh -c 'env -i sleep 309 & sleep 310' &); sleep 67",
          ["sleep 309", "sleep 310", "sleep 67"]),
+        ("(KILNTAINERS_EXEC_ID=forged setsid sleep 313 &); sleep 69", ["sleep 313", "sleep 69"]),
     ],
 )
 async def test_timeout_kills_background_children(kbb, command, leftovers):
