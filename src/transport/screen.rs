@@ -322,7 +322,8 @@ fn tame_out_of_range_numbers(text: &str) -> Option<String> {
         }
         if byte == b'-' || byte.is_ascii_digit() {
             let start = i;
-            while i < bytes.len() && matches!(bytes[i], b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E')
+            while i < bytes.len()
+                && matches!(bytes[i], b'0'..=b'9' | b'-' | b'+' | b'.' | b'e' | b'E')
             {
                 i += 1;
             }
@@ -508,7 +509,9 @@ mod tests {
     #[test]
     fn out_of_range_numbers_are_invalid_params_with_the_id() {
         for number in ["1e400", "-1e400", &"9".repeat(400)] {
-            let answer = reply(&call(&format!(r#"{{"command":"true","timeout":{number}}}"#)));
+            let answer = reply(&call(&format!(
+                r#"{{"command":"true","timeout":{number}}}"#
+            )));
             assert_eq!(code_and_id(&answer), (-32602, json!(5)), "{number}");
         }
         let answer = reply(r#"{"jsonrpc":"2.0","id":1e400,"method":"ping"}"#);
@@ -523,12 +526,32 @@ mod tests {
     fn malformed_lines_get_the_json_rpc_error_for_their_kind() {
         let cases: &[(&str, i64, Value)] = &[
             ("not json", -32700, Value::Null),
-            (r#"{"jsonrpc":"2.0","id":3,"method":"ping""#, -32700, Value::Null),
+            (
+                r#"{"jsonrpc":"2.0","id":3,"method":"ping""#,
+                -32700,
+                Value::Null,
+            ),
             (r#"{"jsonrpc":"2.0","id":7}"#, -32600, json!(7)),
-            (r#"{"jsonrpc":"2.0","id":"s","method":3}"#, -32600, json!("s")),
-            (r#"{"jsonrpc":"1.0","id":4,"method":"ping"}"#, -32600, json!(4)),
-            (r#"{"jsonrpc":"2.0","id":{},"method":"ping"}"#, -32600, Value::Null),
-            (r#"[{"jsonrpc":"2.0","id":1,"method":"ping"}]"#, -32600, Value::Null),
+            (
+                r#"{"jsonrpc":"2.0","id":"s","method":3}"#,
+                -32600,
+                json!("s"),
+            ),
+            (
+                r#"{"jsonrpc":"1.0","id":4,"method":"ping"}"#,
+                -32600,
+                json!(4),
+            ),
+            (
+                r#"{"jsonrpc":"2.0","id":{},"method":"ping"}"#,
+                -32600,
+                Value::Null,
+            ),
+            (
+                r#"[{"jsonrpc":"2.0","id":1,"method":"ping"}]"#,
+                -32600,
+                Value::Null,
+            ),
             ("42", -32600, Value::Null),
             (&call(r#""echo hi""#), -32602, json!(5)),
             (&call("[1]"), -32602, json!(5)),
@@ -555,7 +578,10 @@ mod tests {
             r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
             &call(r#"{"command":"echo \ud83d\ude00"}"#),
         ] {
-            assert!(matches!(screen(line.as_bytes()), Screened::Message(_)), "{line}");
+            assert!(
+                matches!(screen(line.as_bytes()), Screened::Message(_)),
+                "{line}"
+            );
         }
         assert!(matches!(screen(b"  "), Screened::Skip));
         assert!(matches!(screen(b""), Screened::Skip));

@@ -221,7 +221,8 @@ impl<R: AsyncRead + Unpin + Send> Transport<RoleServer> for LineTransport<R> {
             let mut line = serde_json::to_vec(&item)?;
             line.push(b'\n');
             let (written, done) = oneshot::channel();
-            let closed = || std::io::Error::new(std::io::ErrorKind::NotConnected, "stdout is closed");
+            let closed =
+                || std::io::Error::new(std::io::ErrorKind::NotConnected, "stdout is closed");
             let outgoing = outgoing.ok_or_else(closed)?;
             outgoing
                 .send(Outgoing {

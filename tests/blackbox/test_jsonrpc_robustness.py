@@ -29,6 +29,16 @@ ANSWER_DEADLINE = 20.0
 class Lines(RawServer):
     """RawServer plus raw bytes and a strict "exactly one answer, in order" reader."""
 
+    def __exit__(self, *exc) -> None:
+        # Close stdin first so the server removes its temporary computer and exits by itself.
+        if self.proc.poll() is None:
+            self.close_stdin()
+            try:
+                self.proc.wait(timeout=15)
+            except Exception:
+                pass
+        super().__exit__(*exc)
+
     def send_line(self, line: str | bytes) -> None:
         # surrogatepass: a lone surrogate written raw becomes invalid UTF-8, which is a case too.
         data = line.encode("utf-8", "surrogatepass") if isinstance(line, str) else line
