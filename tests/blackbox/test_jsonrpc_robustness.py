@@ -182,8 +182,8 @@ def test_issue_15_over_long_line_is_refused_and_not_held(kbb):
         error_of(raw.exchange(b"c" * (40 * MIB)), None, -32600)
         raw.assert_quiet_then_ping()
         after = raw.rss_kib()
-        # 80 MiB went through; what stays is at most the bounded line buffer's high-water mark.
-        assert after - before < 20 * 1024, f"RSS grew from {before} KiB to {after} KiB"
+        # 80 MiB went through; measured growth is under 1 MiB (the line buffer is released).
+        assert after - before < 8 * 1024, f"RSS grew from {before} KiB to {after} KiB"
         # A request just under the limit is still served.
         near = call_line(31, json.dumps({"command": "true", "computer_id": "NOT A SLUG", "pad": "d" * (LINE_LIMIT - 200)}))
         assert len(near) < LINE_LIMIT
