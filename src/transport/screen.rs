@@ -30,12 +30,15 @@ pub const MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
 /// small.
 pub const OVERSIZED_ID_PREFIX_BYTES: usize = 64 * 1024;
 
-/// The MCP (2025-11-25) requests a client may send. rmcp reads a request for one of these whose
-/// params do not fit as a custom request and answers "method not found"; for these names the
-/// answer is "invalid params" instead.
+/// The methods rmcp 3.11 reads as typed client requests (the variants of `ClientRequest`). A
+/// request for one of these whose params do not fit falls through to rmcp's custom request and
+/// would be answered "method not found"; for these names the answer is "invalid params".
+/// Methods outside this list (`tasks/list`, a typo) stay rmcp's, which answers -32601.
+/// Follow rmcp upgrades: a variant missing here only means -32601 for its bad params.
 const CLIENT_REQUEST_METHODS: &[&str] = &[
-    "initialize",
     "ping",
+    "initialize",
+    "server/discover",
     "completion/complete",
     "logging/setLevel",
     "prompts/get",
@@ -43,14 +46,17 @@ const CLIENT_REQUEST_METHODS: &[&str] = &[
     "resources/list",
     "resources/templates/list",
     "resources/read",
+    "subscriptions/listen",
     "resources/subscribe",
     "resources/unsubscribe",
     "tools/call",
     "tools/list",
     "tasks/get",
-    "tasks/result",
-    "tasks/list",
+    "tasks/update",
     "tasks/cancel",
+    "skills/list",
+    "skills/get",
+    "resources/directory/read",
 ];
 
 /// What to do with one line.
@@ -583,6 +589,11 @@ mod tests {
                 "{line}"
             );
         }
+        // Not one of rmcp's typed requests: handed on, so the handler says "method not found".
+        assert!(matches!(
+            screen(br#"{"jsonrpc":"2.0","id":2,"method":"tasks/list","params":{}}"#),
+            Screened::Message(_)
+        ));
         assert!(matches!(screen(b"  "), Screened::Skip));
         assert!(matches!(screen(b""), Screened::Skip));
     }
