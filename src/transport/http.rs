@@ -9,6 +9,7 @@
 
 mod guard;
 mod pages;
+mod screen_body;
 mod sessions;
 
 use std::net::SocketAddr;
@@ -183,10 +184,11 @@ fn router(
         config,
     );
     // The last layer added runs first: Host/Origin, the token, the shutdown gate, the DELETE
-    // status, then the holder scope around rmcp.
+    // status, the holder scope, then the body screen right before rmcp.
     let mcp_routes = Router::new()
         .route_service("/mcp", mcp.clone())
         .route_service("/mcp/", mcp)
+        .layer(from_fn(screen_body::screen_post))
         .layer(from_fn(sessions::scope_holder))
         .layer(from_fn(sessions::delete_answers_ok))
         .layer(from_fn_with_state(

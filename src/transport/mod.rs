@@ -2,4 +2,5 @@
 //! MCP session, serves [`crate::mcp::SessionHandler`] on it, and closes the session when it ends.
 
 pub mod http;
+pub mod screen;
 pub mod stdio;
