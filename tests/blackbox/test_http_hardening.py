@@ -273,6 +273,7 @@ async def test_issue_15_declared_oversize_bodies_are_refused_before_reading(kbb)
             assert line.startswith(b"HTTP/1.1 413"), line
             assert elapsed < 5, elapsed
         peak = vm_hwm_kib(srv.pid)
+        print(f"server peak RSS after 8 concurrent 50 MB POSTs: {peak} KiB")
         assert peak < 60 * 1024, f"server peak RSS {peak} KiB after 8 oversize POSTs"
         assert srv.healthy()
 
