@@ -257,12 +257,13 @@ def only_tool_errors(e: BaseException) -> bool:
 TLS = ssl.create_default_context()
 
 
-async def one_session(url: str, r: SessionResult, commands: int, t0: float, start: anyio.Event) -> None:
+async def one_session(url: str, auth: dict, r: SessionResult, commands: int, t0: float, start: anyio.Event) -> None:
     await start.wait()
     # Timeouts: the first call waits for a container create behind every other session's, so
     # reads get minutes; connect/write/pool stay at the client's usual 30 s. Each session has
     # its own client and so its own connections, as separate clients would.
-    client = httpx.AsyncClient(timeout=httpx.Timeout(30, read=600), follow_redirects=False, verify=TLS)
+    client = httpx.AsyncClient(timeout=httpx.Timeout(30, read=600), follow_redirects=False, verify=TLS,
+                               headers=auth)
     try:
         async with client:
             async with streamable_http_client(url, http_client=client, terminate_on_close=r.closes) as (rd, wr, _):
@@ -304,11 +305,11 @@ async def one_session(url: str, r: SessionResult, commands: int, t0: float, star
         r.t_released = perf() - t0
 
 
-async def run_sessions(url: str, results: list[SessionResult], commands: int, t0: float) -> None:
+async def run_sessions(url: str, auth: dict, results: list[SessionResult], commands: int, t0: float) -> None:
     start = anyio.Event()
     async with anyio.create_task_group() as tg:
         for r in results:
-            tg.start_soon(one_session, url, r, commands, t0, start)
+            tg.start_soon(one_session, url, auth, r, commands, t0, start)
         await anyio.sleep(0)
         start.set()
 
@@ -473,6 +474,8 @@ def run(opts: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
         instance = locks[0].stem
         label = f"kilntainers.instance={instance}"
         url = f"http://127.0.0.1:{port}/mcp"
+        # Started without a token, the server generated one into its state dir.
+        auth = {"Authorization": f"Bearer {(home / STATE_DIR / f'http-token-{port}').read_text()}"}
         res["server"] = {"pid": proc.pid, "instance": instance, "args": args[1:]}
         log(f"server pid {proc.pid} on {url}, instance {instance}; {opts.sessions} sessions × {opts.commands} "
             f"calls, session timeout {opts.session_timeout}s, load {os.getloadavg()[0]:.2f}")
@@ -487,7 +490,7 @@ def run(opts: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
         ru0 = resource.getrusage(resource.RUSAGE_SELF)
         sampler = Sampler(engine, proc.pid, label, t0)
         sampler.start()
-        anyio.run(run_sessions, url, results, opts.commands, t0)
+        anyio.run(run_sessions, url, auth, results, opts.commands, t0)
         t_sessions_done = perf() - t0
         ru1 = resource.getrusage(resource.RUSAGE_SELF)
         cpu1 = proc_cpu_s(proc.pid)

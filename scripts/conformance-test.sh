@@ -19,7 +19,8 @@
 #      as skipped with its reason (the reasons are explained in docs/conformance.md); an
 #      unclassified scenario fails the run instead of being ignored
 #   6. the server: --transport http on a free 127.0.0.1 port, lifecycle tools on, a private
-#      HOME (so its instance lock, and its crash GC, see nothing but this run)
+#      HOME (so its instance lock, and its crash GC, see nothing but this run), and
+#      --allow-unauthenticated-http (the runner sends no Authorization header)
 #   7. one `conformance server --scenario NAME` per applicable scenario; checks.json of each
 #      in tests/conformance/results/
 #   8. SIGTERM to the server (it must exit 0), then no container labelled with its instance
@@ -223,8 +224,10 @@ mkdir -p "$WORK/home"
 started=0
 for attempt in 1 2 3; do
     PORT="$(free_port)"
+    # The conformance runner sends no Authorization header, so this server opts out of the
+    # token it would otherwise generate (loopback only, a private HOME, gone at exit).
     HOME="$WORK/home" RUST_LOG="${RUST_LOG:-info}" "$BIN" --transport http --host 127.0.0.1 --port "$PORT" \
-        --lifecycle-tools --image sandbox-busybox:full --shell /bin/sh \
+        --allow-unauthenticated-http --lifecycle-tools --image sandbox-busybox:full --shell /bin/sh \
         >"$WORK/server.log" 2>&1 &
     SERVER_PID=$!
     if wait_until "$START_TIMEOUT" healthz_ok "http://127.0.0.1:$PORT/healthz"; then

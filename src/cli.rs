@@ -110,7 +110,7 @@ pub struct Cli {
     pub auth_token: Option<String>,
     #[arg(
         long,
-        help = "Allow a non-loopback HTTP listener without authentication. Only use behind a trusted private network or auth proxy.",
+        help = "Allow a non-loopback HTTP listener without authentication. Only use behind a trusted private network or auth proxy. On loopback without a token, serve /mcp with no authentication instead of generating a token.",
         help_heading = "core options"
     )]
     pub allow_unauthenticated_http: bool,

@@ -79,6 +79,7 @@ async fn run(config: Config) -> i32 {
     );
     let surface = Surface::new(registry, &description, config.lifecycle_tools);
 
+    let state_dir_for_token = state_dir.clone();
     // Crash GC (and the eager backend check) never delays MCP traffic.
     match state_dir {
         Some(dir) => {
@@ -103,6 +104,10 @@ async fn run(config: Config) -> i32 {
             let options = transport::http::ServeOptions {
                 backend: config.backend.name(),
                 lifecycle_tools: config.lifecycle_tools,
+                default_call_timeout: std::time::Duration::from_secs(
+                    config.limits.default_timeout_secs,
+                ),
+                state_dir: state_dir_for_token.as_deref(),
             };
             transport::http::serve(surface, http, options).await
         }

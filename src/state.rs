@@ -1,11 +1,13 @@
 //! Files under the state dir `~/.mcp-sandbox-computer-vm-for-ai/`: this process's instance
-//! lock, and the discovery of other instances' locks for crash GC (`lifecycle.md` §9).
+//! lock, the discovery of other instances' locks for crash GC (`lifecycle.md` §9), and the
+//! access token generated for an HTTP listener started without one.
 //!
 //! A leaf module: it knows neither providers nor MCP. The OS releases an advisory lock when its
 //! process dies however it dies, so "lockable" means "dead".
 
 use std::fs::{self, File, TryLockError};
-use std::io::{self, Write};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use crate::ids::InstanceId;
@@ -124,6 +126,82 @@ pub fn dead_instances(state_dir: &Path, me: &InstanceId) -> Vec<DeadInstance> {
     dead
 }
 
+/// Random bytes in a generated access token: 256 bits, beyond guessing over any network.
+const GENERATED_TOKEN_BYTES: usize = 32;
+
+/// The access token generated for the HTTP listener on one port, kept in
+/// `http-token-<port>` (0600) so that only this user's processes can read it. Each start writes a
+/// fresh one; the file is removed on drop unless another server has replaced it since.
+pub struct GeneratedToken {
+    path: PathBuf,
+    token: String,
+}
+
+impl std::fmt::Debug for GeneratedToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never print the secret (style.md habit 13).
+        f.debug_struct("GeneratedToken")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl GeneratedToken {
+    /// Generates a token from the OS random source and writes it to `http-token-<port>` in
+    /// `state_dir`. The file is created under a fresh name with `O_EXCL` and mode 0600 (never
+    /// readable by others, not even for a moment, and never a file or symlink planted there)
+    /// and then renamed over the final name, which replaces a stale file of a dead server.
+    pub fn create(state_dir: &Path, port: u16) -> io::Result<Self> {
+        fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(state_dir)?;
+        let token = random_hex(GENERATED_TOKEN_BYTES)?;
+        let path = state_dir.join(format!("http-token-{port}"));
+        let staging = state_dir.join(format!(".http-token-{port}.{}.new", random_hex(8)?));
+        let mut file = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&staging)?;
+        let written = file
+            .write_all(token.as_bytes())
+            .and_then(|()| file.sync_all())
+            .and_then(|()| fs::rename(&staging, &path));
+        if let Err(error) = written {
+            let _ = fs::remove_file(&staging);
+            return Err(error);
+        }
+        Ok(Self { path, token })
+    }
+
+    /// Where the token is.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The token itself: for the authentication check only, never for logs.
+    pub fn secret(&self) -> &str {
+        &self.token
+    }
+}
+
+impl Drop for GeneratedToken {
+    fn drop(&mut self) {
+        // Another server on the same port and HOME may have replaced the file since.
+        if fs::read_to_string(&self.path).is_ok_and(|content| content == self.token) {
+            let _ = fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// `bytes` bytes from the kernel's random source, hex-encoded.
+fn random_hex(bytes: usize) -> io::Result<String> {
+    let mut buffer = vec![0_u8; bytes];
+    File::open("/dev/urandom")?.read_exact(&mut buffer)?;
+    Ok(buffer.iter().map(|byte| format!("{byte:02x}")).collect())
+}
+
 fn unix_seconds() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -154,6 +232,43 @@ mod tests {
             .map(|d| d.id)
             .collect();
         assert_eq!(dead, vec![gone]);
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn generated_token_file_is_private_fresh_and_removed_on_drop() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir =
+            std::env::temp_dir().join(format!("kilntainers-token-test-{}", InstanceId::random()));
+        let first = GeneratedToken::create(&dir, 8435).unwrap();
+        let path = first.path().to_owned();
+        assert_eq!(path, dir.join("http-token-8435"));
+        let meta = fs::symlink_metadata(&path).unwrap();
+        assert!(meta.is_file());
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+        assert_eq!(fs::read_to_string(&path).unwrap(), first.secret());
+        assert_eq!(first.secret().len(), 64);
+        assert!(first.secret().bytes().all(|b| b.is_ascii_hexdigit()));
+        assert!(!format!("{first:?}").contains(first.secret()));
+        // A second server on the same port replaces the file; the first one's drop keeps it.
+        let second = GeneratedToken::create(&dir, 8435).unwrap();
+        assert_ne!(first.secret(), second.secret());
+        drop(first);
+        assert_eq!(fs::read_to_string(&path).unwrap(), second.secret());
+        drop(second);
+        assert!(!path.exists());
+        // No staging file is left behind.
+        assert_eq!(fs::read_dir(&dir).unwrap().count(), 0);
+        // A symlink planted at the name is replaced, never followed.
+        let victim =
+            std::env::temp_dir().join(format!("kilntainers-victim-{}", InstanceId::random()));
+        fs::write(&victim, "keep").unwrap();
+        std::os::unix::fs::symlink(&victim, &path).unwrap();
+        let third = GeneratedToken::create(&dir, 8435).unwrap();
+        assert!(fs::symlink_metadata(&path).unwrap().is_file());
+        assert_eq!(fs::read_to_string(&victim).unwrap(), "keep");
+        drop(third);
+        fs::remove_file(&victim).unwrap();
         fs::remove_dir_all(&dir).unwrap();
     }
 }

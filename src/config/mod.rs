@@ -24,6 +24,14 @@ pub use wasm::{WasmConfig, WasmModule};
 /// describes (`mcp-surface.md` §6).
 pub const DEFAULT_IMAGE: &str = "debian:bookworm-slim";
 
+/// Upper bound of any command timeout (`--timeout` and the `timeout` argument): one week. A
+/// longer call is almost certainly a mistake (a value in milliseconds), and a bound keeps every
+/// deadline computable and every idle session eventually reapable.
+pub const MAX_TIMEOUT_SECS: u64 = 604_800;
+
+/// `--allowed-host` value that turns the Host check off.
+const ANY_HOST: &str = "*";
+
 /// A startup error; `main` prints it as `kilntainers: error: <message>` and exits 1.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{0}")]
@@ -61,6 +69,9 @@ pub struct HttpConfig {
     pub port: u16,
     pub session_timeout: Duration,
     pub auth_token: Option<String>,
+    /// `--allow-unauthenticated-http`: without a token, serve `/mcp` with no authentication
+    /// instead of generating a token.
+    pub allow_unauthenticated: bool,
     pub extra_allowed_hosts: Vec<String>,
 }
 
@@ -140,6 +151,11 @@ impl Config {
         if cli.timeout < 1 {
             return fail("--timeout must be at least 1 second.");
         }
+        if cli.timeout.unsigned_abs() > MAX_TIMEOUT_SECS {
+            return fail(format!(
+                "--timeout must be at most {MAX_TIMEOUT_SECS} seconds (one week)."
+            ));
+        }
         if cli.output_limit < 1 {
             return fail("--output-limit must be at least 1 byte.");
         }
@@ -171,11 +187,22 @@ impl Config {
         } else {
             let mut extra_allowed_hosts = cli.allowed_host.clone();
             extra_allowed_hosts.extend(Cli::allowed_hosts_from_env());
+            // Without the Host check and without a token, any web page the user opens can
+            // drive the server through DNS rebinding.
+            if auth_token.is_none()
+                && cli.allow_unauthenticated_http
+                && extra_allowed_hosts.iter().any(|h| h.trim() == ANY_HOST)
+            {
+                return fail(
+                    "--allowed-host '*' turns off the Host check, so /mcp needs authentication. Set KILNTAINERS_AUTH_TOKEN/--auth-token, or drop --allow-unauthenticated-http to use a generated token.",
+                );
+            }
             Transport::Http(HttpConfig {
                 host: cli.host.clone(),
                 port,
                 session_timeout: Duration::from_secs(cli.session_timeout.unsigned_abs()),
                 auth_token,
+                allow_unauthenticated: cli.allow_unauthenticated_http,
                 extra_allowed_hosts,
             })
         };
@@ -432,6 +459,48 @@ mod tests {
             config(&["--memory", "512m"]).unwrap().docker.memory_bytes,
             Some(512 << 20)
         );
+    }
+
+    #[test]
+    fn timeout_is_at_most_a_week() {
+        assert!(config(&["--timeout", "604800"]).is_ok());
+        assert_eq!(
+            config(&["--timeout", "604801"]).unwrap_err(),
+            "--timeout must be at most 604800 seconds (one week)."
+        );
+    }
+
+    #[test]
+    fn any_host_needs_authentication() {
+        let refused = "--allowed-host '*' turns off the Host check, so /mcp needs authentication. Set KILNTAINERS_AUTH_TOKEN/--auth-token, or drop --allow-unauthenticated-http to use a generated token.";
+        assert_eq!(
+            config(&[
+                "--transport",
+                "http",
+                "--allowed-host",
+                "*",
+                "--allow-unauthenticated-http"
+            ])
+            .unwrap_err(),
+            refused
+        );
+        // With a configured or a generated token the Host check may be off.
+        assert!(
+            config(&[
+                "--transport",
+                "http",
+                "--allowed-host",
+                "*",
+                "--auth-token",
+                "t"
+            ])
+            .is_ok()
+        );
+        let generated = config(&["--transport", "http", "--allowed-host", "*"]).unwrap();
+        let Transport::Http(http) = generated.transport else {
+            panic!("http transport expected");
+        };
+        assert!(http.auth_token.is_none() && !http.allow_unauthenticated);
     }
 
     #[test]

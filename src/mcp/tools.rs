@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 use super::args::{ArgError, Args};
 use super::format;
 use crate::backends::{BackendError, Progress};
+use crate::config::MAX_TIMEOUT_SECS;
 use crate::exec::{ExecOutcome, ExecRequest, Program, STDIN_LIMIT};
 use crate::ids::ComputerId;
 use crate::registry::{Registry, RegistryError, Session};
@@ -138,6 +139,11 @@ fn decode_execute(
     }
     let timeout_secs = match timeout {
         Some(t) if t < 1 => return Err("timeout must be at least 1 second.".to_owned()),
+        Some(t) if t.unsigned_abs() > MAX_TIMEOUT_SECS => {
+            return Err(format!(
+                "timeout must be at most {MAX_TIMEOUT_SECS} seconds (one week)."
+            ));
+        }
         Some(t) => t.unsigned_abs(),
         None => default_timeout,
     };
@@ -315,6 +321,20 @@ mod tests {
                 .err()
                 .as_deref(),
             Some("timeout must be at least 1 second.")
+        );
+        // See: issue 15
+        assert_eq!(
+            decode(json!({"command": "x", "timeout": 604_801}))
+                .err()
+                .as_deref(),
+            Some("timeout must be at most 604800 seconds (one week).")
+        );
+        assert_eq!(
+            decode(json!({"command": "x", "timeout": 604_800}))
+                .unwrap()
+                .request
+                .timeout_secs,
+            604_800
         );
         let big = "a".repeat(STDIN_LIMIT + 1);
         assert_eq!(

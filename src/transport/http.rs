@@ -1,18 +1,21 @@
 //! The Streamable HTTP transport (`http.md`): an axum router with rmcp's
-//! `StreamableHttpService` at `/mcp` (behind the Host/Origin check and bearer auth of
-//! [`guard`]), `/healthz` and `GET /` ([`pages`]); session and lease reaping; and the shutdown
-//! sequence of `lifecycle.md` §8.
+//! `StreamableHttpService` at `/mcp` (behind the Host/Origin check, bearer auth and body limit
+//! of [`guard`]), `/healthz` and `GET /` ([`pages`]), served by the bounded accept loop of
+//! [`listener`]; the access token generated when none is configured; session and lease
+//! reaping; and the shutdown sequence of `lifecycle.md` §8.
 //!
 //! **API boundary:** everything an HTTP client observes besides MCP itself (routes, status codes,
 //! headers) is decided here. Computers are never touched here: sessions are opened and closed
 //! through [`crate::mcp::SessionHandler`] ([`sessions`] says how each request is held).
 
 mod guard;
+mod listener;
 mod pages;
 mod screen_body;
 mod sessions;
 
 use std::net::SocketAddr;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -27,7 +30,8 @@ use tracing::{info, warn};
 use crate::config::HttpConfig;
 use crate::mcp::Surface;
 use crate::shutdown;
-use guard::{AllowedHosts, Guard, Token};
+use crate::state::GeneratedToken;
+use guard::{AllowedHosts, Guard, MAX_REQUEST_BODY_BYTES, Token};
 use sessions::IdleSessions;
 
 /// Sessions that never finish `initialize` are dropped after this long (`http.md` §2).
@@ -36,9 +40,6 @@ const INIT_TIMEOUT: Duration = Duration::from_secs(60);
 const SSE_KEEP_ALIVE: Duration = Duration::from_secs(15);
 /// Reconnect delay announced to SSE clients.
 const SSE_RETRY: Duration = Duration::from_secs(3);
-/// Largest accepted POST body (413 beyond): 2 MiB of stdin can grow several-fold once
-/// JSON-escaped, and this still bounds what one request can make the server buffer.
-const MAX_REQUEST_BODY_BYTES: usize = 16 * 1024 * 1024;
 /// Upper bound of the reaper period: an abandoned session or lease outlives its timeout by at
 /// most this (`lifecycle.md` §2, `http.md` §5 acceptance: within timeout + 15 s).
 const REAPER_MAX_PERIOD: Duration = Duration::from_secs(15);
@@ -52,6 +53,10 @@ pub struct ServeOptions<'a> {
     pub backend: &'a str,
     /// Lifecycle tools on: the web dashboard and `dashboard_resource` in `GET /`.
     pub lifecycle_tools: bool,
+    /// `--timeout`: how long a request without its own `timeout` keeps its session active.
+    pub default_call_timeout: Duration,
+    /// Where a generated access token is written (`None`: no HOME).
+    pub state_dir: Option<&'a Path>,
 }
 
 /// `min(15 s, max(1 s, timeout / 4))` (`lifecycle.md` §10).
@@ -85,10 +90,28 @@ pub async fn serve(surface: Arc<Surface>, config: &HttpConfig, options: ServeOpt
     };
     let registry = surface.registry.clone();
     let hosts = AllowedHosts::new(&config.host, &config.extra_allowed_hosts);
-    let token = Token::new(config.auth_token.as_deref());
     let port = listener
         .local_addr()
         .map_or(config.port, |addr: SocketAddr| addr.port());
+    // Without a configured token, a fresh one guards `/mcp` unless the user opted out: on
+    // loopback, computers with host networking and neighbouring containers reach us too.
+    let generated = if config.auth_token.is_none() && !config.allow_unauthenticated {
+        match generate_token(options.state_dir, port) {
+            Ok(generated) => Some(generated),
+            Err(message) => {
+                eprintln!("kilntainers: error: {message}");
+                return 1;
+            }
+        }
+    } else {
+        None
+    };
+    let token = Token::new(
+        config
+            .auth_token
+            .as_deref()
+            .or(generated.as_ref().map(GeneratedToken::secret)),
+    );
     let allowed = if hosts.any() {
         "*".to_owned()
     } else {
@@ -112,6 +135,18 @@ pub async fn serve(surface: Arc<Surface>, config: &HttpConfig, options: ServeOpt
             "kilntainers: warning: serving without authentication on a non-loopback address ({}); anyone who can reach it can run commands.",
             config.host
         );
+    } else if !token.enabled() {
+        eprintln!(
+            "kilntainers: warning: serving without authentication (--allow-unauthenticated-http); anything that reaches this machine's loopback, such as a computer with host networking, can run commands."
+        );
+    }
+    if let Some(generated) = &generated {
+        announce_token(
+            generated,
+            &url_host(&config.host),
+            port,
+            options.lifecycle_tools,
+        );
     }
     info!(
         auth = if token.enabled() { "on" } else { "off" },
@@ -123,7 +158,10 @@ pub async fn serve(surface: Arc<Surface>, config: &HttpConfig, options: ServeOpt
     // Closes the listener (connections in progress continue).
     let stop_accepting = CancellationToken::new();
     let guard = Arc::new(Guard::new(hosts, token));
-    let sessions = Arc::new(IdleSessions::new(INIT_TIMEOUT));
+    let sessions = Arc::new(IdleSessions::new(
+        INIT_TIMEOUT,
+        options.default_call_timeout,
+    ));
     let app = router(
         &surface,
         sessions.clone(),
@@ -132,15 +170,13 @@ pub async fn serve(surface: Arc<Surface>, config: &HttpConfig, options: ServeOpt
         options.lifecycle_tools,
         end_sessions.child_token(),
     );
-    let server =
-        axum::serve(listener, app).with_graceful_shutdown(stop_accepting.clone().cancelled_owned());
-    let mut server = tokio::spawn(server.into_future());
+    let mut server = tokio::spawn(listener::serve(listener, app, stop_accepting.clone()));
     let reaper = tokio::spawn(reap(sessions, registry.clone(), config.session_timeout));
 
     let trigger = tokio::select! {
         () = signals.next() => shutdown::Trigger::Signal,
         result = &mut server => {
-            // `axum::serve` only returns on shutdown; anything else is a fault worth a line.
+            // The accept loop only returns on shutdown; anything else is a fault worth a line.
             warn!(?result, "HTTP server stopped unexpectedly");
             shutdown::Trigger::ClientGone
         }
@@ -157,7 +193,34 @@ pub async fn serve(surface: Arc<Surface>, config: &HttpConfig, options: ServeOpt
     end_sessions.cancel();
     // Connections still open after the drain are cut when the runtime goes away.
     server.abort();
+    drop(generated);
     code
+}
+
+/// A fresh token in the state dir, or the startup error to print.
+fn generate_token(state_dir: Option<&Path>, port: u16) -> Result<GeneratedToken, String> {
+    let Some(dir) = state_dir else {
+        return Err("Cannot store a generated access token for /mcp: HOME is not set. Set KILNTAINERS_AUTH_TOKEN/--auth-token, or pass --allow-unauthenticated-http.".to_owned());
+    };
+    GeneratedToken::create(dir, port).map_err(|error| {
+        format!(
+            "Cannot write a generated access token for /mcp to {}: {error}. Set KILNTAINERS_AUTH_TOKEN/--auth-token, or pass --allow-unauthenticated-http.",
+            dir.display()
+        )
+    })
+}
+
+/// Says where the generated token is, never the token itself (logs get pasted into issues).
+fn announce_token(generated: &GeneratedToken, host: &str, port: u16, dashboard: bool) {
+    let path = generated.path().display();
+    eprintln!(
+        "kilntainers: /mcp requires the access token in {path} (send \"Authorization: Bearer <token>\"; set --auth-token to choose one, or pass --allow-unauthenticated-http to serve without)."
+    );
+    if dashboard {
+        eprintln!(
+            "kilntainers: web dashboard: open \"http://{host}:{port}/#token=$(cat '{path}')\", or open http://{host}:{port}/ and enter the token."
+        );
+    }
 }
 
 fn router(
@@ -183,14 +246,16 @@ fn router(
         sessions,
         config,
     );
-    // The last layer added runs first: Host/Origin, the token, the shutdown gate, the DELETE
-    // status, the holder scope, then the body screen right before rmcp.
+    // The last layer added runs first: Host/Origin, the token, the shutdown gate, the declared
+    // body size, the DELETE status, the holder scope, then the body screen right before rmcp
+    // (it reads at most MAX_REQUEST_BODY_BYTES, so a chunked body is capped while streaming).
     let mcp_routes = Router::new()
         .route_service("/mcp", mcp.clone())
         .route_service("/mcp/", mcp)
         .layer(from_fn(screen_body::screen_post))
         .layer(from_fn(sessions::scope_holder))
         .layer(from_fn(sessions::delete_answers_ok))
+        .layer(from_fn(guard::refuse_declared_oversize))
         .layer(from_fn_with_state(
             guard.clone(),
             guard::refuse_while_draining,

@@ -537,15 +537,19 @@ class KBB:
         init_timeout: float = 60.0,
     ) -> AsyncIterator["HttpSession"]:
         """An MCP session over Streamable HTTP with the SDK's client.  Every HTTP response the
-        SDK receives is recorded in `.responses` as (method, status, mcp-session-id sent)."""
+        SDK receives is recorded in `.responses` as (method, status, mcp-session-id sent).
+        Without an `Authorization` in `headers`, the server's generated token is sent."""
         responses: list[tuple[str, int, str | None]] = []
+        headers = dict(headers or {})
+        if not any(name.lower() == "authorization" for name in headers):
+            headers.update(server.auth())
 
         async def record(response: httpx.Response) -> None:
             request = response.request
             responses.append((request.method, response.status_code, request.headers.get("mcp-session-id")))
 
         client = httpx.AsyncClient(
-            headers=headers or {},
+            headers=headers,
             timeout=httpx.Timeout(30.0, read=300.0),
             event_hooks={"response": [record]},
         )
@@ -754,6 +758,24 @@ class HttpServer:
 
     def stderr(self) -> str:
         return self.errlog.read_text(errors="replace") if self.errlog.exists() else ""
+
+    @property
+    def token_file(self) -> Path:
+        """Where the server writes the access token it generates when none is configured."""
+        return self.home / STATE_DIR_NAME / f"http-token-{self.port}"
+
+    @property
+    def token(self) -> str | None:
+        """The generated access token, or None (a token was given, or the opt-out)."""
+        try:
+            return self.token_file.read_text()
+        except OSError:
+            return None
+
+    def auth(self) -> dict:
+        """The Authorization header for the generated token ({} when there is none)."""
+        token = self.token
+        return {"Authorization": f"Bearer {token}"} if token else {}
 
     def healthy(self) -> bool:
         try:

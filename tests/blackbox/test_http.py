@@ -143,7 +143,7 @@ async def test_delete_removes_only_that_sessions_temporary_computers(kbb):
 
             for cid in (a_id, explicit):
                 assert await await_gone(cid, 15), f"{cid} survived the DELETE of its session"
-            assert session_status(srv.mcp_url, a_session) == 404, "the deleted session id is still served"
+            assert session_status(srv.mcp_url, a_session, srv.auth()) == 404, "the deleted session id is still served"
 
             # The other session is untouched and still uses the same default.
             b_container = container_for(b_id)
@@ -174,7 +174,7 @@ async def test_abandoned_session_is_reaped_after_idle_timeout(kbb):
             f"the computer went {gone_at - last_request:.1f} s after the last request, before the "
             f"{timeout} s idle timeout: the disconnect itself ended the session"
         )
-        assert session_status(srv.mcp_url, session_id) == 404, "the expired session id is still served"
+        assert session_status(srv.mcp_url, session_id, srv.auth()) == 404, "the expired session id is still served"
 
 
 async def test_sigterm_with_live_sessions_removes_temporaries_and_exits_0(kbb):

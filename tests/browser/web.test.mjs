@@ -202,4 +202,19 @@ describe("dashboard in web mode over Streamable HTTP", () => {
       "the session to be gone",
     );
   });
+
+  // See: issue 15 (the server prints such a link for its generated token).
+  step("a link with #token= connects without the prompt and leaves the address bar", async () => {
+    await page.goto(`${server.url}/`);
+    await page.evaluate(() => sessionStorage.clear());
+    await page.goto("about:blank");
+    const before = requests.length;
+    await page.goto(`${server.url}/#token=${TOKEN}`);
+    await waitStatus(/^(Connected|\d+ computers?)$/, 15_000);
+    assert.equal(await page.locator("#auth").isVisible(), false);
+    assert.equal(new URL(page.url()).hash, "", "the token stayed in the address bar");
+    const init = requests.slice(before).filter((r) => rpc(r)?.method === "initialize");
+    assert.equal(init.length, 1);
+    assert.equal(init[0].headers.authorization, `Bearer ${TOKEN}`);
+  });
 });

@@ -205,6 +205,23 @@ impl HttpServer {
         }
     }
 
+    /// The access token the server generated because none was configured (`None` if it did
+    /// not: a token was given, or `--allow-unauthenticated-http`).
+    pub fn generated_token(&self) -> Option<String> {
+        let path = self
+            .home
+            .0
+            .join(".mcp-sandbox-computer-vm-for-ai")
+            .join(format!("http-token-{}", self.port));
+        std::fs::read_to_string(path).ok()
+    }
+
+    /// The generated token; panics when there is none.
+    pub fn token(&self) -> String {
+        self.generated_token()
+            .unwrap_or_else(|| panic!("no generated token; log:\n{}", self.log()))
+    }
+
     /// `http://127.0.0.1:<port><path>`
     pub fn url(&self, path: &str) -> String {
         format!("http://127.0.0.1:{}{path}", self.port)

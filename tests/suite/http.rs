@@ -7,6 +7,7 @@ use std::time::Duration;
 use reqwest::header::{ACCEPT, AUTHORIZATION, CONTENT_TYPE, HOST, ORIGIN};
 use rmcp::ServiceExt;
 use rmcp::transport::StreamableHttpClientTransport;
+use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
 use serde_json::{Value, json};
 
 use crate::common::{
@@ -52,15 +53,20 @@ fn rpc_message(body: &str) -> Value {
 struct RawSession {
     http: reqwest::Client,
     url: String,
+    token: String,
     id: String,
     next: u64,
 }
 
 impl RawSession {
-    async fn open(url: String) -> Self {
+    /// A session on `server` with its generated token.
+    async fn open(server: &HttpServer) -> Self {
+        let url = server.url("/mcp");
+        let token = server.token();
         let http = reqwest::Client::new();
         let response = http
             .post(&url)
+            .bearer_auth(&token)
             .header(CONTENT_TYPE, "application/json")
             .header(ACCEPT, MCP_ACCEPT)
             .body(initialize_body().to_string())
@@ -78,6 +84,7 @@ impl RawSession {
         let session = Self {
             http,
             url,
+            token,
             id,
             next: 2,
         };
@@ -92,6 +99,7 @@ impl RawSession {
     async fn post(&self, body: Value) -> reqwest::Response {
         self.http
             .post(&self.url)
+            .bearer_auth(&self.token)
             .header(CONTENT_TYPE, "application/json")
             .header(ACCEPT, MCP_ACCEPT)
             .header("mcp-session-id", &self.id)
@@ -119,7 +127,7 @@ impl RawSession {
 }
 
 /// One sessionless 2026-07-28 `terminal_execute` call.
-async fn stateless_call(url: &str, arguments: Value) -> Value {
+async fn stateless_call(url: &str, token: &str, arguments: Value) -> Value {
     let body = json!({
         "jsonrpc": "2.0", "id": 7, "method": "tools/call",
         "params": {
@@ -133,6 +141,7 @@ async fn stateless_call(url: &str, arguments: Value) -> Value {
     });
     let response = reqwest::Client::new()
         .post(url)
+        .bearer_auth(token)
         .header(CONTENT_TYPE, "application/json")
         .header(ACCEPT, MCP_ACCEPT)
         .header("mcp-protocol-version", STATELESS)
@@ -368,9 +377,19 @@ async fn lifecycle_off_descriptor_disabled_page_and_bind_failure() {
         log.contains("kilntainers: warning: --allowed-host '*'"),
         "{log}"
     );
-    // Without a token /mcp is open on loopback.
+    // Without a configured token /mcp takes the generated one (issue 15).
+    let refused = http
+        .post(server.url("/mcp"))
+        .header(CONTENT_TYPE, "application/json")
+        .header(ACCEPT, MCP_ACCEPT)
+        .body(initialize_body().to_string())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), 401);
     let open = http
         .post(server.url("/mcp"))
+        .bearer_auth(server.token())
         .header(CONTENT_TYPE, "application/json")
         .header(ACCEPT, MCP_ACCEPT)
         .body(initialize_body().to_string())
@@ -420,14 +439,14 @@ async fn sessions_have_their_own_default_computer_and_delete_removes_it() {
         docker_host: None,
     };
     let server = HttpServer::start("http-sessions", &BUSYBOX).await;
-    let first =
-        ().serve(StreamableHttpClientTransport::from_uri(server.url("/mcp")))
-            .await
-            .expect("first session");
-    let second =
-        ().serve(StreamableHttpClientTransport::from_uri(server.url("/mcp")))
-            .await
-            .expect("second session");
+    let transport = || {
+        StreamableHttpClientTransport::from_config(
+            StreamableHttpClientTransportConfig::with_uri(server.url("/mcp"))
+                .auth_header(server.token()),
+        )
+    };
+    let first = ().serve(transport()).await.expect("first session");
+    let second = ().serve(transport()).await.expect("second session");
 
     let a = structured(&execute(&first, json!({"command": "echo a"})).await);
     let b = structured(&execute(&second, json!({"command": "echo b"})).await);
@@ -475,7 +494,7 @@ async fn abandoned_session_is_reaped_but_a_long_call_is_not() {
     let mut args = BUSYBOX.to_vec();
     args.extend(["--session-timeout", "2"]);
     let server = HttpServer::start("http-idle", &args).await;
-    let mut session = RawSession::open(server.url("/mcp")).await;
+    let mut session = RawSession::open(&server).await;
 
     // A call longer than the idle timeout keeps its session (lifecycle.md §2).
     let long = session
@@ -517,15 +536,22 @@ async fn stateless_request_computer_is_leased_and_renewed_on_use() {
     args.extend(["--session-timeout", "3"]);
     let server = HttpServer::start("http-lease", &args).await;
     let url = server.url("/mcp");
+    let token = server.token();
 
-    let first = stateless_call(&url, json!({"command": "echo one", "computer_id": id})).await;
+    let first = stateless_call(
+        &url,
+        &token,
+        json!({"command": "echo one", "computer_id": id}),
+    )
+    .await;
     assert_eq!(first["stdout"], "one\n");
     assert_eq!(first["temporary"], true);
     // Used every second for longer than the lease: it stays.
     let start = std::time::Instant::now();
     while start.elapsed() < Duration::from_secs(5) {
         tokio::time::sleep(Duration::from_secs(1)).await;
-        let used = stateless_call(&url, json!({"command": "true", "computer_id": id})).await;
+        let used =
+            stateless_call(&url, &token, json!({"command": "true", "computer_id": id})).await;
         assert_eq!(used["exit_code"], 0);
         assert!(container_exists(&container(&id)));
     }
@@ -551,7 +577,7 @@ async fn sigterm_with_a_live_session_removes_temporaries_and_exits_0() {
         docker_host: None,
     };
     let mut server = HttpServer::start("http-term", &BUSYBOX).await;
-    let mut session = RawSession::open(server.url("/mcp")).await;
+    let mut session = RawSession::open(&server).await;
     let result = session
         .call(json!({"command": "echo up", "computer_id": id}))
         .await;

@@ -84,6 +84,8 @@ const CONFINED: &[(&str, &[&str])] = &[
     ),
     ("tar::", &["src/backends/docker/helper/"]),
     ("axum::", &["src/transport/"]),
+    ("hyper::", &["src/transport/"]),
+    ("hyper_util::", &["src/transport/"]),
     ("subtle::", &["src/transport/"]),
     ("reqwest::", &["src/backends/fly/", "src/backends/e2b/"]),
     ("base64::", &["src/backends/e2b/"]),

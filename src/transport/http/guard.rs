@@ -1,5 +1,6 @@
 //! What stands between the network and `/mcp` (`http.md` §3–4): the Host and Origin checks
-//! against DNS rebinding (421 / 403) and bearer-token authentication (401). Pure decisions are
+//! against DNS rebinding (421 / 403), bearer-token authentication (401), and the refusal of a
+//! body declared larger than any legal request (413, before a byte of it is read). Pure decisions are
 //! plain functions over header values, unit-tested here; the axum middleware only maps them to
 //! responses. The token is compared in constant time and never logged.
 
@@ -9,7 +10,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::header::{AUTHORIZATION, CONTENT_TYPE, HOST, ORIGIN, WWW_AUTHENTICATE};
+use axum::http::header::{
+    AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, HOST, ORIGIN, WWW_AUTHENTICATE,
+};
 use axum::http::{HeaderValue, StatusCode, Uri};
 use axum::middleware::Next;
 use axum::response::Response;
@@ -19,6 +22,13 @@ use subtle::ConstantTimeEq;
 const LOOPBACK_NAMES: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
 /// `--allowed-host` value that turns the Host check off.
 const ANY_HOST: &str = "*";
+/// Largest accepted POST body (413 beyond), sized to the largest legal request: 2 MiB of stdin
+/// is at most 4 MiB once JSON-escaped when every byte is a quote, backslash or newline, and a
+/// base64 file chunk of 2 MiB is 2.7 MiB; 8 MiB leaves room for both plus the envelope. Only
+/// stdin made almost entirely of other control characters (6 bytes each as `\u00XX`) is
+/// larger, and it gets a clear 413. A declared length beyond it is refused before reading; a
+/// chunked body is cut by rmcp once it passes it.
+pub const MAX_REQUEST_BODY_BYTES: usize = 8 * 1024 * 1024;
 
 /// The Host names accepted on `/mcp` and `GET /` (`http.md` §3 table).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -235,6 +245,29 @@ pub async fn refuse_while_draining(
 ) -> Response {
     if guard.draining.load(Ordering::SeqCst) {
         return text(StatusCode::SERVICE_UNAVAILABLE, "Server is shutting down");
+    }
+    next.run(request).await
+}
+
+/// 413 for a body whose `Content-Length` exceeds [`MAX_REQUEST_BODY_BYTES`], without reading
+/// it (rmcp would buffer up to the limit first). rmcp enforces the same limit on chunked
+/// bodies while it reads them.
+pub async fn refuse_declared_oversize(request: Request, next: Next) -> Response {
+    let declared = request
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.trim().parse::<u64>().ok());
+    if declared.is_some_and(|length| length > MAX_REQUEST_BODY_BYTES as u64) {
+        let mut response = Response::new(Body::from(format!(
+            "Payload Too Large: request body exceeds {MAX_REQUEST_BODY_BYTES} bytes"
+        )));
+        *response.status_mut() = StatusCode::PAYLOAD_TOO_LARGE;
+        response.headers_mut().insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+        return response;
     }
     next.run(request).await
 }

@@ -19,11 +19,14 @@
 //! [`IdleSessions`] wraps rmcp's `LocalSessionManager` and the session transport instead, and
 //! counts a session idle only when no message has arrived for the timeout *and* no request of
 //! it is in flight (a request is in flight from its arrival at the handler until its response
-//! or error leaves, or until the client cancels it). [`IdleSessions::close_idle`] closes such
+//! or error leaves, or until the client cancels it). A request counts as activity for at most
+//! its own timeout (the `timeout` argument of a tool call, else `--timeout`): one that never
+//! ends — a hung engine, a client gone mid-call — cannot keep its session alive beyond
+//! `--session-timeout` plus that timeout. [`IdleSessions::close_idle`] closes such
 //! sessions through the session manager, which drops the handler and so releases the
 //! session's computers exactly as a client `DELETE` does.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -33,7 +36,9 @@ use axum::middleware::Next;
 use axum::response::Response;
 use futures_util::Stream;
 use rmcp::RoleServer;
-use rmcp::model::{ClientJsonRpcMessage, ClientNotification, RequestId, ServerJsonRpcMessage};
+use rmcp::model::{
+    ClientJsonRpcMessage, ClientNotification, ClientRequest, RequestId, ServerJsonRpcMessage,
+};
 use rmcp::transport::Transport;
 use rmcp::transport::WorkerTransport;
 use rmcp::transport::streamable_http_server::session::local::{
@@ -43,6 +48,7 @@ use rmcp::transport::streamable_http_server::session::{EventStore, ServerSseMess
 use rmcp::transport::streamable_http_server::{SessionId, SessionManager};
 use tracing::info;
 
+use crate::config::MAX_TIMEOUT_SECS;
 use crate::mcp::{SessionHandler, Surface};
 
 /// Header naming the protocol revision of a request (rmcp's `HEADER_MCP_PROTOCOL_VERSION`).
@@ -121,11 +127,42 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 /// One session's activity: when a client message last arrived or a request last finished,
-/// and which requests are being handled now.
+/// and until when each request being handled now counts as activity.
 #[derive(Debug)]
 struct Activity {
     last: Instant,
-    in_flight: HashSet<RequestId>,
+    in_flight: HashMap<RequestId, Instant>,
+    /// How long a request without a `timeout` argument counts as activity (`--timeout`).
+    default_call_timeout: Duration,
+}
+
+impl Activity {
+    /// The moment from which the idle timeout runs.
+    fn idle_since(&self) -> Instant {
+        self.in_flight
+            .values()
+            .copied()
+            .fold(self.last, Instant::max)
+    }
+
+    /// How long `request` may count as activity: its own timeout, bounded like any timeout.
+    fn bound(&self, request: &ClientRequest) -> Duration {
+        let ClientRequest::CallToolRequest(call) = request else {
+            return self.default_call_timeout;
+        };
+        call.params
+            .arguments
+            .as_ref()
+            .and_then(|arguments| arguments.get("timeout"))
+            .and_then(|value| {
+                value
+                    .as_u64()
+                    .or_else(|| value.as_str().and_then(|text| text.trim().parse().ok()))
+            })
+            .map_or(self.default_call_timeout, |secs: u64| {
+                Duration::from_secs(secs.clamp(1, MAX_TIMEOUT_SECS))
+            })
+    }
 }
 
 type SharedActivity = Arc<Mutex<Activity>>;
@@ -134,12 +171,14 @@ type SharedActivity = Arc<Mutex<Activity>>;
 pub struct IdleSessions {
     inner: LocalSessionManager,
     activity: Mutex<HashMap<SessionId, SharedActivity>>,
+    default_call_timeout: Duration,
 }
 
 impl IdleSessions {
     /// rmcp's idle timer is off (`keep_alive = None`); `init_timeout` drops sessions that never
-    /// finish initializing.
-    pub fn new(init_timeout: Duration) -> Self {
+    /// finish initializing; a request without its own `timeout` counts as activity for at most
+    /// `default_call_timeout`.
+    pub fn new(init_timeout: Duration, default_call_timeout: Duration) -> Self {
         let mut config = SessionConfig::default();
         config.keep_alive = None;
         config.init_timeout = Some(init_timeout);
@@ -148,6 +187,7 @@ impl IdleSessions {
         Self {
             inner,
             activity: Mutex::new(HashMap::new()),
+            default_call_timeout,
         }
     }
 
@@ -157,8 +197,7 @@ impl IdleSessions {
         let idle: Vec<SessionId> = lock(&self.activity)
             .iter()
             .filter(|(_, activity)| {
-                let activity = lock(activity);
-                activity.in_flight.is_empty() && now.duration_since(activity.last) >= timeout
+                now.saturating_duration_since(lock(activity).idle_since()) >= timeout
             })
             .map(|(id, _)| id.clone())
             .collect();
@@ -179,7 +218,8 @@ impl SessionManager for IdleSessions {
         let (id, transport) = self.inner.create_session().await?;
         let activity = Arc::new(Mutex::new(Activity {
             last: Instant::now(),
-            in_flight: HashSet::new(),
+            in_flight: HashMap::new(),
+            default_call_timeout: self.default_call_timeout,
         }));
         lock(&self.activity).insert(id.clone(), activity.clone());
         Ok((
@@ -274,10 +314,12 @@ impl<T: Transport<RoleServer>> Transport<RoleServer> for Tracked<T> {
         let message = self.inner.receive().await;
         if let Some(message) = &message {
             let mut activity = lock(&self.activity);
-            activity.last = Instant::now();
+            let now = Instant::now();
+            activity.last = now;
             match message {
                 ClientJsonRpcMessage::Request(request) => {
-                    activity.in_flight.insert(request.id.clone());
+                    let until = now + activity.bound(&request.request);
+                    activity.in_flight.insert(request.id.clone(), until);
                 }
                 // rmcp sends no response for a request the client cancelled.
                 ClientJsonRpcMessage::Notification(notification) => {
@@ -340,6 +382,54 @@ mod tests {
             classify(&headers(&[("mcp-protocol-version", "2026-07-28")])),
             Holder::Session
         );
+    }
+
+    fn request(value: serde_json::Value) -> ClientRequest {
+        serde_json::from_value(value).unwrap()
+    }
+
+    // See: issue 15
+    #[test]
+    fn a_request_counts_as_activity_for_its_own_timeout_only() {
+        let start = Instant::now();
+        let mut activity = Activity {
+            last: start,
+            in_flight: HashMap::new(),
+            default_call_timeout: Duration::from_secs(120),
+        };
+        let call = |arguments: serde_json::Value| {
+            request(serde_json::json!({
+                "method": "tools/call",
+                "params": {"name": "terminal_execute", "arguments": arguments}
+            }))
+        };
+        let list = request(serde_json::json!({"method": "tools/list"}));
+        assert_eq!(activity.bound(&list), Duration::from_secs(120));
+        assert_eq!(
+            activity.bound(&call(serde_json::json!({"command": "x"}))),
+            Duration::from_secs(120)
+        );
+        assert_eq!(
+            activity.bound(&call(serde_json::json!({"timeout": 5}))),
+            Duration::from_secs(5)
+        );
+        assert_eq!(
+            activity.bound(&call(serde_json::json!({"timeout": "7"}))),
+            Duration::from_secs(7)
+        );
+        assert_eq!(
+            activity.bound(&call(serde_json::json!({"timeout": u64::MAX}))),
+            Duration::from_secs(MAX_TIMEOUT_SECS)
+        );
+        // Idle time runs from the last message, or from the end of the longest bound.
+        assert_eq!(activity.idle_since(), start);
+        let bound = activity.bound(&call(serde_json::json!({"timeout": 5})));
+        activity
+            .in_flight
+            .insert(RequestId::Number(1), start + bound);
+        assert_eq!(activity.idle_since(), start + Duration::from_secs(5));
+        activity.last = start + Duration::from_secs(9);
+        assert_eq!(activity.idle_since(), start + Duration::from_secs(9));
     }
 
     #[test]
