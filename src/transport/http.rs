@@ -84,7 +84,12 @@ pub async fn serve(surface: Arc<Surface>, config: &HttpConfig, options: ServeOpt
     };
     let registry = surface.registry.clone();
     let hosts = AllowedHosts::new(&config.host, &config.extra_allowed_hosts);
-    let token = Token::new(config.auth_token.as_deref());
+    let token = Token::new(
+        config
+            .auth_token
+            .as_ref()
+            .map(crate::config::Secret::expose),
+    );
     let port = listener
         .local_addr()
         .map_or(config.port, |addr: SocketAddr| addr.port());

@@ -11,7 +11,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 use crate::config::ModalConfig;
-use crate::config::fly::Secret;
+use crate::config::Secret;
 use crate::config::modal::{DEFAULT_IMAGE_BUILDER_VERSION, DEFAULT_SERVER_URL};
 
 /// What a connection needs. `Debug` never shows the secret (it is a [`Secret`]).
