@@ -124,7 +124,8 @@ mod tests {
             .collect();
         let mut config = ModalConfig::from_cli(&cli, |name| {
             env.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
-        });
+        })
+        .unwrap();
         config.config_file = file.map(Path::to_path_buf);
         config
     }
