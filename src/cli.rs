@@ -4,7 +4,12 @@
 //!
 //! This is the only module that knows clap.
 
-use clap::{ArgAction, Parser, ValueEnum};
+use std::path::PathBuf;
+
+use clap::parser::ValueSource;
+use clap::{ArgAction, ArgMatches, CommandFactory, FromArgMatches, Parser, ValueEnum};
+
+use crate::config::Secret;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum BackendChoice {
@@ -107,7 +112,16 @@ pub struct Cli {
         help = "Static bearer token for the /mcp HTTP route (default: KILNTAINERS_AUTH_TOKEN)",
         help_heading = "core options"
     )]
-    pub auth_token: Option<String>,
+    pub auth_token: Option<Secret>,
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "KILNTAINERS_AUTH_TOKEN_FILE",
+        hide_env_values = true,
+        help = "Read the bearer token from FILE, out of sight of the process list (default: KILNTAINERS_AUTH_TOKEN_FILE)",
+        help_heading = "core options"
+    )]
+    pub auth_token_file: Option<PathBuf>,
     #[arg(
         long,
         help = "Allow a non-loopback HTTP listener without authentication. Only use behind a trusted private network or auth proxy. On loopback without a token, serve /mcp with no authentication instead of generating a token.",
@@ -239,7 +253,16 @@ pub struct Cli {
         help = "E2B API key (overrides E2B_API_KEY environment variable)",
         help_heading = "e2b backend options"
     )]
-    pub e2b_api_key: Option<String>,
+    pub e2b_api_key: Option<Secret>,
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "E2B_API_KEY_FILE",
+        hide_env_values = true,
+        help = "Read the E2B API key from FILE (default: E2B_API_KEY_FILE)",
+        help_heading = "e2b backend options"
+    )]
+    pub e2b_api_key_file: Option<PathBuf>,
     #[arg(
         long,
         default_value = "base",
@@ -293,11 +316,11 @@ pub struct Cli {
         help_heading = "fly backend options"
     )]
     pub fly_cli: String,
+    /// The env fallbacks (KILNTAINERS_FLY_APP, then FLY_APP_NAME) are read by the config, which
+    /// also knows when FLY_APP_NAME names the server's own app.
     #[arg(
         long,
-        env = "FLY_APP_NAME",
-        hide_env_values = true,
-        help = "Fly App that owns sandbox Machines (default: FLY_APP_NAME, otherwise create and remember one automatically)",
+        help = "Fly App that owns sandbox Machines; never the app this server runs in (default: KILNTAINERS_FLY_APP, FLY_APP_NAME, otherwise create and remember one automatically)",
         help_heading = "fly backend options"
     )]
     pub fly_app: Option<String>,
@@ -315,7 +338,16 @@ pub struct Cli {
         help = "Fly API token (default: FLY_API_TOKEN, FLY_TOKEN, FLY_ACCESS_TOKEN or the fly auth login session)",
         help_heading = "fly backend options"
     )]
-    pub fly_token: Option<String>,
+    pub fly_token: Option<Secret>,
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "FLY_API_TOKEN_FILE",
+        hide_env_values = true,
+        help = "Read the Fly API token from FILE; takes the place of --fly-token (default: FLY_API_TOKEN_FILE)",
+        help_heading = "fly backend options"
+    )]
+    pub fly_token_file: Option<PathBuf>,
     #[arg(
         long,
         default_value = "debian:bookworm-slim",
@@ -397,7 +429,16 @@ pub struct Cli {
         help = "Modal token secret (overrides environment/default auth)",
         help_heading = "modal backend options"
     )]
-    pub modal_token_secret: Option<String>,
+    pub modal_token_secret: Option<Secret>,
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "MODAL_TOKEN_SECRET_FILE",
+        hide_env_values = true,
+        help = "Read the Modal token secret from FILE; takes the place of --modal-token-secret (default: MODAL_TOKEN_SECRET_FILE)",
+        help_heading = "modal backend options"
+    )]
+    pub modal_token_secret_file: Option<PathBuf>,
     #[arg(
         long,
         value_name = "NAME",
@@ -481,7 +522,60 @@ pub struct Cli {
     pub go_busybox_wasm: Option<String>,
 }
 
+/// Secret-bearing flags, with the safer ways to pass the same value. A value given on the
+/// command line is readable by every local user in `/proc/<pid>/cmdline`.
+const SECRET_FLAGS: [(&str, &str, &str, &str); 4] = [
+    (
+        "auth_token",
+        "--auth-token",
+        "KILNTAINERS_AUTH_TOKEN",
+        "--auth-token-file",
+    ),
+    (
+        "fly_token",
+        "--fly-token",
+        "FLY_API_TOKEN",
+        "--fly-token-file",
+    ),
+    (
+        "e2b_api_key",
+        "--e2b-api-key",
+        "E2B_API_KEY",
+        "--e2b-api-key-file",
+    ),
+    (
+        "modal_token_secret",
+        "--modal-token-secret",
+        "MODAL_TOKEN_SECRET",
+        "--modal-token-secret-file",
+    ),
+];
+
+/// One warning per secret that came from the command line itself (not from its environment
+/// variable, which other users cannot read).
+fn secret_flag_warnings(matches: &ArgMatches) -> Vec<String> {
+    SECRET_FLAGS
+        .iter()
+        .filter(|(id, ..)| matches.value_source(id) == Some(ValueSource::CommandLine))
+        .map(|(_, flag, env, file_flag)| {
+            format!(
+                "{flag} on the command line is visible to other local users; use {env} or {file_flag}"
+            )
+        })
+        .collect()
+}
+
 impl Cli {
+    /// Parses the process's arguments (exiting with clap's usage error, as `Cli::parse` does)
+    /// and returns the warnings `main` prints, without the `kilntainers: warning: ` prefix.
+    pub fn parse_with_warnings() -> (Self, Vec<String>) {
+        let matches = Self::command().get_matches();
+        let cli = Self::from_arg_matches(&matches)
+            .map_err(|e| e.format(&mut Self::command()))
+            .unwrap_or_else(|e| e.exit());
+        (cli, secret_flag_warnings(&matches))
+    }
+
     /// Whether `--allowed-host` was given on the command line (the env var does not count in
     /// stdio mode, `cli.md` §4 row 4).
     pub fn allowed_hosts_from_env() -> Vec<String> {
@@ -520,6 +614,36 @@ mod tests {
         .unwrap();
         assert_eq!(cli.docker_run_flag, vec!["--pids-limit=256", "--read-only"]);
         assert_eq!(cli.tool_instruction_override.as_deref(), Some("-weird"));
+    }
+
+    // See: issue 15
+    #[test]
+    fn issue_15_secret_flags_on_the_command_line_are_warned_about() {
+        let matches = Cli::command()
+            .try_get_matches_from([
+                "x",
+                "--auth-token",
+                "a",
+                "--fly-token=b",
+                "--e2b-api-key",
+                "c",
+                "--modal-token-secret",
+                "d",
+            ])
+            .unwrap();
+        assert_eq!(
+            secret_flag_warnings(&matches),
+            [
+                "--auth-token on the command line is visible to other local users; use KILNTAINERS_AUTH_TOKEN or --auth-token-file",
+                "--fly-token on the command line is visible to other local users; use FLY_API_TOKEN or --fly-token-file",
+                "--e2b-api-key on the command line is visible to other local users; use E2B_API_KEY or --e2b-api-key-file",
+                "--modal-token-secret on the command line is visible to other local users; use MODAL_TOKEN_SECRET or --modal-token-secret-file",
+            ]
+        );
+        let matches = Cli::command()
+            .try_get_matches_from(["x", "--auth-token-file", "/f"])
+            .unwrap();
+        assert!(secret_flag_warnings(&matches).is_empty());
     }
 
     #[test]

@@ -3,7 +3,6 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
 use tracing_subscriber::EnvFilter;
 
 use mcp_sandbox_computer_vm_for_ai::backends;
@@ -21,7 +20,10 @@ fn fail(message: impl std::fmt::Display) -> ExitCode {
 }
 
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let (cli, warnings) = Cli::parse_with_warnings();
+    for warning in warnings {
+        eprintln!("kilntainers: warning: {warning}");
+    }
     let lifecycle_env = std::env::var("ENABLE_LIFECYCLE_TOOLS").ok();
     let config = match Config::from_cli(&cli, lifecycle_env.as_deref()) {
         Ok(config) => config,
@@ -56,6 +58,10 @@ async fn run(config: Config) -> i32 {
             return 1;
         }
     };
+    if let Err(error) = backend.check_startup().await {
+        eprintln!("kilntainers: error: {error}");
+        return 1;
+    }
     let instance = InstanceId::random();
     let state_dir = state::state_dir();
     let mut instance_lock = match state_dir

@@ -163,6 +163,13 @@ pub trait Backend: Send + Sync {
     /// reads its applet list from the module). Failures are reported by the backend itself.
     async fn prepare(&self) {}
 
+    /// Refuses, once at startup, a setup that would hand the server's own secrets to the
+    /// computers (Fly: sandbox Machines in an app with secrets). What cannot be decided yet
+    /// (provider unreachable, no credentials) is `Ok` here and checked again at first use.
+    async fn check_startup(&self) -> Result<(), BackendError> {
+        Ok(())
+    }
+
     /// Checks reachability once; callers cache success.
     async fn validate(&self) -> Result<(), BackendError>;
 

@@ -6,7 +6,8 @@
 
 use std::collections::BTreeMap;
 
-use super::fly::Secret;
+use super::ConfigError;
+use super::secret::{Secret, SecretSource};
 use crate::cli::Cli;
 
 /// E2B's public domain: the control plane is `api.<domain>`, sandboxes `<port>-<id>.<domain>`.
@@ -55,8 +56,16 @@ fn pairs(flag: &str, entries: &[String], skipped: &mut Vec<String>) -> BTreeMap<
 
 impl E2bConfig {
     /// Builds the section from parsed flags. Value ranges and reserved metadata keys are
-    /// checked by `Config::from_cli` (`cli.md` §4 row 19) before this matters.
-    pub fn from_cli(cli: &Cli) -> Self {
+    /// checked by `Config::from_cli` (`cli.md` §4 row 19) before this matters; the key file
+    /// (`--e2b-api-key-file` / `E2B_API_KEY_FILE`) is read here and stands where the key would.
+    pub fn from_cli(cli: &Cli) -> Result<Self, ConfigError> {
+        let api_key = SecretSource {
+            flag: "--e2b-api-key",
+            file_flag: "--e2b-api-key-file",
+            value: cli.e2b_api_key.as_ref(),
+            file: cli.e2b_api_key_file.as_deref(),
+        }
+        .resolve()?;
         let non_empty = |v: &Option<String>| v.clone().filter(|s| !s.trim().is_empty());
         let domain = non_empty(&cli.e2b_domain)
             .map(|d| d.trim().trim_end_matches('/').to_owned())
@@ -67,8 +76,8 @@ impl E2bConfig {
         let mut skipped = Vec::new();
         let metadata = pairs("--e2b-metadata", &cli.e2b_metadata, &mut skipped);
         let env = pairs("--e2b-env", &cli.e2b_env, &mut skipped);
-        Self {
-            api_key: non_empty(&cli.e2b_api_key).map(|k| Secret::new(k.trim())),
+        Ok(Self {
+            api_key: api_key.map(|k| Secret::new(k.expose().trim())),
             template: cli.e2b_template.clone(),
             sandbox_timeout_secs: u64::try_from(cli.e2b_sandbox_timeout.max(1)).unwrap_or(1),
             metadata,
@@ -79,7 +88,7 @@ impl E2bConfig {
             envd_url: non_empty(&cli.e2b_envd_url)
                 .map(|u| u.trim().trim_end_matches('/').to_owned())
                 .unwrap_or_else(|| DEFAULT_ENVD_URL.to_owned()),
-        }
+        })
     }
 
     /// The envd base URL for one sandbox; `domain` is the one the API returned for it, if any.
@@ -101,7 +110,7 @@ mod tests {
 
     #[test]
     fn defaults_derive_both_urls_from_the_domain() {
-        let config = E2bConfig::from_cli(&cli(&[]));
+        let config = E2bConfig::from_cli(&cli(&[])).unwrap();
         assert_eq!(config.template, "base");
         assert_eq!(config.sandbox_timeout_secs, 3600);
         assert_eq!(config.api_url, "https://api.e2b.app");
@@ -110,7 +119,7 @@ mod tests {
             config.envd_base("isb1", Some("eu.example")),
             "https://49983-isb1.eu.example"
         );
-        let own = E2bConfig::from_cli(&cli(&["--e2b-domain", "sandbox.corp/"]));
+        let own = E2bConfig::from_cli(&cli(&["--e2b-domain", "sandbox.corp/"])).unwrap();
         assert_eq!(own.api_url, "https://api.sandbox.corp");
         assert_eq!(own.envd_base("x", Some("")), "https://49983-x.sandbox.corp");
     }
@@ -132,7 +141,8 @@ mod tests {
             "=x",
             "--e2b-api-key",
             "secret",
-        ]));
+        ]))
+        .unwrap();
         assert_eq!(config.api_url, "http://127.0.0.1:9");
         assert_eq!(config.envd_base("abc", Some("d")), "http://127.0.0.1:10");
         assert_eq!(config.metadata["team"], "a=b");

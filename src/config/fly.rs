@@ -6,9 +6,11 @@
 //! file); reading that file and normalising the token is the backend's job, at first use, so a
 //! missing token never stops the server from starting.
 
-use std::fmt;
 use std::path::PathBuf;
 
+use super::ConfigError;
+pub use super::secret::Secret;
+use super::secret::SecretSource;
 use crate::cli::{Cli, FlyCpuKind};
 
 /// `KILNTAINERS_FLY_STATE_FILE`: where the auto-created app's name is remembered (the Python
@@ -21,25 +23,16 @@ pub const STATE_FILE_NAME: &str = "fly.json";
 /// The token environment variables, in discovery order (`backends.md` §3.1).
 pub const TOKEN_ENV_NAMES: [&str; 3] = ["FLY_API_TOKEN", "FLY_TOKEN", "FLY_ACCESS_TOKEN"];
 
-/// A credential. `Debug` never shows it, so a logged config cannot leak it.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Secret(String);
+/// The sandbox app's own variable. It comes before `FLY_APP_NAME`, which Fly sets in every
+/// Machine to the Machine's *own* app and so names the controller when the server runs on Fly.
+pub const SANDBOX_APP_ENV: &str = "KILNTAINERS_FLY_APP";
 
-impl Secret {
-    pub fn new(value: impl Into<String>) -> Self {
-        Self(value.into())
-    }
+/// Set by Fly in every Machine to the app the Machine belongs to (`cli.md` §5 also reads it as
+/// the sandbox app, the Python reference's fallback).
+pub const OWN_APP_ENV: &str = "FLY_APP_NAME";
 
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Secret(<redacted>)")
-    }
-}
+/// Set by Fly in every Machine; its presence is how we know the server itself runs on Fly.
+pub const MACHINE_ID_ENV: &str = "FLY_MACHINE_ID";
 
 /// Where a Fly API token may come from, in order. Empty values count as absent.
 #[derive(Debug, Clone, Default)]
@@ -54,8 +47,12 @@ pub struct TokenSources {
 
 #[derive(Debug, Clone)]
 pub struct FlyConfig {
-    /// `--fly-app` / `FLY_APP_NAME`; `None` = remembered or created.
+    /// `--fly-app` / `KILNTAINERS_FLY_APP` / `FLY_APP_NAME`; `None` = remembered or created.
     pub app: Option<String>,
+    /// The app this server itself runs in, when it runs on Fly (`FLY_MACHINE_ID` and
+    /// `FLY_APP_NAME` set). Sandbox Machines must never live there: Fly gives every Machine of
+    /// an app that app's secrets, the controller's API token among them.
+    pub controller_app: Option<String>,
     /// `--fly-org` / `FLY_ORG`; `None` = `personal`, else the first organization.
     pub org: Option<String>,
     pub tokens: TokenSources,
@@ -78,12 +75,26 @@ pub struct FlyConfig {
 
 impl FlyConfig {
     /// Builds the section from parsed flags and an environment lookup. Value ranges are
-    /// checked by `Config::from_cli` (`cli.md` §4 row 17) before this matters.
-    pub fn from_cli(cli: &Cli, env: impl Fn(&str) -> Option<String>) -> Self {
+    /// checked by `Config::from_cli` (`cli.md` §4 row 17) before this matters; the token file
+    /// (`--fly-token-file`) is read here and stands where `--fly-token` would.
+    pub fn from_cli(cli: &Cli, env: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         let non_empty = |v: Option<String>| v.filter(|s| !s.trim().is_empty());
         let home = non_empty(env("HOME")).map(PathBuf::from);
+        let flag = SecretSource {
+            flag: "--fly-token",
+            file_flag: "--fly-token-file",
+            value: cli.fly_token.as_ref(),
+            file: cli.fly_token_file.as_deref(),
+        }
+        .resolve()?;
+        let own_app = non_empty(env(OWN_APP_ENV)).map(|a| a.trim().to_owned());
+        let on_fly = non_empty(env(MACHINE_ID_ENV)).is_some();
+        let app = non_empty(cli.fly_app.clone())
+            .or_else(|| non_empty(env(SANDBOX_APP_ENV)))
+            .map(|a| a.trim().to_owned())
+            .or_else(|| own_app.clone());
         let tokens = TokenSources {
-            flag: non_empty(cli.fly_token.clone()).map(Secret::new),
+            flag,
             env: TOKEN_ENV_NAMES
                 .iter()
                 .filter_map(|name| non_empty(env(name)).map(|v| (*name, Secret::new(v))))
@@ -97,8 +108,9 @@ impl FlyConfig {
                     .map(|h| h.join(crate::state::STATE_DIR_NAME).join(STATE_FILE_NAME))
             });
         let positive = |v: i64| u32::try_from(v).ok().filter(|v| *v > 0);
-        Self {
-            app: non_empty(cli.fly_app.clone()),
+        Ok(Self {
+            app,
+            controller_app: own_app.filter(|_| on_fly),
             org: non_empty(cli.fly_org.clone()),
             tokens,
             image: cli.fly_image.clone(),
@@ -114,8 +126,23 @@ impl FlyConfig {
             graphql_url: cli.fly_graphql_url.trim_end_matches('/').to_owned(),
             state_file,
             cli_notice: cli.fly_cli != "fly",
+        })
+    }
+
+    /// Refuses a sandbox app that is the controller's own app (`FlyConfig::controller_app`).
+    pub fn check_sandbox_app(&self) -> Result<(), ConfigError> {
+        match (&self.app, &self.controller_app) {
+            (Some(app), Some(own)) if app == own => Err(ConfigError(own_app_refusal(app))),
+            _ => Ok(()),
         }
     }
+}
+
+/// Why the controller's own app cannot hold sandbox Machines, and what to do instead.
+pub fn own_app_refusal(app: &str) -> String {
+    format!(
+        "The Fly App for sandbox Machines ('{app}') is the app this server runs in. Fly gives every Machine of an app that app's secrets as environment variables, so each sandbox could read this server's tokens. Create a separate app without secrets for the sandboxes and name it with --fly-app or {SANDBOX_APP_ENV}."
+    )
 }
 
 #[cfg(test)]
@@ -132,7 +159,7 @@ mod tests {
             "HOME" => Some("/home/u".to_owned()),
             _ => None,
         };
-        let config = FlyConfig::from_cli(&cli(&["--fly-token", "a"]), env);
+        let config = FlyConfig::from_cli(&cli(&["--fly-token", "a"]), env).unwrap();
         assert_eq!(config.tokens.flag, Some(Secret::new("a")));
         let names: Vec<&str> = config.tokens.env.iter().map(|(n, _)| *n).collect();
         assert_eq!(names, ["FLY_TOKEN", "FLY_ACCESS_TOKEN"]);
@@ -172,7 +199,8 @@ mod tests {
     #[test]
     fn state_file_override_and_defaults() {
         let env = |name: &str| (name == STATE_FILE_ENV).then(|| "/tmp/f.json".to_owned());
-        let config = FlyConfig::from_cli(&cli(&["--fly-api-url", "http://127.0.0.1:1/"]), env);
+        let config =
+            FlyConfig::from_cli(&cli(&["--fly-api-url", "http://127.0.0.1:1/"]), env).unwrap();
         assert_eq!(config.state_file, Some(PathBuf::from("/tmp/f.json")));
         assert_eq!(config.api_url, "http://127.0.0.1:1");
         assert_eq!(config.graphql_url, "https://api.fly.io");
@@ -180,5 +208,62 @@ mod tests {
         assert_eq!(config.cpu_kind, "shared");
         assert!(!config.cli_notice);
         assert!(config.tokens.config_file.is_none());
+    }
+
+    // See: issue 15
+    #[test]
+    fn issue_15_the_controllers_own_app_is_refused_on_fly_only() {
+        let env = |on_fly: bool, sandbox_env: Option<&'static str>| {
+            move |name: &str| match name {
+                OWN_APP_ENV => Some("controller".to_owned()),
+                MACHINE_ID_ENV if on_fly => Some("148e21ea".to_owned()),
+                SANDBOX_APP_ENV => sandbox_env.map(str::to_owned),
+                _ => None,
+            }
+        };
+        // On Fly, FLY_APP_NAME names the controller: as the only source it is refused...
+        let config = FlyConfig::from_cli(&cli(&[]), env(true, None)).unwrap();
+        assert_eq!(config.app.as_deref(), Some("controller"));
+        assert_eq!(
+            config.check_sandbox_app().unwrap_err().0,
+            own_app_refusal("controller")
+        );
+        // ...and so is naming it explicitly.
+        let config =
+            FlyConfig::from_cli(&cli(&["--fly-app", "controller"]), env(true, None)).unwrap();
+        assert!(config.check_sandbox_app().is_err());
+        // A separate app, by flag or by KILNTAINERS_FLY_APP, is fine.
+        let config = FlyConfig::from_cli(&cli(&["--fly-app", "boxes"]), env(true, None)).unwrap();
+        assert_eq!(config.app.as_deref(), Some("boxes"));
+        config.check_sandbox_app().unwrap();
+        let config = FlyConfig::from_cli(&cli(&[]), env(true, Some("boxes2"))).unwrap();
+        assert_eq!(config.app.as_deref(), Some("boxes2"));
+        config.check_sandbox_app().unwrap();
+        // Off Fly, FLY_APP_NAME is the reference's plain fallback for the sandbox app.
+        let config = FlyConfig::from_cli(&cli(&[]), env(false, None)).unwrap();
+        assert_eq!(config.app.as_deref(), Some("controller"));
+        assert_eq!(config.controller_app, None);
+        config.check_sandbox_app().unwrap();
+    }
+
+    // See: issue 15
+    #[test]
+    fn issue_15_the_token_file_stands_where_the_flag_would() {
+        let dir = std::env::temp_dir().join(format!("fly-token-file-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("token");
+        std::fs::write(&path, "fm2_from_file\n").unwrap();
+        let path_text = path.to_str().unwrap();
+        let env = |name: &str| (name == "FLY_API_TOKEN").then(|| "from-env".to_owned());
+        let config = FlyConfig::from_cli(&cli(&["--fly-token-file", path_text]), env).unwrap();
+        assert_eq!(config.tokens.flag, Some(Secret::new("fm2_from_file")));
+        assert!(
+            FlyConfig::from_cli(
+                &cli(&["--fly-token", "x", "--fly-token-file", path_text]),
+                env
+            )
+            .is_err()
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

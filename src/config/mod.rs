@@ -7,6 +7,7 @@ pub mod e2b;
 pub mod fly;
 pub mod modal;
 pub mod run_flags;
+pub mod secret;
 pub mod wasm;
 
 use std::time::Duration;
@@ -18,6 +19,8 @@ pub use e2b::E2bConfig;
 pub use fly::FlyConfig;
 pub use modal::ModalConfig;
 use run_flags::{RunFlags, parse_run_flags, parse_size};
+pub use secret::Secret;
+use secret::SecretSource;
 pub use wasm::{WasmConfig, WasmModule};
 
 /// The image every default configuration uses, and the one the exact reference tool text
@@ -68,7 +71,7 @@ pub struct HttpConfig {
     pub host: String,
     pub port: u16,
     pub session_timeout: Duration,
-    pub auth_token: Option<String>,
+    pub auth_token: Option<Secret>,
     /// `--allow-unauthenticated-http`: without a token, serve `/mcp` with no authentication
     /// instead of generating a token.
     pub allow_unauthenticated: bool,
@@ -168,7 +171,18 @@ impl Config {
         else {
             return fail("--port must be between 1 and 65535.");
         };
-        let auth_token = cli.auth_token.clone().filter(|t| !t.is_empty());
+        // Only HTTP uses the token, so only HTTP reads its file.
+        let auth_token = match stdio {
+            true => None,
+            false => SecretSource {
+                flag: "--auth-token",
+                file_flag: "--auth-token-file",
+                value: cli.auth_token.as_ref(),
+                file: cli.auth_token_file.as_deref(),
+            }
+            .resolve()?
+            .filter(|t| !t.expose().is_empty()),
+        };
         if !stdio
             && !matches!(cli.host.as_str(), "127.0.0.1" | "localhost" | "::1")
             && auth_token.is_none()
@@ -181,6 +195,13 @@ impl Config {
         check_backend_is_built(cli.backend)?;
         let docker = docker_config(cli)?;
         check_other_backend_values(cli)?;
+        let env = |name: &str| std::env::var(name).ok();
+        let fly = FlyConfig::from_cli(cli, env)?;
+        if cli.backend == BackendChoice::Fly {
+            fly.check_sandbox_app()?;
+        }
+        let e2b = E2bConfig::from_cli(cli)?;
+        let modal = ModalConfig::from_cli(cli, env)?;
 
         let transport = if stdio {
             Transport::Stdio
@@ -222,10 +243,10 @@ impl Config {
                 extended_text: cli.extended_tool_instruction.clone(),
             },
             docker,
-            fly: FlyConfig::from_cli(cli, |name| std::env::var(name).ok()),
-            e2b: E2bConfig::from_cli(cli),
-            modal: ModalConfig::from_cli(cli, |name| std::env::var(name).ok()),
-            wasm: WasmConfig::from_cli(cli, |name| std::env::var(name).ok()),
+            fly,
+            e2b,
+            modal,
+            wasm: WasmConfig::from_cli(cli, env),
         })
     }
 }
@@ -533,5 +554,67 @@ mod tests {
             .unwrap_err()
             .starts_with("Cannot use both")
         );
+    }
+
+    // See: issue 15
+    #[test]
+    fn issue_15_no_debug_output_of_a_config_shows_a_token() {
+        let tokens = [
+            "tok-auth-1111",
+            "tok-fly-2222",
+            "tok-e2b-3333",
+            "tok-modal-4444",
+        ];
+        let cli = test_cli(&[
+            "--transport",
+            "http",
+            "--auth-token",
+            tokens[0],
+            "--fly-token",
+            tokens[1],
+            "--e2b-api-key",
+            tokens[2],
+            "--modal-token-secret",
+            tokens[3],
+        ]);
+        let config = Config::from_cli(&cli, None).unwrap();
+        // The tokens are in there (the test would prove nothing if they had been dropped)...
+        let Transport::Http(http) = &config.transport else {
+            panic!("http expected")
+        };
+        assert_eq!(
+            http.auth_token.as_ref().map(Secret::expose),
+            Some(tokens[0])
+        );
+        assert_eq!(
+            config.fly.tokens.flag.as_ref().map(Secret::expose),
+            Some(tokens[1])
+        );
+        assert_eq!(
+            config.e2b.api_key.as_ref().map(Secret::expose),
+            Some(tokens[2])
+        );
+        assert_eq!(
+            config.modal.tokens.flag_secret.as_ref().map(Secret::expose),
+            Some(tokens[3])
+        );
+        // ...and no Debug form shows them, plain or pretty, whole or by section.
+        let shown = [
+            format!("{config:?}"),
+            format!("{config:#?}"),
+            format!("{:?}", config.transport),
+            format!("{http:?}"),
+            format!("{:?}", config.fly),
+            format!("{:?}", config.e2b),
+            format!("{:?}", config.modal),
+            format!("{:?}", config.docker),
+            format!("{:?}", config.wasm),
+            format!("{cli:?}"),
+        ];
+        for text in &shown {
+            for token in tokens {
+                assert!(!text.contains(token), "{token} in {text}");
+            }
+        }
     }
 }

@@ -6,8 +6,9 @@
 
 use std::path::PathBuf;
 
+use super::ConfigError;
 use super::DEFAULT_IMAGE;
-use super::fly::Secret;
+use super::secret::{Secret, SecretSource};
 use crate::cli::Cli;
 
 /// Modal's default API endpoint, the one its own clients use when nothing overrides it.
@@ -54,18 +55,26 @@ pub struct ModalConfig {
 
 impl ModalConfig {
     /// Builds the section from parsed flags and an environment lookup. Value ranges are checked
-    /// by `Config::from_cli` (`cli.md` §4 row 18) before this matters.
-    pub fn from_cli(cli: &Cli, env: impl Fn(&str) -> Option<String>) -> Self {
+    /// by `Config::from_cli` (`cli.md` §4 row 18) before this matters; the secret file
+    /// (`--modal-token-secret-file` / `MODAL_TOKEN_SECRET_FILE`) stands where the flag would.
+    pub fn from_cli(cli: &Cli, env: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let flag_secret = SecretSource {
+            flag: "--modal-token-secret",
+            file_flag: "--modal-token-secret-file",
+            value: cli.modal_token_secret.as_ref(),
+            file: cli.modal_token_secret_file.as_deref(),
+        }
+        .resolve()?;
         let non_empty = |v: Option<String>| v.filter(|s| !s.trim().is_empty());
         let home = non_empty(env("HOME")).map(PathBuf::from);
         let config_file = non_empty(env("MODAL_CONFIG_PATH"))
             .map(PathBuf::from)
             .or_else(|| home.map(|h| h.join(".modal.toml")));
         let image = non_empty(cli.image.clone());
-        Self {
+        Ok(Self {
             tokens: TokenSources {
                 flag_id: non_empty(cli.modal_token_id.clone()).map(Secret::new),
-                flag_secret: non_empty(cli.modal_token_secret.clone()).map(Secret::new),
+                flag_secret,
                 env_id: non_empty(env("MODAL_TOKEN_ID")).map(Secret::new),
                 env_secret: non_empty(env("MODAL_TOKEN_SECRET")).map(Secret::new),
             },
@@ -82,7 +91,7 @@ impl ModalConfig {
             gpu: non_empty(cli.gpu.clone()),
             region: non_empty(cli.region.clone()),
             sandbox_timeout_secs: u32::try_from(cli.sandbox_timeout).unwrap_or(3600),
-        }
+        })
     }
 }
 
@@ -103,7 +112,8 @@ mod tests {
         let config = ModalConfig::from_cli(
             &cli(&["--modal-token-secret", "as-flag", "--modal-cpu", "0.25"]),
             env,
-        );
+        )
+        .unwrap();
         assert_eq!(config.tokens.flag_secret, Some(Secret::new("as-flag")));
         assert_eq!(config.tokens.env_id, Some(Secret::new("ak-env")));
         assert!(config.tokens.env_secret.is_none());
@@ -123,7 +133,7 @@ mod tests {
     #[test]
     fn config_path_override_and_image() {
         let env = |name: &str| (name == "MODAL_CONFIG_PATH").then(|| "/tmp/m.toml".to_owned());
-        let config = ModalConfig::from_cli(&cli(&["--image", "alpine:3"]), env);
+        let config = ModalConfig::from_cli(&cli(&["--image", "alpine:3"]), env).unwrap();
         assert_eq!(config.config_file, Some(PathBuf::from("/tmp/m.toml")));
         assert_eq!(config.image, "alpine:3");
         assert!(config.custom_image);

@@ -109,7 +109,8 @@ pub async fn serve(surface: Arc<Surface>, config: &HttpConfig, options: ServeOpt
     let token = Token::new(
         config
             .auth_token
-            .as_deref()
+            .as_ref()
+            .map(crate::config::Secret::expose)
             .or(generated.as_ref().map(GeneratedToken::secret)),
     );
     let allowed = if hosts.any() {

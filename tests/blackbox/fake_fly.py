@@ -18,7 +18,11 @@ with the Machines API", and the OpenAPI schema names `MachineExecRequest` /
 * `exec` answers HTTP 200 with `{stdout, stderr, exit_code, exit_signal}` even when the command
   failed; the deprecated string `cmd` field is a violation;
 * faults can be injected per method and path: any status (429 with `Retry-After`, 408, 404,
-  5xx, 401), a number of times.
+  5xx, 401), a number of times;
+* apps can have secrets: `GET /v1/apps/{app}/secrets` lists their names as the App Secrets
+  resource does (`{"secrets": [{"name", "digest", "created_at", "updated_at"}]}`, never
+  values), and, as Fly documents, every Machine of the app gets them as environment variables
+  at boot (next to the Machine's own `config.env`).
 
 Machines are backed by real local Docker containers (`docker run` with the Machine's
 `init.exec` as the command, image `docker.io/library/<x>` mapped to the local image `<x>`), so
@@ -182,9 +186,9 @@ class FakeFly:
         self.stop()
 
     # -- helpers for tests --------------------------------------------------------------------
-    def add_app(self, name: str, org: str = "personal") -> None:
+    def add_app(self, name: str, org: str = "personal", secrets: dict[str, str] | None = None) -> None:
         with self.lock:
-            self.apps[name] = {"id": _hex(8), "name": name, "org": org}
+            self.apps[name] = {"id": _hex(8), "name": name, "org": org, "secrets": dict(secrets or {})}
 
     def live_machines(self, app: str | None = None) -> list[Machine]:
         with self.lock:
@@ -229,6 +233,12 @@ class FakeFly:
                     machine.container_exists = False
                 argv = (machine.config.get("init") or {}).get("exec") or []
                 args = ["run", "-d", "--name", machine.container, "--label", f"fakefly={self.run}"]
+                # Fly injects the app's secrets into every Machine's environment at boot.
+                with self.lock:
+                    env = dict(machine.config.get("env") or {})
+                    env.update(self.apps.get(machine.app, {}).get("secrets") or {})
+                for key, value in env.items():
+                    args += ["-e", f"{key}={value}"]
                 if argv:
                     args += ["--entrypoint", argv[0], machine.image, *argv[1:]]
                 else:
@@ -300,6 +310,8 @@ class FakeFly:
             return self.create_app(parsed)
         if len(parts) == 2 and parts[0] == "apps" and method == "GET":
             return self.get_app(parts[1])
+        if len(parts) == 3 and parts[0] == "apps" and parts[2] == "secrets" and method == "GET":
+            return self.list_secrets(parts[1])
         if len(parts) >= 3 and parts[0] == "apps" and parts[2] == "machines":
             return self.machines_route(method, parts[1], parts[3:], query, parsed)
         raise Reject(404, "not found")
@@ -323,7 +335,7 @@ class FakeFly:
                 self.stuck.add(data["name"])
             return 200, {}, {"ok": True}
         if path == "/_fake/apps" and method == "POST":
-            self.add_app(data["name"], data.get("org", "personal"))
+            self.add_app(data["name"], data.get("org", "personal"), data.get("secrets"))
             return 200, {}, {"ok": True}
         m = re.fullmatch(r"/_fake/kill/([0-9a-f]+)", path)
         if m and method == "POST":
@@ -364,7 +376,7 @@ class FakeFly:
         with self.lock:
             if name in self.apps:
                 raise Reject(422, "app name already taken")
-            app = {"id": _hex(8), "name": name, "org": org}
+            app = {"id": _hex(8), "name": name, "org": org, "secrets": {}}
             self.apps[name] = app
         return 201, {}, {"id": app["id"], "created_at": int(time.time() * 1000)}
 
@@ -377,6 +389,17 @@ class FakeFly:
             "id": app["id"], "name": name, "status": "deployed",
             "organization": {"name": app["org"], "slug": app["org"]},
         }
+
+    def list_secrets(self, name: str) -> tuple[int, dict, object]:
+        with self.lock:
+            app = self.apps.get(name)
+            if app is None:
+                raise Reject(404, "app not found")
+            names = sorted(app["secrets"])
+        stamp = _now_iso()
+        return 200, {}, {"secrets": [
+            {"name": n, "digest": _hex(8), "created_at": stamp, "updated_at": stamp} for n in names
+        ]}
 
     def find_machine(self, app: str | None, machine_id: str) -> Machine:
         with self.lock:
@@ -612,11 +635,18 @@ def main() -> int:
     parser.add_argument("--token", action="append", default=None,
                         help="an accepted Authorization header value, e.g. 'Bearer x' (repeatable)")
     parser.add_argument("--app", action="append", default=[], help="an app that exists from the start")
+    parser.add_argument("--app-secret", action="append", default=[],
+                        help="APP:NAME=VALUE, a secret of an app given with --app (repeatable)")
     parser.add_argument("--orgs", default=None, help="JSON list of {slug, type} organizations")
     options = parser.parse_args()
     fake = FakeFly(tokens=options.token, orgs=json.loads(options.orgs) if options.orgs else None)
+    secrets_of: dict[str, dict[str, str]] = {}
+    for entry in options.app_secret:
+        app, _, pair = entry.partition(":")
+        key, _, value = pair.partition("=")
+        secrets_of.setdefault(app, {})[key] = value
     for app in options.app:
-        fake.add_app(app)
+        fake.add_app(app, secrets=secrets_of.get(app))
     fake.start(options.port)
     tmp = options.port_file + ".tmp"
     with open(tmp, "w") as f:

@@ -195,3 +195,110 @@ async def test_no_network(kbb):
         assert inspect(container_for(cid))["HostConfig"]["NetworkMode"] == "none"
         res = await srv.run("cat /proc/net/dev | grep -c ':' ")
         assert res.structured["stdout"].strip() == "1", "only the loopback interface should exist"
+
+
+# ---------------------------------------------------------------------------------------------
+# Secrets on the command line (issue 15): a flag is readable by every local user in
+# /proc/<pid>/cmdline, so it is warned about; `…-file` variants and the env keep it out of sight.
+
+SECRET_FLAGS = [
+    ("--auth-token", "KILNTAINERS_AUTH_TOKEN", "--auth-token-file"),
+    ("--fly-token", "FLY_API_TOKEN", "--fly-token-file"),
+    ("--e2b-api-key", "E2B_API_KEY", "--e2b-api-key-file"),
+    ("--modal-token-secret", "MODAL_TOKEN_SECRET", "--modal-token-secret-file"),
+]
+
+
+def warning_lines(proc) -> list[str]:
+    return [line for line in proc.stderr.splitlines() if line.startswith("kilntainers: warning: ")]
+
+
+# See: issue 15
+@pytest.mark.parametrize("flag,env,file_flag", SECRET_FLAGS, ids=[f for f, _, _ in SECRET_FLAGS])
+def test_issue_15_secret_flags_warn_but_env_and_files_do_not(kbb, tmp_path, flag, env, file_flag):
+    proc = run_cli(kbb, *BUSYBOX_ARGS, flag, "s3cret-value")
+    assert proc.returncode == 0, proc.stderr
+    assert warning_lines(proc) == [
+        f"kilntainers: warning: {flag} on the command line is visible to other local users; use {env} or {file_flag}"
+    ], proc.stderr
+    assert "s3cret-value" not in proc.stderr
+    home = kbb.home()
+    proc = subprocess.run([BIN, *BUSYBOX_ARGS], stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          timeout=30, env=kbb.env(home, {env: "s3cret-value"}))
+    assert proc.returncode == 0 and warning_lines(proc) == [], proc.stderr
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret-value\n")
+    proc = run_cli(kbb, *BUSYBOX_ARGS, file_flag, str(token_file))
+    assert proc.returncode == 0 and warning_lines(proc) == [], proc.stderr
+
+
+def _secret_file_cases():
+    # (backend args, file flag, value flag): each file flag is read where its value is used.
+    return [
+        (["--transport", "http"], "--auth-token-file", "--auth-token"),
+        (["--backend", "fly"], "--fly-token-file", "--fly-token"),
+        (["--backend", "e2b"], "--e2b-api-key-file", "--e2b-api-key"),
+        (["--backend", "modal"], "--modal-token-secret-file", "--modal-token-secret"),
+    ]
+
+
+# See: issue 15
+@pytest.mark.parametrize("backend,file_flag,flag", _secret_file_cases(), ids=[c[1] for c in _secret_file_cases()])
+def test_issue_15_bad_secret_files_stop_the_server(kbb, tmp_path, backend, file_flag, flag):
+    missing = tmp_path / "missing"
+    proc = run_cli(kbb, *backend, file_flag, str(missing))
+    assert proc.returncode == 1, proc.stderr
+    assert error_lines(proc) == [
+        f"kilntainers: error: Cannot read {file_flag} '{missing}': No such file or directory (os error 2)."
+    ], proc.stderr
+    empty = tmp_path / "empty"
+    empty.write_text("\n")
+    proc = run_cli(kbb, *backend, file_flag, str(empty))
+    assert proc.returncode == 1
+    assert error_lines(proc) == [f"kilntainers: error: {file_flag} '{empty}' is empty."], proc.stderr
+    good = tmp_path / "good"
+    good.write_text("value\n")
+    proc = run_cli(kbb, *backend, flag, "value", file_flag, str(good))
+    assert proc.returncode == 1
+    assert error_lines(proc) == [
+        f"kilntainers: error: {flag} and {file_flag} were both given; use only one of them."
+    ], proc.stderr
+
+
+# See: issue 15
+async def test_issue_15_the_bearer_token_can_come_from_a_file(kbb, tmp_path):
+    import httpx
+
+    token = "token-from-a-file-0123456789"
+    token_file = tmp_path / "token"
+    token_file.write_text(token + "\n")
+    body = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "kbb", "version": "0"}}}
+    headers = {"Content-Type": "application/json", "Accept": "application/json, text/event-stream"}
+    # The env variant of --auth-token-file.
+    async with kbb.http_server(*BUSYBOX_ARGS, env={"KILNTAINERS_AUTH_TOKEN_FILE": str(token_file)}) as srv:
+        url = srv.mcp_url
+        assert httpx.post(url, json=body, headers=headers, timeout=30).status_code == 401
+        authed = httpx.post(url, json=body, headers={**headers, "Authorization": f"Bearer {token}"}, timeout=30)
+        assert authed.status_code == 200, authed.text
+        assert token not in srv.stderr() and warning_lines_text(srv.stderr()) == []
+
+
+def warning_lines_text(text: str) -> list[str]:
+    return [line for line in text.splitlines() if line.startswith("kilntainers: warning: ")]
+
+
+# See: issue 15
+def test_issue_15_help_lists_the_file_variants_in_their_groups(kbb):
+    text = run_cli(kbb, "--help").stdout
+    groups = {}
+    current = None
+    for line in text.splitlines():
+        if line and not line.startswith(" ") and line.endswith(":"):
+            current = line[:-1].lower()
+        elif current and line.strip().startswith("--"):
+            groups.setdefault(current, []).append(line.split()[0].rstrip(","))
+    assert "--auth-token-file" in groups["core options"], groups
+    assert "--fly-token-file" in groups["fly backend options"], groups
+    assert "--e2b-api-key-file" in groups["e2b backend options"], groups
+    assert "--modal-token-secret-file" in groups["modal backend options"], groups

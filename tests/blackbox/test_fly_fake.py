@@ -210,3 +210,85 @@ async def test_tool_description_follows_the_image(kbb, fake):
             f"Execute a shell command in an isolated Fly Machine (VM) built from image `{BUSYBOX}`. Commands run in sh."
         )
     assert fake.requests == [], "listing tools calls no provider API"
+
+
+# See: issue 15
+def run_to_exit(kbb, args: list[str], env: dict | None = None, timeout: float = 60):
+    """Runs the server with stdin closed: it either refuses at startup (exit 1) or serves and
+    ends at EOF (exit 0)."""
+    import subprocess
+
+    from conftest import BIN
+
+    return subprocess.run(
+        [BIN, *args], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout,
+        env=kbb.env(kbb.home(), env),
+    )
+
+
+CONTROLLER_SECRETS = {"FLY_API_TOKEN": "fm2_controller_secret", "KILNTAINERS_AUTH_TOKEN": "controller-bearer-secret"}
+
+
+def test_issue_15_an_app_with_secrets_is_refused_at_startup(kbb, fake):
+    """Fly gives every Machine of an app that app's secrets (the fake does too): sandboxes in
+    the controller's app would read its tokens from /proc/1/environ."""
+    fake.add_app("controller-app", secrets=CONTROLLER_SECRETS)
+    proc = run_to_exit(kbb, fly_args(fake, "--fly-app", "controller-app"))
+    assert proc.returncode == 1, (proc.returncode, proc.stderr)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("kilntainers: error: ")]
+    assert errors == [
+        "kilntainers: error: Fly App 'controller-app' has secrets (FLY_API_TOKEN, KILNTAINERS_AUTH_TOKEN). "
+        "Fly gives every Machine of an app that app's secrets as environment variables, so each sandbox "
+        "could read them. Use a separate app without secrets for sandbox Machines (--fly-app or "
+        "KILNTAINERS_FLY_APP), or remove them with 'fly secrets unset -a controller-app <NAME>...'."
+    ], proc.stderr
+    assert fake.live_machines() == []
+    assert fake.requests_matching("GET", "/v1/apps/controller-app/secrets")
+    for value in CONTROLLER_SECRETS.values():
+        assert value not in proc.stderr
+
+
+def test_issue_15_the_controllers_own_app_is_refused_when_running_on_fly(kbb, fake):
+    """On Fly, FLY_APP_NAME (set by the platform in every Machine) names the controller's own
+    app; it is the reference's fallback for --fly-app, so a hosted server used to put its
+    sandboxes next to itself."""
+    fake.add_app("controller-app")
+    on_fly = {"FLY_APP_NAME": "controller-app", "FLY_MACHINE_ID": "3d8d9e1bc47e89", "FLY_API_TOKEN": TOKEN}
+    refusal = (
+        "kilntainers: error: The Fly App for sandbox Machines ('controller-app') is the app this server runs "
+        "in. Fly gives every Machine of an app that app's secrets as environment variables, so each sandbox "
+        "could read this server's tokens. Create a separate app without secrets for the sandboxes and name it "
+        "with --fly-app or KILNTAINERS_FLY_APP."
+    )
+    for extra in ([], ["--fly-app", "controller-app"]):
+        proc = run_to_exit(kbb, fly_args(fake, *extra, token=None), env=on_fly)
+        assert proc.returncode == 1, (extra, proc.returncode, proc.stderr)
+        assert [line for line in proc.stderr.splitlines() if "error" in line] == [refusal], proc.stderr
+    assert fake.requests == [], "refused before any API call"
+    # Off Fly (no FLY_MACHINE_ID), FLY_APP_NAME stays the plain fallback the reference had.
+    proc = run_to_exit(kbb, fly_args(fake, token=None), env={"FLY_APP_NAME": "controller-app", "FLY_API_TOKEN": TOKEN})
+    assert proc.returncode == 0, proc.stderr
+
+
+async def test_issue_15_sandbox_machines_never_see_a_token(kbb, fake):
+    """Hosted shape: the controller runs on Fly with its tokens in its environment and a
+    separate, secret-free sandbox app; nothing of the controller's reaches a Machine."""
+    fake.add_app("controller-app", secrets=CONTROLLER_SECRETS)
+    fake.add_app("sandbox-app")
+    env = {
+        "FLY_APP_NAME": "controller-app", "FLY_MACHINE_ID": "3d8d9e1bc47e89", "KILNTAINERS_FLY_APP": "sandbox-app",
+        "FLY_API_TOKEN": TOKEN, "KILNTAINERS_AUTH_TOKEN": "controller-bearer-secret",
+    }
+    async with kbb.server(*fly_args(fake, token=None), env=env) as srv:
+        res = await srv.run("tr '\\0' '\\n' < /proc/1/environ; echo ---; env")
+        assert res.structured["exit_code"] == 0, res.structured
+        seen = res.structured["stdout"]
+        assert "---" in seen and "PATH=" in seen, seen
+        for needle in ("FLY_API_TOKEN", "KILNTAINERS_AUTH_TOKEN", TOKEN, *CONTROLLER_SECRETS.values()):
+            assert needle not in seen, (needle, seen)
+        cid = res.structured["computer_id"]
+        machine = machine_for(fake, cid)
+        assert machine is not None and machine.app == "sandbox-app"
+    for create in fake.requests_matching("POST", r"/v1/apps/[^/]+/machines"):
+        assert "env" not in create["body"]["config"], create["body"]["config"]
+    assert fake.live_machines("controller-app") == []

@@ -68,8 +68,11 @@ async def test_command_strings_and_limits(kbb):
         res = await srv.run("ls /", computer_id=cid)
         assert sorted(res.structured["stdout"].split()) == ["a", "escape"]
         assert not (kbb.dir / "escape").exists()
-        roots = list((kbb.dir / "tmp").glob("kilntainers-wasm-*/root"))
+        # Temporary computers live in a per-user private directory (issue 15), never directly in
+        # the shared temp dir.
+        roots = list((kbb.dir / "tmp").glob("kilntainers-wasm-*/kilntainers-wasm-*/root"))
         assert len(roots) == 1 and (roots[0] / "a" / "b" / "f").read_text() == "x\n"
+        assert (roots[0].parent.parent.stat().st_mode & 0o777) == 0o700
     # The temporary computer's directory went with the session.
     assert list((kbb.dir / "tmp").glob("kilntainers-wasm-*")) == []
 

@@ -812,3 +812,59 @@ async fn contract_crash_gc_by_instance_and_lease_against_fake() {
     }
     fake.assert_no_violations().await;
 }
+
+// See: issue 15
+#[tokio::test]
+async fn contract_apps_with_secrets_or_the_controllers_app_are_refused_against_fake() {
+    let fake = Fake::start(&[
+        "--token",
+        &format!("Bearer {TOKEN}"),
+        "--app",
+        "demo",
+        "--app",
+        "armed",
+        "--app-secret",
+        "armed:FLY_API_TOKEN=fm2_controller",
+        "--app-secret",
+        "armed:KILNTAINERS_AUTH_TOKEN=bearer",
+    ]);
+    let refusal = "Fly App 'armed' has secrets (FLY_API_TOKEN, KILNTAINERS_AUTH_TOKEN). Fly gives every Machine of an app that app's secrets as environment variables, so each sandbox could read them. Use a separate app without secrets for sandbox Machines (--fly-app or KILNTAINERS_FLY_APP), or remove them with 'fly secrets unset -a armed <NAME>...'.";
+    let armed = backend_with(&fake, Some("armed"), Some(TOKEN), &[]);
+    assert_eq!(
+        armed.check_startup().await.unwrap_err().to_string(),
+        refusal
+    );
+    assert_eq!(armed.validate().await.unwrap_err().to_string(), refusal);
+    let id = computer("armed");
+    let created = armed
+        .create(&spec(&id, true, &InstanceId::random()), &NoProgress)
+        .await;
+    assert_eq!(created.unwrap_err().to_string(), refusal);
+    assert!(
+        fake.requests_to("POST", "/v1/apps/armed/machines")
+            .await
+            .is_empty()
+    );
+    // The same app found through the remembered-app file is refused just the same.
+    std::fs::write(fake.dir.join("fly.json"), "{\"app\": \"armed\"}\n").unwrap();
+    let remembered = backend_with(&fake, None, Some(TOKEN), &[]);
+    assert_eq!(
+        remembered.validate().await.unwrap_err().to_string(),
+        refusal
+    );
+    // A clean app passes, at startup and at use.
+    let clean = backend(&fake);
+    clean.check_startup().await.unwrap();
+    clean.validate().await.unwrap();
+    // Secrets that cannot be listed: startup goes on, use fails closed.
+    fake.inject("GET", "/v1/apps/demo/secrets", 500, 20, json!({}))
+        .await;
+    let unknown = backend(&fake);
+    unknown.check_startup().await.unwrap();
+    let error = unknown.validate().await.unwrap_err().to_string();
+    assert!(
+        error.starts_with("Could not check that Fly App 'demo' has no secrets"),
+        "{error}"
+    );
+    fake.assert_no_violations().await;
+}

@@ -675,3 +675,136 @@ async fn custom_modules() {
     );
     let _ = Path::new("/");
 }
+
+/// A computer directory as the backend writes it, planted by hand with `root` a symlink.
+fn plant(dir: &Path, id: &str, temporary: bool, backend: &str, target: &Path) {
+    std::fs::create_dir_all(dir).unwrap();
+    let meta = serde_json::json!({
+        "computer_id": id, "temporary": temporary, "backend": backend, "image": "m.wasm",
+        "module_sha256": "0", "created_at": "2026-01-01T00:00:00Z",
+        "instance": InstanceId::random().as_str(),
+    });
+    std::fs::write(dir.join("meta.json"), meta.to_string()).unwrap();
+    std::os::unix::fs::symlink(target, dir.join("root")).unwrap();
+}
+
+fn private_dir(place: &Place) -> PathBuf {
+    mcp_sandbox_computer_vm_for_ai::state::private_temp_dir(&place.base.join("tmp")).unwrap()
+}
+
+// See: issue 15
+#[tokio::test]
+async fn issue_15_planted_computers_with_symlinked_roots_are_never_used() {
+    use std::os::unix::fs::MetadataExt;
+    let place = Place::new();
+    let victim = place.base.join("victim-home");
+    std::fs::create_dir_all(&victim).unwrap();
+    std::fs::write(victim.join("secret"), "s3cret").unwrap();
+    let b = place.custom(EXIT_7, &[]);
+    // Another user plants a computer in the shared temp dir, as the old layout kept them.
+    plant(
+        &place.base.join("tmp/kilntainers-wasm-planted1"),
+        "planted-shared",
+        true,
+        "wasm",
+        &victim,
+    );
+    // A real computer of ours, then one planted next to it in the private dir.
+    let ours = create(b.as_ref(), "ours", true).await;
+    plant(
+        &private_dir(&place).join("kilntainers-wasm-planted2"),
+        "planted-private",
+        true,
+        "wasm",
+        &victim,
+    );
+    let listed: Vec<String> = b
+        .list()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|c| c.sandbox.computer_id.as_str().to_owned())
+        .collect();
+    assert_eq!(listed, ["ours"]);
+    for id in ["planted-shared", "planted-private"] {
+        let found = b.lookup(&ComputerId::parse(id).unwrap()).await.unwrap();
+        assert!(found.is_none(), "{id} was found: {found:?}");
+    }
+    // A permanent computer whose root was swapped for a symlink is not run in.
+    let keeper = create(b.as_ref(), "keeper", false).await;
+    let root = place.base.join("home/state/wasm/wasm/keeper/root");
+    std::fs::remove_dir(&root).unwrap();
+    std::os::unix::fs::symlink(&victim, &root).unwrap();
+    let refused = run(b.as_ref(), &keeper, args(&["x"]), None, None, 10).await;
+    assert!(refused.is_err(), "ran in a symlinked root: {refused:?}");
+    assert!(b.ensure_running(&keeper).await.is_err());
+    // Removing it removes the link, never the victim's files.
+    b.remove(&keeper).await.unwrap();
+    assert_eq!(
+        std::fs::read_to_string(victim.join("secret")).unwrap(),
+        "s3cret"
+    );
+    // Our own computer still works, and its directories are private.
+    assert_eq!(
+        run(b.as_ref(), &ours, args(&["x"]), None, None, 10)
+            .await
+            .unwrap()
+            .code,
+        7
+    );
+    let dir = private_dir(&place).join(&ours.sandbox_id);
+    for path in [private_dir(&place), dir.clone(), dir.join("root")] {
+        let meta = std::fs::symlink_metadata(&path).unwrap();
+        assert_eq!(meta.mode() & 0o7777, 0o700, "{}", path.display());
+    }
+}
+
+// See: issue 15
+#[tokio::test]
+async fn issue_15_a_private_dir_that_is_not_ours_alone_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let place = Place::new();
+    let module = place.base.join("m.wasm");
+    std::fs::write(&module, wat::parse_str(EXIT_7).unwrap()).unwrap();
+    let module = module.to_str().unwrap().to_owned();
+    let config = place.config(&["--backend", "wasm", "--wasm-path", module.as_str()]);
+    let dir = private_dir(&place);
+    let refused = |why: &str| match WasmBackend::new(&config) {
+        Ok(_) => panic!("{why}: accepted"),
+        Err(e) => e.to_string(),
+    };
+    // Open to others.
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let text = refused("mode 0755");
+    assert!(text.contains("its mode is 0755"), "{text}");
+    // A symlink to a directory elsewhere.
+    std::fs::remove_dir(&dir).unwrap();
+    let elsewhere = place.base.join("elsewhere");
+    std::fs::create_dir(&elsewhere).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, &dir).unwrap();
+    let text = refused("symlink");
+    assert!(text.contains("is a symbolic link"), "{text}");
+    std::fs::remove_file(&dir).unwrap();
+    // Owned by another user (only root can hand a directory to someone else).
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700)).unwrap();
+    let as_root = std::process::Command::new("chown")
+        .args(["12345:12345", dir.to_str().unwrap()])
+        .status()
+        .is_ok_and(|s| s.success());
+    if as_root {
+        let text = refused("foreign owner");
+        assert!(text.contains("belongs to uid 12345"), "{text}");
+    }
+    std::fs::remove_dir(&dir).unwrap();
+    // A clean start makes it 0700 on first use and leaves nothing behind.
+    let b = WasmBackend::new(&config).unwrap();
+    let s = create(&b, "fresh", true).await;
+    assert!(dir.is_dir());
+    b.remove(&s).await.unwrap();
+    assert!(
+        !dir.exists(),
+        "the empty private dir is removed with the last computer"
+    );
+}

@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 use tracing::warn;
 
 use crate::backends::BackendError;
-use crate::config::fly::Secret;
+use crate::config::Secret;
 
 /// Retries after the first attempt (429, and 5xx/transport errors of repeatable calls).
 const MAX_RETRIES: u32 = 3;

@@ -2,6 +2,10 @@
 //! else the one remembered in `fly.json` (if still visible), else a new
 //! `mcp-sandbox-computers-<8 hex>` created in `--fly-org`/`FLY_ORG`, `personal`, or the first
 //! organization the token sees, and remembered atomically.
+//!
+//! An app we did not just create is used only when it has no secrets and is not the app this
+//! server runs in: Fly puts an app's secrets into the environment of every Machine of that
+//! app, so a sandbox there could read the controller's tokens from `/proc/1/environ`.
 
 use std::path::Path;
 
@@ -55,23 +59,47 @@ pub(super) async fn resolve(api: &Api, config: &FlyConfig) -> Result<String, Bac
 }
 
 /// The configured or remembered app, without creating one: `Ok(None)` when there is neither
-/// (or the remembered one is gone).
+/// (or the remembered one is gone). An app that must not hold sandboxes is an error.
 pub(super) async fn existing(
     api: &Api,
     config: &FlyConfig,
 ) -> Result<Option<String>, BackendError> {
+    existing_checked(api, config).await.map_err(|e| match e {
+        Unsafe::Refused(text) => BackendError::Unavailable(text),
+        Unsafe::Unknown(error) => error,
+    })
+}
+
+/// Why an app was not accepted.
+pub(super) enum Unsafe {
+    /// The app must not hold sandboxes (it has secrets, or it is the controller's app).
+    Refused(String),
+    /// The app could not be looked up or checked (network, token, Fly errors).
+    Unknown(BackendError),
+}
+
+/// [`existing`], telling a refusal apart from a failed lookup (startup refuses to run only on
+/// the former; the latter is retried at first use, where it still fails closed).
+pub(super) async fn existing_checked(
+    api: &Api,
+    config: &FlyConfig,
+) -> Result<Option<String>, Unsafe> {
     if let Some(app) = &config.app {
-        return match visible(api, app).await? {
-            true => Ok(Some(app.clone())),
-            false => Err(BackendError::Provider(format!(
+        return match visible(api, app).await.map_err(Unsafe::Unknown)? {
+            true => {
+                check_safe(api, config, app).await?;
+                Ok(Some(app.clone()))
+            }
+            false => Err(Unsafe::Unknown(BackendError::Provider(format!(
                 "Fly App '{app}' is not visible to the current account or token."
-            ))),
+            )))),
         };
     }
     if let Some(path) = &config.state_file
         && let Some(app) = remembered(path)
     {
-        if visible(api, &app).await? {
+        if visible(api, &app).await.map_err(Unsafe::Unknown)? {
+            check_safe(api, config, &app).await?;
             return Ok(Some(app));
         }
         warn!(
@@ -80,6 +108,60 @@ pub(super) async fn existing(
         );
     }
     Ok(None)
+}
+
+/// Refuses the controller's own app and any app with secrets. Fails closed: when the secrets
+/// cannot be listed, the app is not used.
+async fn check_safe(api: &Api, config: &FlyConfig, app: &str) -> Result<(), Unsafe> {
+    if config.controller_app.as_deref() == Some(app) {
+        return Err(Unsafe::Refused(crate::config::fly::own_app_refusal(app)));
+    }
+    let names = secret_names(api, app).await.map_err(|e| match e {
+        ApiError::Auth(text) => Unsafe::Unknown(BackendError::Unavailable(text)),
+        other => Unsafe::Unknown(BackendError::Provider(format!(
+            "Could not check that Fly App '{app}' has no secrets, so no sandbox Machine is created in it: {}",
+            other.detail()
+        ))),
+    })?;
+    if names.is_empty() {
+        return Ok(());
+    }
+    Err(Unsafe::Refused(format!(
+        "Fly App '{app}' has secrets ({}). Fly gives every Machine of an app that app's secrets as environment variables, so each sandbox could read them. Use a separate app without secrets for sandbox Machines (--fly-app or {}), or remove them with 'fly secrets unset -a {app} <NAME>...'.",
+        names.join(", "),
+        crate::config::fly::SANDBOX_APP_ENV
+    )))
+}
+
+/// `GET /v1/apps/{app}/secrets`: the names of the app's secrets (Fly never returns values).
+/// The documented answer is `{"secrets": [{"name", "digest", "created_at", "updated_at"}]}`;
+/// a bare array is accepted too.
+async fn secret_names(api: &Api, app: &str) -> Result<Vec<String>, ApiError> {
+    #[derive(Deserialize)]
+    struct Listed {
+        name: String,
+    }
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Answer {
+        Object {
+            #[serde(default)]
+            secrets: Vec<Listed>,
+        },
+        Array(Vec<Listed>),
+    }
+    let call = Call {
+        method: Method::GET,
+        path: format!("/apps/{}/secrets", segment(app)),
+        body: None,
+        retry: Retry::Idempotent,
+        timeout: Some(CALL_TIMEOUT),
+    };
+    let answer: Answer = api.json(&call).await?;
+    let listed = match answer {
+        Answer::Object { secrets } | Answer::Array(secrets) => secrets,
+    };
+    Ok(listed.into_iter().map(|s| s.name).collect())
 }
 
 /// `GET /v1/apps/{app}`: 200 → visible, 404 → not.

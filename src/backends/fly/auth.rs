@@ -107,7 +107,7 @@ fn config_file_token(text: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::fly::Secret;
+    use crate::config::Secret;
 
     #[test]
     fn scheme_follows_the_token_shape() {

@@ -40,6 +40,9 @@ use machines::{
 const WAIT_ROUNDS: u32 = 2;
 /// ...and at most this long in all, which is what the "did not start" message reports.
 const START_DEADLINE: Duration = Duration::from_secs(120);
+/// How long a slow or unreachable Fly API may delay startup for the app check; past it the
+/// server starts and the same check runs, failing closed, before the first Machine is made.
+const STARTUP_CHECK_TIMEOUT: Duration = Duration::from_secs(15);
 /// Readiness exec after create/start/restart (`lifecycle.md` §10: Fly 20 s).
 const READINESS_TIMEOUT: Duration = Duration::from_secs(20);
 /// Pause between readiness attempts: right after `started`, the exec endpoint may still refuse.
@@ -663,6 +666,23 @@ impl Backend for FlyBackend {
 
     async fn validate(&self) -> Result<(), BackendError> {
         self.inner.app().await.map(drop)
+    }
+
+    async fn check_startup(&self) -> Result<(), BackendError> {
+        let inner = &self.inner;
+        match tokio::time::timeout(
+            STARTUP_CHECK_TIMEOUT,
+            app::existing_checked(&inner.api, &inner.config),
+        )
+        .await
+        {
+            Ok(Err(app::Unsafe::Refused(text))) => Err(BackendError::Unavailable(text)),
+            Ok(Err(app::Unsafe::Unknown(error))) => {
+                debug!(%error, "Fly App check at startup deferred to first use");
+                Ok(())
+            }
+            Ok(Ok(_)) | Err(_) => Ok(()),
+        }
     }
 
     async fn create(

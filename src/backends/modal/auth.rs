@@ -11,7 +11,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 use crate::config::ModalConfig;
-use crate::config::fly::Secret;
+use crate::config::Secret;
 use crate::config::modal::{DEFAULT_IMAGE_BUILDER_VERSION, DEFAULT_SERVER_URL};
 
 /// What a connection needs. `Debug` never shows the secret (it is a [`Secret`]).
@@ -124,7 +124,8 @@ mod tests {
             .collect();
         let mut config = ModalConfig::from_cli(&cli, |name| {
             env.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
-        });
+        })
+        .unwrap();
         config.config_file = file.map(Path::to_path_buf);
         config
     }

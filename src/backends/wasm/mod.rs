@@ -2,6 +2,10 @@
 //! WASI preview-1 command module, `--backend go_busybox` runs go-busybox's applets and
 //! interprets `command` strings itself ([`shell`]). Both keep each computer as a directory the
 //! module sees as its root; permanent ones live under the state dir and are found again by id.
+//! Temporary ones live in a per-user private directory under the OS temp dir (0700, owner
+//! checked, see [`crate::state`]), never directly in the shared temp dir, and a computer whose
+//! directory or `root` is a symbolic link is never used: another local user must not be able
+//! to plant a computer whose root points into the victim's files.
 //!
 //! Files: [`runtime`] (wasmtime, limits, output capture), [`fs`] (root-confined paths),
 //! [`fetch`] (the pinned go-busybox module), [`shell`] (the command interpreter).
@@ -48,6 +52,9 @@ struct Meta {
 pub struct WasmBackend {
     kind: &'static str,
     config: WasmConfig,
+    /// `<temp dir>/kilntainers-wasm-<uid>`: where temporary computers live. Created on first
+    /// use, checked before every use, removed again when empty.
+    private_dir: PathBuf,
     runtime: tokio::sync::OnceCell<Arc<Runtime>>,
     applets: OnceLock<Vec<String>>,
 }
@@ -80,6 +87,20 @@ fn now_rfc3339() -> String {
     )
 }
 
+/// Creates `path` 0700, or accepts it when it already is a real directory (a permanent
+/// computer's directory left by an earlier, interrupted create). A symlink is an error.
+fn reuse_or_create_private(path: &Path) -> std::io::Result<()> {
+    match crate::state::create_private_subdir(path) {
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            match std::fs::symlink_metadata(path)?.file_type().is_dir() {
+                true => Ok(()),
+                false => Err(e),
+            }
+        }
+        other => other,
+    }
+}
+
 fn random_suffix() -> String {
     use rand::RngExt;
     const ALPHABET: &[u8] = b"abcdefghijklmnopqrstuvwxyz0123456789";
@@ -95,9 +116,15 @@ impl WasmBackend {
             WasmModule::Custom(_) => "wasm",
             WasmModule::GoBusybox { .. } => "go_busybox",
         };
+        let private_dir = crate::state::private_temp_dir(&config.wasm.temp_dir)
+            .map_err(|e| BackendError::Unavailable(e.to_string()))?;
+        // Refuse at startup a private directory someone else made or opened up.
+        crate::state::check_private_dir(&private_dir)
+            .map_err(|e| BackendError::Unavailable(e.to_string()))?;
         Ok(Self {
             kind,
             config: config.wasm.clone(),
+            private_dir,
             runtime: tokio::sync::OnceCell::new(),
             applets: OnceLock::new(),
         })
@@ -169,10 +196,22 @@ impl WasmBackend {
             .map(|dir| dir.join("wasm").join(self.kind).join(id.as_str()))
     }
 
+    /// The private directory, created when missing; refused when it is not ours alone.
+    fn ensure_private_dir(&self) -> Result<(), BackendError> {
+        crate::state::ensure_private_dir(&self.private_dir).map_err(|e| provider(e.to_string()))
+    }
+
+    /// Removes the private directory once it holds nothing (fails harmlessly otherwise).
+    fn tidy_private_dir(&self) {
+        let _ = std::fs::remove_dir(&self.private_dir);
+    }
+
     /// The computer's directory (holding `meta.json` and `root/`).
     fn dir_of(&self, sandbox: &SandboxRef) -> Result<PathBuf, BackendError> {
         if sandbox.temporary {
-            Ok(self.config.temp_dir.join(&sandbox.sandbox_id))
+            crate::state::check_private_dir(&self.private_dir)
+                .map_err(|e| provider(e.to_string()))?;
+            Ok(self.private_dir.join(&sandbox.sandbox_id))
         } else {
             self.permanent_dir(&sandbox.computer_id).ok_or_else(|| {
                 provider("Permanent WASM computers need a home directory (HOME is unset).")
@@ -180,7 +219,17 @@ impl WasmBackend {
         }
     }
 
+    /// The computer's `root`, only when both it and the computer's directory are real
+    /// directories (lstat): a symlink anywhere here could point at files outside any computer.
+    fn real_root(dir: &Path) -> Option<PathBuf> {
+        let is_real_dir =
+            |path: &Path| std::fs::symlink_metadata(path).is_ok_and(|m| m.file_type().is_dir());
+        let root = dir.join("root");
+        (is_real_dir(dir) && is_real_dir(&root)).then_some(root)
+    }
+
     fn read_meta(dir: &Path) -> Option<Meta> {
+        Self::real_root(dir)?;
         let text = std::fs::read_to_string(dir.join("meta.json")).ok()?;
         serde_json::from_str(&text).ok()
     }
@@ -221,7 +270,9 @@ impl WasmBackend {
                 }
             }
         };
-        look(&self.config.temp_dir, true);
+        if crate::state::check_private_dir(&self.private_dir).is_ok() {
+            look(&self.private_dir, true);
+        }
         if let Some(state) = &self.config.state_dir {
             look(&state.join("wasm").join(self.kind), false);
         }
@@ -241,11 +292,11 @@ impl WasmBackend {
     /// Runs the module's `--list` and keeps the applet names for the tool description.
     async fn read_applets(&self) -> Result<Vec<String>, BackendError> {
         let runtime = self.runtime().await?;
+        self.ensure_private_dir()?;
         let scratch = self
-            .config
-            .temp_dir
+            .private_dir
             .join(format!("{TEMP_PREFIX}list-{}", random_suffix()));
-        std::fs::create_dir_all(&scratch).map_err(|e| provider(e.to_string()))?;
+        crate::state::create_private_subdir(&scratch).map_err(|e| provider(e.to_string()))?;
         let outputs = Outputs::new(1 << 20);
         let mut fuel = runtime.fuel();
         let result = runtime
@@ -262,6 +313,7 @@ impl WasmBackend {
             )
             .await;
         let _ = std::fs::remove_dir_all(&scratch);
+        self.tidy_private_dir();
         let _ = result.map_err(|e| provider(e.to_string()))?;
         let (stdout, _) = outputs.take_output();
         let text = String::from_utf8_lossy(&stdout);
@@ -427,7 +479,7 @@ impl Backend for WasmBackend {
         let runtime = self.runtime().await?;
         let (dir, sandbox_id) = if spec.temporary {
             let id = format!("{TEMP_PREFIX}{}", random_suffix());
-            (self.config.temp_dir.join(&id), id)
+            (self.private_dir.join(&id), id)
         } else {
             let dir = self.permanent_dir(&spec.computer_id).ok_or_else(|| {
                 provider("Permanent WASM computers need a home directory (HOME is unset).")
@@ -445,12 +497,33 @@ impl Backend for WasmBackend {
             instance: spec.temporary.then(|| spec.instance.as_str().to_owned()),
         };
         let write = || -> std::io::Result<()> {
-            std::fs::create_dir_all(dir.join("root"))?;
+            if spec.temporary {
+                // A server removing the empty private dir at this moment costs one retry.
+                let mut attempt = 0;
+                loop {
+                    self.ensure_private_dir().map_err(std::io::Error::other)?;
+                    match crate::state::create_private_subdir(&dir) {
+                        Err(e) if e.kind() == std::io::ErrorKind::NotFound && attempt == 0 => {
+                            attempt += 1;
+                        }
+                        other => break other?,
+                    }
+                }
+            } else {
+                if let Some(parent) = dir.parent() {
+                    std::fs::create_dir_all(parent)?;
+                }
+                reuse_or_create_private(&dir)?;
+            }
+            reuse_or_create_private(&dir.join("root"))?;
             let text = serde_json::to_string_pretty(&meta).map_err(std::io::Error::other)?;
             std::fs::write(dir.join("meta.json"), text)
         };
         if let Err(error) = write() {
-            let _ = std::fs::remove_dir_all(&dir);
+            // Never follow a planted symlink into someone's files while cleaning up.
+            if std::fs::symlink_metadata(&dir).is_ok_and(|m| m.file_type().is_dir()) {
+                let _ = std::fs::remove_dir_all(&dir);
+            }
             return Err(provider(format!(
                 "Failed to create the directory of WASM computer '{}': {error}",
                 spec.computer_id
@@ -486,7 +559,7 @@ impl Backend for WasmBackend {
     }
 
     async fn ensure_running(&self, sandbox: &SandboxRef) -> Result<SandboxRef, BackendError> {
-        if self.dir_of(sandbox)?.join("root").is_dir() {
+        if Self::real_root(&self.dir_of(sandbox)?).is_some() {
             Ok(sandbox.clone())
         } else {
             Err(BackendError::Vanished(sandbox.computer_id.clone()))
@@ -519,7 +592,15 @@ impl Backend for WasmBackend {
 
     async fn remove(&self, sandbox: &SandboxRef) -> Result<(), BackendError> {
         let dir = self.dir_of(sandbox)?;
-        match std::fs::remove_dir_all(&dir) {
+        let removed = match std::fs::symlink_metadata(&dir) {
+            // A symlink in place of the directory is removed as a link, never followed.
+            Ok(meta) if !meta.file_type().is_dir() => std::fs::remove_file(&dir),
+            _ => std::fs::remove_dir_all(&dir),
+        };
+        if sandbox.temporary {
+            self.tidy_private_dir();
+        }
+        match removed {
             Ok(()) => Ok(()),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(provider(format!(
@@ -537,10 +618,9 @@ impl Backend for WasmBackend {
         _cancel: &CancellationToken,
     ) -> Result<ExecEnd, BackendError> {
         let runtime = self.runtime().await?;
-        let root_path = self.dir_of(sandbox)?.join("root");
-        if !root_path.is_dir() {
+        let Some(root_path) = Self::real_root(&self.dir_of(sandbox)?) else {
             return Err(BackendError::Vanished(sandbox.computer_id.clone()));
-        }
+        };
         let root = Root::open(&root_path).map_err(|e| provider(e.to_string()))?;
         let wd = spec.working_dir.clone().unwrap_or_else(|| "/".to_owned());
         let cwd = shell::normalize("/", &wd);
@@ -674,6 +754,7 @@ impl Backend for WasmBackend {
                 removed.push(id);
             }
         }
+        self.tidy_private_dir();
         Ok(removed)
     }
 }
