@@ -574,7 +574,10 @@ mod tests {
         .encode(&mut largest);
         events.buf.clear();
         events.extend(&largest);
-        assert!(events.next_payload().unwrap().is_some(), "a full chunk fits");
+        assert!(
+            events.next_payload().unwrap().is_some(),
+            "a full chunk fits"
+        );
         let mut partial: &[u8] = &[0, 0, 0, 5, tag::PING];
         assert!(read_payload(&mut partial).is_err(), "ends inside a frame");
     }

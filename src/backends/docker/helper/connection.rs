@@ -289,25 +289,25 @@ impl Connection {
                 };
                 let reader = async {
                     loop {
-                        match output.next().await {
-                            Some(Ok(LogOutput::StdOut { message })) => {
-                                buffer.extend(&message);
-                                loop {
-                                    let event = match buffer.next_payload() {
-                                        Ok(Some(payload)) => Event::decode(&payload),
-                                        Ok(None) => break,
-                                        Err(e) => Err(e),
-                                    };
-                                    let routed = match (event, reader_side.upgrade()) {
-                                        (Ok(event), Some(connection)) => connection.route(event),
-                                        (Ok(_), None) => Ok(()),
-                                        (Err(e), _) => Err(e.to_string()),
-                                    };
-                                    if let Err(violation) = routed {
-                                        return Closed::broken(violation);
-                                    }
-                                }
+                        // First what is already buffered: the handshake may have read past
+                        // the Hello.
+                        loop {
+                            let event = match buffer.next_payload() {
+                                Ok(Some(payload)) => Event::decode(&payload),
+                                Ok(None) => break,
+                                Err(e) => Err(e),
+                            };
+                            let routed = match (event, reader_side.upgrade()) {
+                                (Ok(event), Some(connection)) => connection.route(event),
+                                (Ok(_), None) => Ok(()),
+                                (Err(e), _) => Err(e.to_string()),
+                            };
+                            if let Err(violation) = routed {
+                                return Closed::broken(violation);
                             }
+                        }
+                        match output.next().await {
+                            Some(Ok(LogOutput::StdOut { message })) => buffer.extend(&message),
                             Some(Ok(LogOutput::StdErr { message })) => {
                                 if let Err(reason) = stderr.write(&message) {
                                     return Closed::broken(reason);
@@ -702,7 +702,10 @@ mod tests {
             if let Some(reason) = connection.broken() {
                 return reason;
             }
-            assert!(tokio::time::Instant::now() < deadline, "never judged broken");
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "never judged broken"
+            );
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
@@ -719,19 +722,31 @@ mod tests {
             stdout(p)
         });
         let reason = broken_reason(connect(Box::pin(flood)).await);
-        assert!(reason.len() < 2 * HANDSHAKE_KEPT, "{} bytes kept", reason.len());
+        assert!(
+            reason.len() < 2 * HANDSHAKE_KEPT,
+            "{} bytes kept",
+            reason.len()
+        );
         assert!(!reason.contains('\n'), "raw newline in {reason:?}");
         assert!(reason.contains("instead of answering"), "{reason}");
         // Reading stopped at the bound, far before the 100 MB.
         let pieces_read = read.load(Ordering::Relaxed) as usize;
-        assert!(pieces_read * 16_000 < 4 * HANDSHAKE_LIMIT, "{pieces_read} pieces read");
+        assert!(
+            pieces_read * 16_000 < 4 * HANDSHAKE_LIMIT,
+            "{pieces_read} pieces read"
+        );
     }
 
     #[tokio::test]
     async fn issue_15_a_fake_that_never_answers_is_broken_within_the_hello_timeout() {
         // See: issue 15 (`exec sleep 600` in the helper's place).
         let started = tokio::time::Instant::now();
-        let reason = broken_reason(connect(Box::pin(stream::pending::<Result<LogOutput, bollard::errors::Error>>())).await);
+        let reason = broken_reason(
+            connect(Box::pin(stream::pending::<
+                Result<LogOutput, bollard::errors::Error>,
+            >()))
+            .await,
+        );
         assert!(reason.contains("did not answer"), "{reason}");
         assert!(started.elapsed() < HELLO_TIMEOUT + Duration::from_secs(2));
     }
@@ -759,7 +774,10 @@ mod tests {
                 .chain(stream::repeat_with(move || stdout(flood.repeat(100))));
             let connection = connect(Box::pin(output)).await.unwrap();
             let reason = wait_broken(&connection).await;
-            assert!(reason.contains("unknown command") || reason.contains("unasked"), "{reason}");
+            assert!(
+                reason.contains("unknown command") || reason.contains("unasked"),
+                "{reason}"
+            );
         }
     }
 

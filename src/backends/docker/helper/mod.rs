@@ -29,10 +29,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use crate::backends::{ExecEnd, ExecSpec, OutputSink, SandboxRef, SinkControl, Stream};
-use untrusted::printable;
 use crate::ids::ExecId;
 pub(super) use connection::Lost;
 use connection::{ConnectError, Connection};
+use untrusted::printable;
 
 /// After this many lost connections in a row (no command finished in between), a computer
 /// stops trying the helper: a helper that keeps dying must not cost every call a reconnect.
