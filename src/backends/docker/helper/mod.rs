@@ -149,43 +149,49 @@ impl Helpers {
             );
             return None;
         }
-        if !uploaded {
-            // Before every connection but a fresh computer's first: the file may have been
-            // replaced by a root user in the computer, and ours is put back (the engine
-            // replaces the file, so a copy another connection is running is not disturbed).
-            if let Err(reason) = upload(docker, &sandbox.sandbox_id).await {
-                *state = fall_back(sandbox, &reason);
-                return None;
+        let mut uploaded = uploaded;
+        loop {
+            if !uploaded {
+                // Before every connection but a fresh computer's first: the file may have been
+                // replaced by a root user in the computer, and ours is put back (the engine
+                // unlinks the old file first, so a copy another connection runs is not
+                // disturbed).
+                if let Err(reason) = upload(docker, &sandbox.sandbox_id).await {
+                    *state = fall_back(sandbox, &reason);
+                    return None;
+                }
             }
-        }
-        match Connection::open(docker, &sandbox.sandbox_id, &binary::PATH).await {
-            Ok(connection) => {
-                *state = State::Ready {
-                    connection: connection.clone(),
-                    losses,
-                };
-                Some(connection)
-            }
-            // The plain path reports a vanished or stopped computer in its usual words.
-            Err(ConnectError::Engine(error)) => {
-                debug!(container = %sandbox.sandbox_id, %error, "the engine refused the helper's exec");
-                *state = State::Idle {
-                    losses,
-                    uploaded: true,
-                };
-                None
-            }
-            Err(ConnectError::Unusable {
-                reason,
-                broken: true,
-                ..
-            }) => {
-                *state = fall_back_broken(sandbox, &reason);
-                None
-            }
-            Err(ConnectError::Unusable { reason, .. }) => {
-                *state = fall_back(sandbox, &reason);
-                None
+            match Connection::open(docker, &sandbox.sandbox_id, &binary::PATH).await {
+                Ok(connection) => {
+                    *state = State::Ready {
+                        connection: connection.clone(),
+                        losses,
+                    };
+                    return Some(connection);
+                }
+                // The plain path reports a vanished or stopped computer in its usual words.
+                Err(ConnectError::Engine(error)) => {
+                    debug!(container = %sandbox.sandbox_id, %error, "the engine refused the helper's exec");
+                    *state = State::Idle {
+                        losses,
+                        uploaded: true,
+                    };
+                    return None;
+                }
+                Err(ConnectError::Unusable {
+                    reason,
+                    broken: true,
+                }) => {
+                    *state = fall_back_broken(sandbox, &reason);
+                    return None;
+                }
+                // The copy put in before start may be hidden (a mount over its directory):
+                // one more try with a fresh upload.
+                Err(ConnectError::Unusable { .. }) if uploaded => uploaded = false,
+                Err(ConnectError::Unusable { reason, .. }) => {
+                    *state = fall_back(sandbox, &reason);
+                    return None;
+                }
             }
         }
     }
