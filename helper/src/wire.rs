@@ -24,6 +24,10 @@ pub const MAX_PAYLOAD: usize = 8 * 1024 * 1024;
 pub const CHUNK: usize = 64 * 1024;
 /// Output credit a command starts with, in bytes (stdout and stderr together).
 pub const WINDOW: u32 = 1024 * 1024;
+/// Largest event payload the server accepts: an `Output` frame (tag, id, length prefix) around
+/// one [`CHUNK`], with room to spare. No event is larger, so a longer frame is a protocol
+/// violation, refused before its bytes are buffered.
+pub const MAX_EVENT_PAYLOAD: usize = CHUNK + 64;
 
 /// Server → helper.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -290,14 +294,31 @@ impl Event {
 }
 
 /// Splits complete frames off the front of a byte buffer that grows as data arrives.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct FrameBuffer {
     buf: Vec<u8>,
     /// Bytes of `buf` already handed out; compacted lazily.
     consumed: usize,
+    /// Largest payload accepted; a longer length prefix is an error before anything is kept.
+    limit: usize,
+}
+
+impl Default for FrameBuffer {
+    fn default() -> Self {
+        Self::with_limit(MAX_PAYLOAD)
+    }
 }
 
 impl FrameBuffer {
+    /// A buffer that refuses payloads longer than `limit` (at most [`MAX_PAYLOAD`]).
+    pub fn with_limit(limit: usize) -> Self {
+        Self {
+            buf: Vec::new(),
+            consumed: 0,
+            limit: limit.min(MAX_PAYLOAD),
+        }
+    }
+
     pub fn extend(&mut self, bytes: &[u8]) {
         if self.consumed > 0 && self.consumed == self.buf.len() {
             self.buf.clear();
@@ -313,7 +334,7 @@ impl FrameBuffer {
             return Ok(None);
         };
         let len = u32::from_be_bytes([len[0], len[1], len[2], len[3]]) as usize;
-        check_len(len)?;
+        check_len(len, self.limit)?;
         let Some(payload) = pending.get(4..4 + len) else {
             return Ok(None);
         };
@@ -346,7 +367,7 @@ pub fn read_payload(reader: &mut impl std::io::Read) -> Result<Option<Vec<u8>>, 
         }
     }
     let len = u32::from_be_bytes(len) as usize;
-    check_len(len)?;
+    check_len(len, MAX_PAYLOAD)?;
     let mut payload = vec![0; len];
     reader
         .read_exact(&mut payload)
@@ -354,8 +375,8 @@ pub fn read_payload(reader: &mut impl std::io::Read) -> Result<Option<Vec<u8>>, 
     Ok(Some(payload))
 }
 
-fn check_len(len: usize) -> Result<(), WireError> {
-    if len == 0 || len > MAX_PAYLOAD {
+fn check_len(len: usize, limit: usize) -> Result<(), WireError> {
+    if len == 0 || len > limit {
         return Err(WireError(format!("frame length {len} out of range")));
     }
     Ok(())
@@ -539,6 +560,24 @@ mod tests {
         let mut buffer = FrameBuffer::default();
         buffer.extend(&u32::MAX.to_be_bytes());
         assert!(buffer.next_payload().is_err(), "oversized frame");
+        // The server's buffer refuses an event longer than an output chunk from its header,
+        // before a byte of the payload is kept.
+        let mut events = FrameBuffer::with_limit(MAX_EVENT_PAYLOAD);
+        events.extend(&((MAX_EVENT_PAYLOAD + 1) as u32).to_be_bytes());
+        assert!(events.next_payload().is_err(), "event longer than a chunk");
+        let mut largest = Vec::new();
+        Event::Output {
+            id: u32::MAX,
+            stream: OutputStream::Stderr,
+            data: vec![0; CHUNK],
+        }
+        .encode(&mut largest);
+        events.buf.clear();
+        events.extend(&largest);
+        assert!(
+            events.next_payload().unwrap().is_some(),
+            "a full chunk fits"
+        );
         let mut partial: &[u8] = &[0, 0, 0, 5, tag::PING];
         assert!(read_payload(&mut partial).is_err(), "ends inside a frame");
     }

@@ -14,7 +14,7 @@ use futures_util::StreamExt;
 use tokio::io::AsyncWriteExt;
 use tokio_util::sync::CancellationToken;
 
-use super::helper::Lost;
+use super::helper::{INTERNAL_OUTPUT_CAP, Lost};
 use super::{DockerBackend, describe, status_of};
 use crate::backends::{
     BackendError, ExecEnd, ExecSpec, OutputSink, SandboxRef, SinkControl, Stream,
@@ -240,7 +240,8 @@ async fn exit_code_of(docker: &Docker, exec_id: &str) -> Option<i64> {
     }
 }
 
-/// Runs a short internal command (readiness, kill sweep) and returns its exit code and stdout.
+/// Runs a short internal command (readiness, kill sweep) and returns its exit code and stdout;
+/// more than [`INTERNAL_OUTPUT_CAP`] of output (stdout and stderr together) is an error.
 pub(super) async fn run_simple(
     docker: &Docker,
     container: &str,
@@ -264,9 +265,25 @@ pub(super) async fn run_simple(
             .await
             .map_err(|e| describe(&e))?;
         let mut stdout = Vec::new();
+        let mut total = 0usize;
         if let StartExecResults::Attached { mut output, .. } = started {
             while let Some(item) = output.next().await {
-                if let Ok(LogOutput::StdOut { message }) = item {
+                let (message, is_stdout) = match item {
+                    Ok(LogOutput::StdOut { message }) => (message, true),
+                    Ok(LogOutput::StdErr { message }) => (message, false),
+                    _ => continue,
+                };
+                // What runs here may be hostile (a replaced shell): stop reading at the cap
+                // rather than collect for the whole time limit. Dropping the stream ends the
+                // attach; the flood then writes into a closed pipe.
+                total = total.saturating_add(message.len());
+                if total > INTERNAL_OUTPUT_CAP {
+                    return Err(format!(
+                        "it printed more than {} KiB",
+                        INTERNAL_OUTPUT_CAP / 1024
+                    ));
+                }
+                if is_stdout {
                     stdout.extend_from_slice(&message);
                 }
             }

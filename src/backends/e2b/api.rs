@@ -33,6 +33,10 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest error text kept in a message.
 const MAX_ERROR_TEXT: usize = 500;
+/// Bytes of an error body read at most (REST or envd). envd runs inside the sandbox, where a
+/// root user can answer anything; a real error body is a short JSON object, and reading stops
+/// here however much more is sent.
+pub(super) const MAX_ERROR_BODY: usize = 16 * 1024;
 /// `GET /v2/sandboxes` page size: the documented maximum.
 const PAGE_LIMIT: &str = "100";
 /// Pages followed at most, so a misbehaving `X-Next-Token` cannot loop forever (10,000 rows).
@@ -433,7 +437,7 @@ impl Api {
 /// Reads E2B's `{"code", "message"}` error body; falls back to the raw text.
 async fn failure(label: &str, response: reqwest::Response) -> ApiError {
     let status = response.status().as_u16();
-    let text = response.text().await.unwrap_or_default();
+    let text = bounded_text(response).await;
     let message = error_text(&text);
     if status == 401 || status == 403 {
         return ApiError::Auth {
@@ -447,6 +451,22 @@ async fn failure(label: &str, response: reqwest::Response) -> ApiError {
         status,
         message,
     }
+}
+
+/// The start of an error body as text: at most [`MAX_ERROR_BODY`] bytes are read, the rest is
+/// never fetched (the response is dropped), and a read error ends it quietly.
+pub(super) async fn bounded_text(mut response: reqwest::Response) -> String {
+    let mut body = Vec::new();
+    while body.len() < MAX_ERROR_BODY {
+        match response.chunk().await {
+            Ok(Some(chunk)) => {
+                let room = MAX_ERROR_BODY - body.len();
+                body.extend_from_slice(&chunk[..chunk.len().min(room)]);
+            }
+            Ok(None) | Err(_) => break,
+        }
+    }
+    String::from_utf8_lossy(&body).into_owned()
 }
 
 pub(super) fn error_text(body: &str) -> String {
@@ -519,6 +539,49 @@ mod tests {
             metadata_query(&[("a b", "c&d"), ("k", "v=1")]),
             "a%20b=c%26d&k=v%3D1"
         );
+    }
+
+    /// A loopback server whose error body never ends (as a hostile envd could send): the
+    /// reader returns once it has the cap, and keeps no more.
+    #[tokio::test]
+    async fn an_endless_error_body_is_read_only_up_to_the_cap() {
+        use tokio::io::AsyncWriteExt;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let mut request = [0u8; 4096];
+            let _ = tokio::io::AsyncReadExt::read(&mut socket, &mut request).await;
+            socket
+                .write_all(b"HTTP/1.1 500 Oops\r\ntransfer-encoding: chunked\r\n\r\n")
+                .await
+                .unwrap();
+            let chunk = format!("{:x}\r\n{}\r\n", 65536, "x".repeat(65536));
+            let mut sent = 0usize;
+            // Endless until the client hangs up; counts what it managed to send.
+            while socket.write_all(chunk.as_bytes()).await.is_ok() {
+                sent += 65536;
+            }
+            sent
+        });
+        let client = reqwest::Client::new();
+        let response = client
+            .get(format!("http://{address}/"))
+            .send()
+            .await
+            .unwrap();
+        let read = tokio::time::timeout(Duration::from_secs(10), bounded_text(response))
+            .await
+            .expect("the reader stops at the cap");
+        assert_eq!(read.len(), MAX_ERROR_BODY);
+        drop(client);
+        let sent = tokio::time::timeout(Duration::from_secs(10), server)
+            .await
+            .expect("the client hung up")
+            .unwrap();
+        // Socket buffers let the server get ahead a little, never by the megabytes a full read
+        // would take.
+        assert!(sent < 16 * 1024 * 1024, "{sent} bytes were sent");
     }
 
     #[test]

@@ -23,7 +23,7 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
-use super::api::describe_transport;
+use super::api::{bounded_text, describe_transport};
 use super::connect::{ConnectError, Decoder, Frame, envelope};
 use crate::backends::{ExecEnd, OutputSink, SinkControl, Stream};
 use crate::config::e2b::ENVD_PORT;
@@ -227,7 +227,7 @@ impl Envd<'_> {
         if status == 200 {
             return Ok(());
         }
-        let text = response.text().await.unwrap_or_default();
+        let text = bounded_text(response).await;
         let error: ConnectError = serde_json::from_str(&text).unwrap_or(ConnectError {
             code: String::new(),
             message: text.trim().to_owned(),
@@ -317,7 +317,7 @@ impl Envd<'_> {
         })?;
         let status = response.status().as_u16();
         if status != 200 {
-            let text = response.text().await.unwrap_or_default();
+            let text = bounded_text(response).await;
             let error: ConnectError = serde_json::from_str(&text).unwrap_or(ConnectError {
                 code: String::new(),
                 message: text.trim().chars().take(300).collect(),

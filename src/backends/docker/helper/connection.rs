@@ -2,12 +2,20 @@
 //! stdin/stdout carry the frames of [`kilntainers_helper::wire`]. Many commands share it, each
 //! under its own id.
 //!
-//! Two tasks own the stream halves: the writer sends whole frames from a queue, so a command
-//! future dropped mid-call (timeout, cancellation) can never leave half a frame behind; the
-//! reader decodes events and routes them by id. When the stream ends, every waiting command
-//! learns it at once (its channel closes) and the connection is never used again.
+//! Two tasks own the stream halves: the writer sends whole frames from a bounded queue, so a
+//! command future dropped mid-call (timeout, cancellation) can never leave half a frame behind;
+//! the reader decodes events and routes them by id. When the stream ends, every waiting
+//! command learns it at once (its channel closes) and the connection is never used again.
+//!
+//! The helper runs inside the computer, where a root user can replace it or write into its
+//! pipes, so everything it sends is checked: the handshake keeps and reads a bounded amount,
+//! an event is at most one output chunk, output never exceeds the credit granted, answers
+//! never outnumber questions, stderr is rate-limited and budgeted ([`super::untrusted`]), and
+//! a helper that stops reading its input is given up after [`STALL_TIMEOUT`]. Any breach marks
+//! the connection *broken*: it is dropped and the computer falls back to Docker exec.
 
 use std::collections::HashMap;
+use std::pin::Pin;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
@@ -15,20 +23,40 @@ use std::time::Duration;
 use bollard::Docker;
 use bollard::container::LogOutput;
 use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
-use futures_util::StreamExt;
+use futures_util::{Stream as FuturesStream, StreamExt};
 use kilntainers_helper::wire::{self, Event, FrameBuffer, OutputStream, Request, Start};
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
-use tracing::{debug, warn};
+use tracing::debug;
 
+use super::untrusted::{StderrLog, printable};
 use crate::backends::{ExecEnd, ExecSpec, OutputSink, SinkControl, Stream};
 
-/// How long a starting helper may take to answer `Hello`. Generous: a cold start on a loaded
-/// engine can take a second; a helper that cannot run fails at once with the runtime's message.
-const HELLO_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long a starting helper may take to answer `Hello`. The real helper answers within
+/// milliseconds of its exec starting (the exec itself is already running when this clock
+/// starts), and one that cannot run fails at once with the runtime's message; a file that
+/// stays silent is not our helper, and every command would otherwise wait for it.
+pub(super) const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 /// Credit is returned in batches of this many consumed bytes, so small outputs cost no frames.
 const CREDIT_BATCH: u32 = wire::WINDOW / 4;
+/// Bytes read before the `Hello` at most. The real helper sends a 13-byte frame and nothing
+/// else; a runtime's failure message is a line or two. Past this the file is not our helper.
+const HANDSHAKE_LIMIT: usize = 16 * 1024;
+/// Of those, what is kept as the reason (and logged, escaped).
+const HANDSHAKE_KEPT: usize = 1024;
+/// Frames queued toward the helper. Stdin travels in 64 KiB chunks, so this bounds what waits
+/// for the writer at 2 MiB (the stdin limit); a full queue makes senders wait.
+const QUEUED_FRAMES: usize = 32;
+/// How long a write to the helper, or a wait for room in the queue, may take. The real helper
+/// reads its stdin all the time (it buffers a slow command's stdin itself), so a write that
+/// does not finish in this long means the helper stopped reading.
+const STALL_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The engine's attached output of the helper's exec, as bollard gives it.
+type Output = Pin<Box<dyn FuturesStream<Item = Result<LogOutput, bollard::errors::Error>> + Send>>;
+/// The engine's attached stdin of the helper's exec.
+type Input = Pin<Box<dyn AsyncWrite + Send>>;
 
 /// Why a helper could not be started on a computer.
 #[derive(Debug)]
@@ -36,24 +64,57 @@ pub(super) enum ConnectError {
     /// The engine refused the exec itself (computer gone or stopped): not the helper's fault,
     /// and the plain exec path will report it in the usual words.
     Engine(bollard::errors::Error),
-    /// The helper did not come up. `missing` = its file is not in the computer (yet).
-    Unusable { reason: String, missing: bool },
+    /// The helper did not come up. `broken` = something answered that is not our helper
+    /// (silence, a flood, a wrong frame), rather than a runtime that cannot run it.
+    Unusable { reason: String, broken: bool },
 }
 
 /// The connection broke while a command was running; the text says how.
 #[derive(Debug)]
 pub(crate) struct Lost(pub String);
 
+/// How a connection ended.
+#[derive(Debug, Clone)]
+struct Closed {
+    reason: String,
+    /// The helper broke the protocol or its limits (not a plain exit or a dead computer).
+    broken: bool,
+}
+
+impl Closed {
+    fn ended(reason: impl Into<String>) -> Self {
+        Self {
+            reason: reason.into(),
+            broken: false,
+        }
+    }
+
+    fn broken(reason: impl Into<String>) -> Self {
+        Self {
+            reason: reason.into(),
+            broken: true,
+        }
+    }
+}
+
 #[derive(Default)]
 struct Routes {
     commands: HashMap<u32, mpsc::UnboundedSender<Event>>,
     kills: HashMap<u32, oneshot::Sender<()>>,
     /// Set once, when the stream ends; no route is added after.
-    lost: Option<String>,
+    lost: Option<Closed>,
+    /// Output credit handed out so far, all commands together (each `Start` brings
+    /// [`wire::WINDOW`], each `Credit` its bytes), counted before the frame is sent.
+    granted: u64,
+    /// Output bytes received so far; never more than `granted` from an honest helper. This
+    /// also bounds what waits in the per-command channels.
+    received: u64,
+    /// Answers the helper owes: one `Exited` per `Start`, one `Killed` per `Kill`.
+    owed: u64,
 }
 
 pub(super) struct Connection {
-    frames: mpsc::UnboundedSender<Vec<u8>>,
+    frames: mpsc::Sender<Vec<u8>>,
     routes: Mutex<Routes>,
     next_id: AtomicU32,
     closed: CancellationToken,
@@ -92,14 +153,18 @@ impl Connection {
             .start_exec(&created.id, Some(start))
             .await
             .map_err(ConnectError::Engine)?;
-        let StartExecResults::Attached {
-            mut output,
-            mut input,
-        } = started
-        else {
+        let StartExecResults::Attached { output, input } = started else {
             return Err(unusable("the engine did not attach to the helper's exec"));
         };
+        Self::over(output, input, container).await
+    }
 
+    /// Says `Hello` over an attached exec and, once the helper answers, starts the tasks.
+    async fn over(
+        mut output: Output,
+        mut input: Input,
+        container: &str,
+    ) -> Result<std::sync::Arc<Connection>, ConnectError> {
         let mut hello = Vec::new();
         Request::Hello {
             version: wire::PROTOCOL_VERSION,
@@ -110,129 +175,162 @@ impl Connection {
             input.flush().await?;
             Ok::<_, std::io::Error>(())
         };
-        if let Err(e) = greeting.await {
-            return Err(unusable(&format!("cannot write to the helper: {e}")));
+        match tokio::time::timeout(HELLO_TIMEOUT, greeting).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(unusable(&format!("cannot write to the helper: {e}"))),
+            Err(_) => return Err(broken("the helper did not read its input")),
         }
 
         // Anything the runtime prints instead of a frame (a missing file, a wrong
-        // architecture) is kept as the reason.
-        let mut buffer = FrameBuffer::default();
-        let mut raw = Vec::new();
+        // architecture) is kept as the reason, up to a bound.
+        let mut buffer = FrameBuffer::with_limit(wire::MAX_EVENT_PAYLOAD);
+        let mut kept = Vec::new();
+        let mut seen = 0usize;
         let waited = tokio::time::timeout(HELLO_TIMEOUT, async {
-            // Not a frame: the runtime's message. Read it whole; the failed exec ends at once.
+            // Not a frame: the runtime's message, which ends with the failed exec.
             let mut garbage = false;
             loop {
-                match output.next().await {
+                let message = match output.next().await {
                     Some(Ok(LogOutput::StdOut { message })) => {
-                        raw.extend_from_slice(&message);
-                        if garbage {
-                            continue;
-                        }
-                        buffer.extend(&message);
-                        match buffer.next_payload() {
-                            Ok(Some(payload)) => {
-                                return Event::decode(&payload).map_err(|e| e.to_string());
+                        if !garbage {
+                            buffer.extend(&message);
+                            match buffer.next_payload() {
+                                Ok(Some(payload)) => return Handshake::Frame(payload),
+                                Ok(None) => {}
+                                Err(_) => garbage = true,
                             }
-                            Ok(None) => {}
-                            Err(_) => garbage = true,
                         }
+                        message
                     }
-                    Some(Ok(LogOutput::StdErr { message })) => raw.extend_from_slice(&message),
-                    Some(Ok(_)) => {}
-                    Some(Err(e)) => return Err(format!("the helper's stream broke: {e}")),
-                    None => return Err(String::new()),
+                    Some(Ok(LogOutput::StdErr { message })) => message,
+                    Some(Ok(_)) => continue,
+                    Some(Err(e)) => {
+                        return Handshake::Ended(format!("the helper's stream broke: {e}"));
+                    }
+                    None => return Handshake::Ended(String::new()),
+                };
+                let room = HANDSHAKE_KEPT.saturating_sub(kept.len());
+                kept.extend_from_slice(&message[..message.len().min(room)]);
+                seen = seen.saturating_add(message.len());
+                if seen > HANDSHAKE_LIMIT {
+                    return Handshake::Flood;
                 }
             }
         })
         .await;
+        let said = || printable(trim(&kept), HANDSHAKE_KEPT);
         let pid = match waited {
-            Ok(Ok(Event::Hello { version, pid })) if version == wire::PROTOCOL_VERSION => pid,
-            Ok(Ok(Event::Hello { version, .. })) => {
-                return Err(unusable(&format!(
-                    "the helper speaks protocol {version}, this server {}",
-                    wire::PROTOCOL_VERSION
+            Ok(Handshake::Frame(payload)) => match Event::decode(&payload) {
+                Ok(Event::Hello { version, pid }) if version == wire::PROTOCOL_VERSION => pid,
+                Ok(Event::Hello { version, .. }) => {
+                    return Err(broken(&format!(
+                        "the helper speaks protocol {version}, this server {}",
+                        wire::PROTOCOL_VERSION
+                    )));
+                }
+                Ok(other) => {
+                    return Err(broken(&format!(
+                        "the helper answered {} instead of Hello",
+                        kind(&other)
+                    )));
+                }
+                Err(e) => return Err(broken(&e.to_string())),
+            },
+            Ok(Handshake::Flood) => {
+                return Err(broken(&format!(
+                    "the helper printed more than {} KiB instead of answering: {}",
+                    HANDSHAKE_LIMIT / 1024,
+                    said()
                 )));
             }
-            Ok(Ok(other)) => return Err(unusable(&format!("the helper answered {other:?}"))),
-            Ok(Err(detail)) => {
-                let text = String::from_utf8_lossy(&raw).trim().to_owned();
-                let missing = text.contains(path) && text.contains("no such file or directory");
-                let reason = match (text.is_empty(), detail.is_empty()) {
+            Ok(Handshake::Ended(detail)) => {
+                let reason = match (trim(&kept).is_empty(), detail.is_empty()) {
                     (true, true) => "the helper exited without answering".to_owned(),
                     (true, false) => detail,
-                    (false, _) => text,
+                    (false, _) => said(),
                 };
-                return Err(ConnectError::Unusable { reason, missing });
+                return Err(ConnectError::Unusable {
+                    reason,
+                    broken: false,
+                });
             }
             Err(_) => {
-                return Err(unusable(&format!(
+                return Err(broken(&format!(
                     "the helper did not answer within {}s",
                     HELLO_TIMEOUT.as_secs()
                 )));
             }
         };
 
-        let (frames, mut queue) = mpsc::unbounded_channel::<Vec<u8>>();
+        let (frames, mut queue) = mpsc::channel::<Vec<u8>>(QUEUED_FRAMES);
         let closed = CancellationToken::new();
         let connection = std::sync::Arc::new_cyclic(|weak: &std::sync::Weak<Connection>| {
             let reader_side = weak.clone();
             // `close` below needs the connection; this marks it closed even if the stream ends
             // before the Arc is complete.
-            let writer_closed = closed.clone();
-            let container = container.to_owned();
+            let tasks_closed = closed.clone();
+            let mut stderr = StderrLog::new(container);
             let tasks = async move {
                 let writer = async {
                     while let Some(frame) = queue.recv().await {
-                        if let Err(e) = input.write_all(&frame).await {
-                            return format!("writing to the helper failed: {e}");
-                        }
-                        if let Err(e) = input.flush().await {
-                            return format!("writing to the helper failed: {e}");
+                        let write = async {
+                            input.write_all(&frame).await?;
+                            input.flush().await
+                        };
+                        match tokio::time::timeout(STALL_TIMEOUT, write).await {
+                            Ok(Ok(())) => {}
+                            Ok(Err(e)) => {
+                                return Closed::ended(format!("writing to the helper failed: {e}"));
+                            }
+                            Err(_) => return Closed::broken(stalled()),
                         }
                     }
-                    "the connection was closed".to_owned()
+                    Closed::ended("the connection was closed")
                 };
                 let reader = async {
                     loop {
-                        match output.next().await {
-                            Some(Ok(LogOutput::StdOut { message })) => {
-                                buffer.extend(&message);
-                                loop {
-                                    let event = match buffer.next_payload() {
-                                        Ok(Some(payload)) => Event::decode(&payload),
-                                        Ok(None) => break,
-                                        Err(e) => Err(e),
-                                    };
-                                    match event {
-                                        Ok(event) => {
-                                            if let Some(connection) = reader_side.upgrade() {
-                                                connection.route(event);
-                                            }
-                                        }
-                                        Err(e) => return e.to_string(),
-                                    }
-                                }
+                        // First what is already buffered: the handshake may have read past
+                        // the Hello.
+                        loop {
+                            let event = match buffer.next_payload() {
+                                Ok(Some(payload)) => Event::decode(&payload),
+                                Ok(None) => break,
+                                Err(e) => Err(e),
+                            };
+                            let routed = match (event, reader_side.upgrade()) {
+                                (Ok(event), Some(connection)) => connection.route(event),
+                                (Ok(_), None) => Ok(()),
+                                (Err(e), _) => Err(e.to_string()),
+                            };
+                            if let Err(violation) = routed {
+                                return Closed::broken(violation);
                             }
+                        }
+                        match output.next().await {
+                            Some(Ok(LogOutput::StdOut { message })) => buffer.extend(&message),
                             Some(Ok(LogOutput::StdErr { message })) => {
-                                let text = String::from_utf8_lossy(&message);
-                                for line in text.lines().filter(|l| !l.trim().is_empty()) {
-                                    warn!(container = %container, "exec helper: {line}");
+                                if let Err(reason) = stderr.write(&message) {
+                                    return Closed::broken(reason);
                                 }
                             }
                             Some(Ok(_)) => {}
-                            Some(Err(e)) => return format!("the helper's stream broke: {e}"),
-                            None => return "the helper exited".to_owned(),
+                            Some(Err(e)) => {
+                                return Closed::ended(format!("the helper's stream broke: {e}"));
+                            }
+                            None => return Closed::ended("the helper exited"),
                         }
                     }
                 };
-                let reason = tokio::select! {
-                    reason = writer => reason,
-                    reason = reader => reason,
+                let ended = tokio::select! {
+                    ended = writer => ended,
+                    ended = reader => ended,
+                    // Closed from outside (a stalled queue): stop reading at once.
+                    () = tasks_closed.cancelled() => Closed::ended("the connection was closed"),
                 };
                 if let Some(connection) = reader_side.upgrade() {
-                    connection.close(reason);
+                    connection.close(ended);
                 }
-                writer_closed.cancel();
+                tasks_closed.cancel();
             };
             Connection {
                 frames,
@@ -250,40 +348,71 @@ impl Connection {
         self.closed.is_cancelled()
     }
 
+    /// Why the helper was judged broken, if it was (a breach, not a plain end).
+    pub(super) fn broken(&self) -> Option<String> {
+        match &self.routes().lost {
+            Some(Closed {
+                reason,
+                broken: true,
+            }) => Some(reason.clone()),
+            _ => None,
+        }
+    }
+
     fn routes(&self) -> std::sync::MutexGuard<'_, Routes> {
         self.routes
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn route(&self, event: Event) {
+    /// Delivers one event; `Err(violation)` when the helper sent what it never may.
+    fn route(&self, event: Event) -> Result<(), String> {
         let mut routes = self.routes();
         match event {
-            Event::Output { id, .. } => {
+            Event::Output { id, ref data, .. } => {
+                if data.is_empty() {
+                    return Err("the helper sent an empty output frame".to_owned());
+                }
+                if id >= self.next_id.load(Ordering::Relaxed) {
+                    return Err(format!("the helper sent output for unknown command {id}"));
+                }
+                routes.received = routes.received.saturating_add(data.len() as u64);
+                if routes.received > routes.granted {
+                    return Err(format!(
+                        "the helper sent {} bytes of output with {} bytes of credit",
+                        routes.received, routes.granted
+                    ));
+                }
                 if let Some(command) = routes.commands.get(&id) {
                     let _ = command.send(event);
                 }
             }
             Event::Exited { id, .. } => {
+                owe_one(&mut routes, "Exited")?;
                 if let Some(command) = routes.commands.remove(&id) {
                     let _ = command.send(event);
                 }
             }
             Event::Killed { id } => {
+                owe_one(&mut routes, "Killed")?;
                 if let Some(waiter) = routes.kills.remove(&id) {
                     let _ = waiter.send(());
                 }
             }
-            Event::Hello { .. } | Event::Pong { .. } => {}
+            // Nothing here sends `Ping`, and `Hello` comes once, before the tasks start.
+            Event::Hello { .. } | Event::Pong { .. } => {
+                return Err(format!("the helper sent an unasked {}", kind(&event)));
+            }
         }
+        Ok(())
     }
 
     /// Marks the connection dead and wakes everyone waiting on it.
-    fn close(&self, reason: String) {
+    fn close(&self, ended: Closed) {
         let mut routes = self.routes();
         if routes.lost.is_none() {
-            debug!(%reason, "exec helper connection closed");
-            routes.lost = Some(reason);
+            debug!(reason = %ended.reason, broken = ended.broken, "exec helper connection closed");
+            routes.lost = Some(ended);
         }
         routes.commands.clear();
         routes.kills.clear();
@@ -294,16 +423,23 @@ impl Connection {
     fn lost_reason(&self) -> String {
         self.routes()
             .lost
-            .clone()
+            .as_ref()
+            .map(|closed| closed.reason.clone())
             .unwrap_or_else(|| "the connection was closed".to_owned())
     }
 
-    fn send(&self, request: &Request) -> Result<(), Lost> {
+    /// Queues one frame for the writer, waiting for room at most [`STALL_TIMEOUT`].
+    async fn send(&self, request: &Request) -> Result<(), Lost> {
         let mut frame = Vec::new();
         request.encode(&mut frame);
-        self.frames
-            .send(frame)
-            .map_err(|_| Lost(self.lost_reason()))
+        match tokio::time::timeout(STALL_TIMEOUT, self.frames.send(frame)).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => Err(Lost(self.lost_reason())),
+            Err(_) => {
+                self.close(Closed::broken(stalled()));
+                Err(Lost(self.lost_reason()))
+            }
+        }
     }
 
     fn next_id(&self) -> u32 {
@@ -321,10 +457,12 @@ impl Connection {
         let (events_tx, mut events) = mpsc::unbounded_channel();
         {
             let mut routes = self.routes();
-            if let Some(reason) = &routes.lost {
-                return Err(Lost(reason.clone()));
+            if let Some(closed) = &routes.lost {
+                return Err(Lost(closed.reason.clone()));
             }
             routes.commands.insert(id, events_tx);
+            routes.granted += u64::from(wire::WINDOW);
+            routes.owed += 1;
         }
         let _route = RouteGuard {
             connection: self,
@@ -336,21 +474,33 @@ impl Connection {
             working_dir: spec.working_dir.clone(),
             env: vec![spec.exec_id.env_entry()],
             stdin: spec.stdin.is_some(),
-        }))?;
-        if let Some(stdin) = &spec.stdin {
-            // Queued whole: the writer task feeds it while output streams back, and the
-            // helper buffers it for a command that reads slowly (stdin is capped at 2 MiB).
-            for chunk in stdin.chunks(wire::CHUNK) {
-                self.send(&Request::Stdin {
-                    id,
-                    data: chunk.to_vec(),
-                })?;
+        }))
+        .await?;
+        // Stdin goes through the bounded queue while output streams back, so a command that
+        // answers before reading all its input cannot deadlock against us; the helper buffers
+        // it for a command that reads slowly (stdin is capped at 2 MiB).
+        let feed = async {
+            if let Some(stdin) = &spec.stdin {
+                for chunk in stdin.chunks(wire::CHUNK) {
+                    self.send(&Request::Stdin {
+                        id,
+                        data: chunk.to_vec(),
+                    })
+                    .await?;
+                }
+                self.send(&Request::CloseStdin { id }).await?;
             }
-            self.send(&Request::CloseStdin { id })?;
-        }
+            Ok::<(), Lost>(())
+        };
+        tokio::pin!(feed);
+        let mut fed = false;
         let mut unreturned: u32 = 0;
         loop {
             tokio::select! {
+                result = &mut feed, if !fed => {
+                    result?;
+                    fed = true;
+                }
                 event = events.recv() => match event {
                     Some(Event::Output { stream, data, .. }) => {
                         let stream = match stream {
@@ -362,7 +512,9 @@ impl Connection {
                         }
                         unreturned = unreturned.saturating_add(data.len() as u32);
                         if unreturned >= CREDIT_BATCH {
-                            self.send(&Request::Credit { id, bytes: unreturned })?;
+                            // Counted before it is sent, so the helper can never be ahead.
+                            self.routes().granted += u64::from(unreturned);
+                            self.send(&Request::Credit { id, bytes: unreturned }).await?;
                             unreturned = 0;
                         }
                     }
@@ -381,14 +533,59 @@ impl Connection {
         let (done_tx, done) = oneshot::channel();
         {
             let mut routes = self.routes();
-            if let Some(reason) = &routes.lost {
-                return Err(Lost(reason.clone()));
+            if let Some(closed) = &routes.lost {
+                return Err(Lost(closed.reason.clone()));
             }
             routes.kills.insert(id, done_tx);
+            routes.owed += 1;
         }
-        self.send(&Request::Kill { id, tag })?;
+        self.send(&Request::Kill { id, tag }).await?;
         done.await.map_err(|_| Lost(self.lost_reason()))
     }
+}
+
+/// What came back before the `Hello`.
+enum Handshake {
+    /// A complete frame (checked by the caller).
+    Frame(Vec<u8>),
+    /// The stream ended (the exec failed); the detail when the engine gave one.
+    Ended(String),
+    /// More than [`HANDSHAKE_LIMIT`] bytes and still no frame.
+    Flood,
+}
+
+/// Owes one answer less; `Err` when the helper answers what nobody asked.
+fn owe_one(routes: &mut Routes, what: &str) -> Result<(), String> {
+    match routes.owed.checked_sub(1) {
+        Some(left) => {
+            routes.owed = left;
+            Ok(())
+        }
+        None => Err(format!("the helper sent an unasked {what}")),
+    }
+}
+
+/// An event's name, for reasons (never its contents: they came from the computer).
+fn kind(event: &Event) -> &'static str {
+    match event {
+        Event::Hello { .. } => "Hello",
+        Event::Output { .. } => "Output",
+        Event::Exited { .. } => "Exited",
+        Event::Killed { .. } => "Killed",
+        Event::Pong { .. } => "Pong",
+    }
+}
+
+fn stalled() -> String {
+    format!(
+        "the helper stopped reading its input for {}s",
+        STALL_TIMEOUT.as_secs()
+    )
+}
+
+/// `bytes` without surrounding ASCII whitespace.
+fn trim(bytes: &[u8]) -> &[u8] {
+    bytes.trim_ascii()
 }
 
 /// Forgets a command's route when its call ends, however it ends.
@@ -406,6 +603,227 @@ impl Drop for RouteGuard<'_> {
 fn unusable(reason: &str) -> ConnectError {
     ConnectError::Unusable {
         reason: reason.to_owned(),
-        missing: false,
+        broken: false,
+    }
+}
+
+fn broken(reason: &str) -> ConnectError {
+    ConnectError::Unusable {
+        reason: reason.to_owned(),
+        broken: true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Fake helpers on fake attached streams: what a root user in a computer can put in the
+    //! helper's place (see: issue 15).
+
+    use std::sync::Arc;
+
+    use futures_util::stream;
+
+    use super::*;
+    use crate::ids::ExecId;
+
+    fn stdout(bytes: Vec<u8>) -> Result<LogOutput, bollard::errors::Error> {
+        Ok(LogOutput::StdOut {
+            message: bytes.into(),
+        })
+    }
+
+    fn hello() -> Vec<u8> {
+        let mut frame = Vec::new();
+        Event::Hello {
+            version: wire::PROTOCOL_VERSION,
+            pid: 7,
+        }
+        .encode(&mut frame);
+        frame
+    }
+
+    fn output_frame(id: u32, len: usize) -> Vec<u8> {
+        let mut frame = Vec::new();
+        Event::Output {
+            id,
+            stream: OutputStream::Stdout,
+            data: vec![b'o'; len],
+        }
+        .encode(&mut frame);
+        frame
+    }
+
+    fn spec() -> ExecSpec {
+        ExecSpec {
+            argv: vec!["true".into()],
+            stdin: None,
+            working_dir: None,
+            exec_id: ExecId::random(),
+            command: None,
+        }
+    }
+
+    /// Counts output and stops after `stop_after` bytes, like the exec layer's limit.
+    struct Counting {
+        bytes: usize,
+        stop_after: usize,
+    }
+
+    impl OutputSink for Counting {
+        fn push(&mut self, _: Stream, bytes: &[u8]) -> SinkControl {
+            self.bytes += bytes.len();
+            if self.bytes >= self.stop_after {
+                SinkControl::Stop
+            } else {
+                SinkControl::Continue
+            }
+        }
+    }
+
+    async fn connect(output: Output) -> Result<Arc<Connection>, ConnectError> {
+        Connection::over(output, Box::pin(tokio::io::sink()), "c").await
+    }
+
+    fn broken_reason(result: Result<Arc<Connection>, ConnectError>) -> String {
+        match result {
+            Err(ConnectError::Unusable {
+                reason,
+                broken: true,
+                ..
+            }) => reason,
+            Err(other) => panic!("not judged broken: {other:?}"),
+            Ok(_) => panic!("connected to a fake helper"),
+        }
+    }
+
+    async fn wait_broken(connection: &Connection) -> String {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Some(reason) = connection.broken() {
+                return reason;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "never judged broken"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn issue_15_a_fake_that_prints_100_mb_before_hello_is_broken_and_little_is_kept() {
+        // See: issue 15. Lines with raw newlines, as a forged log would need.
+        let piece = b"2026-01-01T00:00:00Z ERROR forged line\n".repeat(400);
+        let pieces = 100 * 1024 * 1024 / piece.len();
+        let read = Arc::new(AtomicU32::new(0));
+        let counter = read.clone();
+        let flood = stream::iter(std::iter::repeat_n(piece, pieces)).map(move |p| {
+            counter.fetch_add(1, Ordering::Relaxed);
+            stdout(p)
+        });
+        let reason = broken_reason(connect(Box::pin(flood)).await);
+        assert!(
+            reason.len() < 2 * HANDSHAKE_KEPT,
+            "{} bytes kept",
+            reason.len()
+        );
+        assert!(!reason.contains('\n'), "raw newline in {reason:?}");
+        assert!(reason.contains("instead of answering"), "{reason}");
+        // Reading stopped at the bound, far before the 100 MB.
+        let pieces_read = read.load(Ordering::Relaxed) as usize;
+        assert!(
+            pieces_read * 16_000 < 4 * HANDSHAKE_LIMIT,
+            "{pieces_read} pieces read"
+        );
+    }
+
+    #[tokio::test]
+    async fn issue_15_a_fake_that_never_answers_is_broken_within_the_hello_timeout() {
+        // See: issue 15 (`exec sleep 600` in the helper's place).
+        let started = tokio::time::Instant::now();
+        let reason = broken_reason(
+            connect(Box::pin(stream::pending::<
+                Result<LogOutput, bollard::errors::Error>,
+            >()))
+            .await,
+        );
+        assert!(reason.contains("did not answer"), "{reason}");
+        assert!(started.elapsed() < HELLO_TIMEOUT + Duration::from_secs(2));
+    }
+
+    #[tokio::test]
+    async fn issue_15_an_event_frame_longer_than_a_chunk_breaks_the_connection() {
+        // See: issue 15. The header alone decides; the 8 MiB never need to arrive.
+        let mut bytes = hello();
+        bytes.extend_from_slice(&(wire::MAX_PAYLOAD as u32).to_be_bytes());
+        let output = stream::iter(vec![stdout(bytes)]).chain(stream::pending());
+        let connection = connect(Box::pin(output)).await.unwrap();
+        let reason = wait_broken(&connection).await;
+        assert!(reason.contains("out of range"), "{reason}");
+    }
+
+    #[tokio::test]
+    async fn issue_15_hello_then_a_flood_of_frames_breaks_the_connection() {
+        // See: issue 15. Output nobody asked for (no command yet) and unasked answers.
+        for flood in [output_frame(1, 10), {
+            let mut pong = Vec::new();
+            Event::Pong { id: 0 }.encode(&mut pong);
+            pong
+        }] {
+            let output = stream::iter(vec![stdout(hello())])
+                .chain(stream::repeat_with(move || stdout(flood.repeat(100))));
+            let connection = connect(Box::pin(output)).await.unwrap();
+            let reason = wait_broken(&connection).await;
+            assert!(
+                reason.contains("unknown command") || reason.contains("unasked"),
+                "{reason}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn issue_15_output_beyond_the_granted_credit_breaks_the_connection() {
+        // See: issue 15. The fake floods command 1 regardless of credit; the server stops
+        // consuming (its output limit) and so stops granting, and the overrun is caught.
+        let output = stream::iter(vec![stdout(hello())])
+            .chain(stream::repeat_with(|| stdout(output_frame(1, wire::CHUNK))));
+        let connection = connect(Box::pin(output)).await.unwrap();
+        let mut sink = Counting {
+            bytes: 0,
+            stop_after: 3 * wire::WINDOW as usize,
+        };
+        let cancel = CancellationToken::new();
+        let end = connection.run(&spec(), &mut sink, &cancel).await;
+        let reason = match end {
+            Ok(ExecEnd::StoppedBySink) => wait_broken(&connection).await,
+            Err(Lost(reason)) => reason,
+            Ok(other) => panic!("{other:?}"),
+        };
+        assert!(reason.contains("credit"), "{reason}");
+        let routes = connection.routes();
+        assert!(routes.received <= routes.granted + wire::MAX_EVENT_PAYLOAD as u64);
+    }
+
+    #[tokio::test]
+    async fn issue_15_a_helper_that_stops_reading_its_input_is_broken_after_the_stall_timeout() {
+        // See: issue 15. Room for the Hello, then nothing is ever read.
+        let (input, _never_read) = tokio::io::duplex(64);
+        let output = stream::iter(vec![stdout(hello())]).chain(stream::pending());
+        let connection = Connection::over(Box::pin(output), Box::pin(input), "c")
+            .await
+            .unwrap();
+        let mut spec = spec();
+        spec.stdin = Some(vec![b'i'; 2 * 1024 * 1024]);
+        let mut sink = Counting {
+            bytes: 0,
+            stop_after: usize::MAX,
+        };
+        let started = tokio::time::Instant::now();
+        let end = connection
+            .run(&spec, &mut sink, &CancellationToken::new())
+            .await;
+        assert!(matches!(end, Err(Lost(_))), "{end:?}");
+        assert!(started.elapsed() < STALL_TIMEOUT + Duration::from_secs(3));
+        assert!(wait_broken(&connection).await.contains("stopped reading"));
     }
 }

@@ -5,15 +5,19 @@
 //!
 //! This module decides, per container, whether that path is usable and keeps its connection:
 //! the binary is uploaded with the Engine API's archive call (before start for new computers,
-//! on demand for existing ones, remote engines included), and any computer where it cannot run
-//! (read-only root filesystem, another architecture, noexec, a helper that keeps dying) falls
-//! back to plain Docker exec for the rest of this server's life, with the reason logged once.
+//! and again before every later connection, remote engines included: a root user in the
+//! computer may have replaced the file, and the upload puts ours back), and any computer where
+//! it cannot run (read-only root filesystem, another architecture, noexec, a helper that keeps
+//! dying) falls back to plain Docker exec for the rest of this server's life, with the reason
+//! logged once. A helper that breaks the protocol or its limits (see [`connection`]) counts as
+//! broken at once: that fallback is also said once in the next command's stderr.
 //!
 //! Nothing here decides policy: timeouts, limits and kill-on-early-end stay in the exec policy
 //! layer (`src/exec/`); the helper only carries them out (its `Kill` is the kill sweep).
 
 mod binary;
 mod connection;
+mod untrusted;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -28,24 +32,33 @@ use crate::backends::{ExecEnd, ExecSpec, OutputSink, SandboxRef, SinkControl, St
 use crate::ids::ExecId;
 pub(super) use connection::Lost;
 use connection::{ConnectError, Connection};
+use untrusted::printable;
 
 /// After this many lost connections in a row (no command finished in between), a computer
 /// stops trying the helper: a helper that keeps dying must not cost every call a reconnect.
 const MAX_LOSSES: u32 = 3;
 /// Bound for the helper's own kill; past it the Docker exec sweep runs instead.
 const KILL_TIMEOUT: Duration = Duration::from_secs(5);
+/// Output an internal command (readiness) may print, stdout and stderr together, before it is
+/// stopped: the readiness marker is one line, and what runs it may be hostile (the other
+/// backends keep the same 64 KiB).
+pub(super) const INTERNAL_OUTPUT_CAP: usize = 64 * 1024;
+/// Longest reason quoted in the fallback notice; reasons may quote the computer's own text.
+const NOTICE_REASON_KEPT: usize = 300;
 
 /// Per-container helper state.
 enum State {
-    /// No live connection. `uploaded` = this server already put the binary there.
+    /// No live connection. `uploaded` = this server put the binary there and nothing has run
+    /// in the computer since (a freshly created one); otherwise it is uploaded again first.
     Idle { losses: u32, uploaded: bool },
     /// `losses` = connections lost in a row before this one.
     Ready {
         connection: Arc<Connection>,
         losses: u32,
     },
-    /// Plain Docker exec from now on; the reason was logged when this was decided.
-    Fallback,
+    /// Plain Docker exec from now on; the reason was logged when this was decided. `notice` =
+    /// the line the next command's stderr carries (only for a broken helper), taken once.
+    Fallback { notice: Option<String> },
 }
 
 pub(super) struct Helpers {
@@ -114,14 +127,20 @@ impl Helpers {
         self.enabled.as_ref().ok()?;
         let slot = self.slot(&sandbox.sandbox_id);
         let mut state = slot.lock().await;
-        let (losses, mut uploaded) = match &*state {
+        let (losses, uploaded) = match &*state {
             State::Ready { connection, .. } if !connection.is_lost() => {
                 return Some(connection.clone());
             }
-            // Whoever notices a lost connection first counts it, here, once.
-            State::Ready { losses, .. } => (losses + 1, true),
+            State::Ready { connection, .. } if connection.broken().is_some() => {
+                let reason = connection.broken().unwrap_or_default();
+                *state = fall_back_broken(sandbox, &reason);
+                return None;
+            }
+            // Whoever notices a lost connection first counts it, here, once. The file is
+            // uploaded again: whatever ended the helper may also have replaced it.
+            State::Ready { losses, .. } => (losses + 1, false),
             State::Idle { losses, uploaded } => (*losses, *uploaded),
-            State::Fallback => return None,
+            State::Fallback { .. } => return None,
         };
         if losses >= MAX_LOSSES {
             *state = fall_back(
@@ -130,7 +149,18 @@ impl Helpers {
             );
             return None;
         }
+        let mut uploaded = uploaded;
         loop {
+            if !uploaded {
+                // Before every connection but a fresh computer's first: the file may have been
+                // replaced by a root user in the computer, and ours is put back (the engine
+                // unlinks the old file first, so a copy another connection runs is not
+                // disturbed).
+                if let Err(reason) = upload(docker, &sandbox.sandbox_id).await {
+                    *state = fall_back(sandbox, &reason);
+                    return None;
+                }
+            }
             match Connection::open(docker, &sandbox.sandbox_id, &binary::PATH).await {
                 Ok(connection) => {
                     *state = State::Ready {
@@ -142,21 +172,38 @@ impl Helpers {
                 // The plain path reports a vanished or stopped computer in its usual words.
                 Err(ConnectError::Engine(error)) => {
                     debug!(container = %sandbox.sandbox_id, %error, "the engine refused the helper's exec");
-                    *state = State::Idle { losses, uploaded };
+                    *state = State::Idle {
+                        losses,
+                        uploaded: true,
+                    };
                     return None;
                 }
-                Err(ConnectError::Unusable { missing: true, .. }) if !uploaded => {
-                    uploaded = true;
-                    if let Err(reason) = upload(docker, &sandbox.sandbox_id).await {
-                        *state = fall_back(sandbox, &reason);
-                        return None;
-                    }
+                Err(ConnectError::Unusable {
+                    reason,
+                    broken: true,
+                }) => {
+                    *state = fall_back_broken(sandbox, &reason);
+                    return None;
                 }
+                // The copy put in before start may be hidden (a mount over its directory):
+                // one more try with a fresh upload.
+                Err(ConnectError::Unusable { .. }) if uploaded => uploaded = false,
                 Err(ConnectError::Unusable { reason, .. }) => {
                     *state = fall_back(sandbox, &reason);
                     return None;
                 }
             }
+        }
+    }
+
+    /// The fallback notice for this container, once: `Some` only the first time it is asked
+    /// after a broken helper was given up.
+    async fn take_notice(&self, container: &str) -> Option<String> {
+        let slot = self.slot(container);
+        let mut state = slot.lock().await;
+        match &mut *state {
+            State::Fallback { notice } => notice.take(),
+            _ => None,
         }
     }
 
@@ -173,7 +220,13 @@ impl Helpers {
             // Far beyond what the kernel accepts as arguments anyway: Docker exec reports it.
             return None;
         }
-        let connection = self.connection(docker, sandbox).await?;
+        let Some(connection) = self.connection(docker, sandbox).await else {
+            if let Some(notice) = self.take_notice(&sandbox.sandbox_id).await {
+                // The caller runs the command through Docker exec into the same sink.
+                let _ = sink.push(Stream::Stderr, notice.as_bytes());
+            }
+            return None;
+        };
         let outcome = connection.run(spec, sink, cancel).await;
         if matches!(outcome, Ok(ExecEnd::Exited(_))) {
             self.finished(&sandbox.sandbox_id, &connection).await;
@@ -182,7 +235,8 @@ impl Helpers {
     }
 
     /// Runs a short internal command (readiness) through the helper and returns its exit code
-    /// and stdout; `None` = no usable helper here, or it broke: use Docker exec.
+    /// and stdout; `None` = no usable helper here, or it broke: use Docker exec. Output past
+    /// [`INTERNAL_OUTPUT_CAP`] stops the command and is an error.
     pub(super) async fn run_collected(
         &self,
         docker: &Docker,
@@ -197,12 +251,29 @@ impl Helpers {
             exec_id: ExecId::random(),
             command: None,
         };
-        let mut stdout = StdoutOnly(Vec::new());
-        let cancel = CancellationToken::new();
-        let run = self.run(docker, sandbox, &spec, &mut stdout, &cancel);
-        match tokio::time::timeout(limit, run).await {
-            Ok(Some(Ok(ExecEnd::Exited(code)))) => Some(Ok((code, stdout.0))),
-            Ok(Some(Ok(_))) | Ok(Some(Err(_))) | Ok(None) => None,
+        let work = async {
+            // Never the notice: that is for the next command a user runs.
+            let connection = self.connection(docker, sandbox).await?;
+            let mut collected = Collected::default();
+            let cancel = CancellationToken::new();
+            match connection.run(&spec, &mut collected, &cancel).await {
+                Ok(ExecEnd::Exited(code)) => {
+                    self.finished(&sandbox.sandbox_id, &connection).await;
+                    Some(Ok((code, collected.stdout)))
+                }
+                Ok(_) if collected.overflowed => {
+                    let tag = spec.exec_id.env_entry();
+                    let _ = tokio::time::timeout(KILL_TIMEOUT, connection.kill(tag)).await;
+                    Some(Err(format!(
+                        "it printed more than {} KiB",
+                        INTERNAL_OUTPUT_CAP / 1024
+                    )))
+                }
+                Ok(_) | Err(_) => None,
+            }
+        };
+        match tokio::time::timeout(limit, work).await {
+            Ok(outcome) => outcome,
             Err(_) => Some(Err(format!("timed out after {}s", limit.as_secs()))),
         }
     }
@@ -263,13 +334,24 @@ fn fits_in_a_frame(spec: &ExecSpec) -> bool {
     strings + 1024 < kilntainers_helper::wire::MAX_PAYLOAD
 }
 
-/// Collects stdout, drops stderr (internal commands report through their exit code).
-struct StdoutOnly(Vec<u8>);
+/// Keeps stdout, counts stderr (internal commands report through their exit code), and stops
+/// the command at [`INTERNAL_OUTPUT_CAP`].
+#[derive(Default)]
+struct Collected {
+    stdout: Vec<u8>,
+    total: usize,
+    overflowed: bool,
+}
 
-impl OutputSink for StdoutOnly {
+impl OutputSink for Collected {
     fn push(&mut self, stream: Stream, bytes: &[u8]) -> SinkControl {
+        self.total = self.total.saturating_add(bytes.len());
+        if self.total > INTERNAL_OUTPUT_CAP {
+            self.overflowed = true;
+            return SinkControl::Stop;
+        }
         if stream == Stream::Stdout {
-            self.0.extend_from_slice(bytes);
+            self.stdout.extend_from_slice(bytes);
         }
         SinkControl::Continue
     }
@@ -281,7 +363,24 @@ fn fall_back(sandbox: &SandboxRef, reason: &str) -> State {
         container = %sandbox.sandbox_id,
         "exec helper cannot run here, this computer uses Docker exec: {reason}"
     );
-    State::Fallback
+    State::Fallback { notice: None }
+}
+
+/// Gives up a helper that broke the protocol or its limits: logged, and said once in the next
+/// command's stderr (the user sees why that computer's commands got slower, and that its
+/// helper misbehaved).
+fn fall_back_broken(sandbox: &SandboxRef, reason: &str) -> State {
+    let reason = printable(reason.as_bytes(), NOTICE_REASON_KEPT);
+    warn!(
+        computer_id = %sandbox.computer_id,
+        container = %sandbox.sandbox_id,
+        "exec helper broken, this computer uses Docker exec: {reason}"
+    );
+    State::Fallback {
+        notice: Some(format!(
+            "[kilntainers: exec helper unavailable in this computer ({reason}); using docker exec]\n"
+        )),
+    }
 }
 
 /// Extracts the helper archive at `/` through the Engine API (works on remote engines, and on
