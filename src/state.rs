@@ -412,7 +412,7 @@ mod tests {
         drop(third);
         fs::remove_file(&victim).unwrap();
         fs::remove_dir_all(&dir).unwrap();
-}
+    }
 
     // See: issue 15
     #[test]
