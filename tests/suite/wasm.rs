@@ -323,7 +323,7 @@ async fn busybox_escapes_stay_inside_the_root() {
     let place = Place::new();
     let b = place.busybox(&[]);
     let s = create(b.as_ref(), "escape", true).await;
-    let root = place.base.join("tmp").join(&s.sandbox_id).join("root");
+    let root = private_dir(&place).join(&s.sandbox_id).join("root");
     // `..` in working_directory is clamped at the root.
     let r = run(b.as_ref(), &s, args(&["pwd"]), None, Some("/../../x"), 30)
         .await
