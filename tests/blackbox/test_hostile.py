@@ -120,6 +120,27 @@ async def test_issue_15_a_helper_replaced_by_a_sleeper_is_put_back_before_the_ne
         assert (await helper_of(srv, computer_id=cid, temporary=False))[0] == path
 
 
+async def test_issue_15_a_helper_that_stops_answering_is_given_up_after_one_timeout(kbb):
+    """See: issue 15 (item 8). A helper stopped with SIGSTOP (or a fake that only says Hello)
+    made every later command time out after its full timeout, blaming the command. One
+    unanswered kill is enough: the computer falls back to Docker exec and says so once."""
+    cid = kbb.new_id("hostile-stopped")
+    async with kbb.server(*BUSYBOX_ARGS, env=ON) as srv:
+        await helper_of(srv, computer_id=cid)
+        container = container_for(cid)
+        helper_pid = docker_exec(container, "sh", "-c", "echo $PPID").stdout  # a Docker exec: PPID 0
+        assert helper_pid.strip() == "0"
+        stop = "for d in /proc/[0-9]*; do case $(tr '\\0' ' ' < $d/cmdline 2>/dev/null) in " \
+               "'/.kilntainers/helper-'*) kill -STOP ${d#/proc/};; esac; done"
+        assert docker_exec(container, "sh", "-c", stop).returncode == 0
+        res = await srv.call({"command": "echo never", "computer_id": cid, "timeout": 2})
+        assert res.structured["exit_code"] == 124, res
+        assert res.elapsed < 2 + 5 + 10, f"the timed-out call took {res.elapsed:.1f} s"
+        start = time.monotonic()
+        await assert_recovers_with_one_notice(srv, cid)
+        assert time.monotonic() - start < 10, "the next commands waited for the stopped helper"
+
+
 async def test_issue_15_a_stderr_flood_into_the_helper_is_capped_and_gives_it_up(kbb):
     """See: issue 15 (item 2). 50 MB of lines written into the live helper's stderr through
     /proc: a few log lines, then the helper is given up for Docker exec."""

@@ -348,6 +348,12 @@ impl Connection {
         self.closed.is_cancelled()
     }
 
+    /// Judges the helper broken for `reason` (it stopped answering): the connection ends and
+    /// the computer falls back to Docker exec, saying so once.
+    pub(super) fn give_up(&self, reason: &str) {
+        self.close(Closed::broken(reason));
+    }
+
     /// Why the helper was judged broken, if it was (a breach, not a plain end).
     pub(super) fn broken(&self) -> Option<String> {
         match &self.routes().lost {

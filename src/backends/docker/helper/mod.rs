@@ -308,7 +308,17 @@ impl Helpers {
         };
         match tokio::time::timeout(KILL_TIMEOUT, connection.kill(tag)).await {
             Ok(Ok(())) => Some(()),
-            _ => None,
+            Ok(Err(_)) => None,
+            // The kill is the liveness probe that matters: a helper that cannot answer it
+            // (stopped, wedged, or a fake that only said Hello) would make every later
+            // command on this computer time out and blame the command.
+            Err(_) => {
+                connection.give_up(&format!(
+                    "it did not answer a kill within {} s",
+                    KILL_TIMEOUT.as_secs()
+                ));
+                None
+            }
         }
     }
 
