@@ -72,14 +72,14 @@ async def test_docker_daemon_restart_mid_session(kbb, figures):
         state = bb.inspect(container)
         figures["permanent_state_after_restart"] = state["State"]["Status"] if state else "gone"
 
-        first = await srv.call({"command": "cat /root/keep", "computer_id": perm}, timeout=120)
+        first = await srv.call({"command": "cat /root/keep", "computer_id": perm, "temporary": False}, timeout=120)
         first_ok = not first.is_error and first.structured and first.structured.get("exit_code") == 0
         figures["permanent_first_call"] = "ok" if first_ok else f"error: {(first.text or '')[:200]}"
         if first_ok:
             res = first
         else:
             assert first.is_error and first.text, f"a failed first call must say why: {first!r}"
-            res = await srv.call({"command": "cat /root/keep", "computer_id": perm}, timeout=120)
+            res = await srv.call({"command": "cat /root/keep", "computer_id": perm, "temporary": False}, timeout=120)
         res.ok()
         assert res.structured["stdout"] == "kept\n" and res.structured["exit_code"] == 0
         assert bb.container_for(perm) == container, "the permanent computer was replaced"
