@@ -9,4 +9,5 @@
 
 pub mod serve;
 mod sweep;
+mod sys;
 pub mod wire;

@@ -1,0 +1,68 @@
+//! The helper's only foreign calls, `poll` and `kill`, behind safe wrappers: std has no way to
+//! wait on several pipes with a timeout or to signal a process group, and the helper takes no
+//! dependencies (it is compiled with plain `rustc`). This is the crate's only `unsafe`.
+
+use std::ffi::{c_int, c_short, c_ulong};
+use std::io;
+use std::time::Duration;
+
+pub(crate) const POLLIN: c_short = 0x1;
+pub(crate) const POLLOUT: c_short = 0x4;
+pub(crate) const POLLHUP: c_short = 0x10;
+const SIGKILL: c_int = 9;
+
+/// `struct pollfd`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct PollFd {
+    pub fd: c_int,
+    pub events: c_short,
+    pub revents: c_short,
+}
+
+impl PollFd {
+    pub(crate) fn new(fd: c_int, events: c_short) -> Self {
+        Self {
+            fd,
+            events,
+            revents: 0,
+        }
+    }
+}
+
+// SAFETY: these are the C library's own declarations on Linux (glibc and musl agree). `kill`
+// takes plain integers and touches none of our memory, so it is declared safe to call; `poll`
+// reads and writes `nfds` entries at `fds`, which `poll_fds` guarantees.
+unsafe extern "C" {
+    safe fn kill(pid: c_int, sig: c_int) -> c_int;
+    fn poll(fds: *mut PollFd, nfds: c_ulong, timeout: c_int) -> c_int;
+}
+
+/// Waits until one of `fds` is ready or `timeout` passes; returns how many are ready.
+pub(crate) fn poll_fds(fds: &mut [PollFd], timeout: Duration) -> io::Result<usize> {
+    // Rounded up, so a sub-millisecond remainder waits instead of spinning.
+    let millis = c_int::try_from(timeout.as_micros().div_ceil(1000)).unwrap_or(c_int::MAX);
+    // SAFETY: `fds` is an exclusively borrowed slice of `fds.len()` initialised entries, and
+    // poll writes nothing but their `revents`.
+    let ready = unsafe { poll(fds.as_mut_ptr(), fds.len() as c_ulong, millis) };
+    if ready < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(ready as usize)
+    }
+}
+
+/// SIGKILL to a command's whole process group. The guard keeps a bogus id (0 or 1) from
+/// turning into kill(0), our own group, or kill(-1), every process we may signal.
+pub(crate) fn kill_group(pgid: i32) {
+    if pgid > 1 {
+        kill(-pgid, SIGKILL);
+    }
+}
+
+/// SIGKILL to one process, never to PID 1, a bogus id or the helper itself.
+pub(crate) fn kill_process(pid: i32) {
+    if pid > 1 && u32::try_from(pid).is_ok_and(|pid| pid != std::process::id()) {
+        kill(pid, SIGKILL);
+    }
+}
