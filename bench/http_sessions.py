@@ -521,7 +521,6 @@ def run(opts: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
 
         # Closed sessions: their computers go when DELETE is answered (lifecycle.md §2).
         closed_names = {f"kilntainer-{r.computer_id}" for r in ok if r.closes and r.computer_id}
-        abandoned_names = {f"kilntainer-{r.computer_id}" for r in ok if not r.closes and r.computer_id}
         last_delete = max((r.t_released for r in results if r.closes and r.t_released is not None), default=0.0)
         last_abandon = max((r.t_released for r in results if not r.closes and r.t_released is not None), default=0.0)
         closed_gone_at = None

@@ -7,13 +7,17 @@
 #
 # Steps (one line each, with timings):
 #   1. apt: install what is missing of runc docker.io busybox-static debootstrap
-#      python3-venv podman runsc curl (apt-get update at most once; crun is never requested)
+#      python3-venv podman runsc curl libc6-dev shellcheck (apt-get update at most once; crun is
+#      never requested)
 #   2. docker: scripts/ensure-dockerd.sh (starts dockerd, registers gVisor's runsc)
 #   3. podman config: .test-env/containers.conf (ulimits within the hard limits, runtime runc)
 #   4. images: scripts/build-test-images.sh
 #   5. podman service: `podman system service --time=0 unix:///run/podman/podman.sock`
 #   6. smoke tests: docker run (busybox, debian), runsc, podman through its socket
-#   7. venv: .test-env/venv with mcp==1.30.0 (newest mcp if that pin is unavailable) + pytest
+#   7. venvs: .test-env/venv with mcp==1.30.0, pytest and ruff (the Python linter), and
+#      .test-env/venv-mcp2 with mcp==2.3.0, pytest and httpx: the black-box suite runs with both
+#      generations of the official Python client (newest of the same major if a pin is
+#      unavailable)
 #   8. .test-env/env: shell-sourceable summary (KILNTAINERS_IT_* flags, paths)
 #
 # Docker, the images and the venv are required (the script fails without them). Podman and
@@ -22,7 +26,7 @@
 # Everything started in the background has a pid file in .test-env/run/ (pid, start time,
 # command line); --stop-services signals a process only while all three still match.
 #
-# Environment: MCP_VERSION (default 1.30.0), PYTHON (interpreter for the venv, default
+# Environment: MCP_VERSION (default 1.30.0), MCP2_VERSION (default 2.3.0), PYTHON (interpreter for the venv, default
 # /usr/bin/python3), SKIP_PODMAN=1, SKIP_RUNSC=1, and those of build-test-images.sh.
 set -euo pipefail
 
@@ -33,7 +37,9 @@ source "$SCRIPT_DIR/lib.sh"
 cd "$REPO_ROOT"
 
 MCP_VERSION="${MCP_VERSION:-1.30.0}"
+MCP2_VERSION="${MCP2_VERSION:-2.3.0}"
 VENV="$TEST_ENV_DIR/venv"
+VENV2="$TEST_ENV_DIR/venv-mcp2"
 PODMAN_SOCK_PATH=/run/podman/podman.sock
 PODMAN_SOCK="unix://$PODMAN_SOCK_PATH"
 PODMAN_CONF="$TEST_ENV_DIR/containers.conf"
@@ -73,7 +79,8 @@ step_packages() {
     # machine apt would pick crun (which fails on this cgroup v1 hybrid host) unless runc
     # is requested in the same transaction.
     # libc6-dev: the static C library the exec helper links against (build.rs).
-    local pkgs=(runc docker.io busybox-static debootstrap python3-venv curl libc6-dev)
+    # The lint step of scripts/test.sh needs shellcheck.
+    local pkgs=(runc docker.io busybox-static debootstrap python3-venv curl libc6-dev shellcheck)
     [[ "${SKIP_PODMAN:-0}" == 1 ]] || pkgs+=(podman)
     [[ "${SKIP_RUNSC:-0}" == 1 ]] || pkgs+=(runsc)
     local missing=() p
@@ -87,7 +94,7 @@ step_packages() {
     if ! apt_ensure "${pkgs[@]}"; then
         # Retry the required ones alone so an optional package cannot block the rest.
         warn "apt-get install of all packages failed; retrying without podman/runsc"
-        apt_ensure runc docker.io busybox-static debootstrap python3-venv curl libc6-dev ||
+        apt_ensure runc docker.io busybox-static debootstrap python3-venv curl libc6-dev shellcheck ||
             die "could not install the required packages"
     fi
     if pkg_installed crun; then
@@ -241,48 +248,70 @@ podman_smoke() {
     [[ "$ok" == 1 ]]
 }
 
+# venv_has DIR WANT PACKAGE...: the venv in DIR has every PACKAGE, and mcp at version WANT
+# ("any" = whatever it has).
 venv_has() {
-    [[ -x "$VENV/bin/python" ]] || return 1
-    "$VENV/bin/python" - "$@" <<'PY' >/dev/null 2>&1
+    local dir="$1"
+    shift
+    [[ -x "$dir/bin/python" ]] || return 1
+    "$dir/bin/python" - "$@" <<'PY' >/dev/null 2>&1
 import sys
 from importlib.metadata import version, PackageNotFoundError
-want = sys.argv[1]
+want, packages = sys.argv[1], sys.argv[2:]
 try:
     got = version("mcp")
-    version("pytest")
+    for package in packages:
+        version(package)
 except PackageNotFoundError:
     sys.exit(1)
 sys.exit(0 if (want == "any" or got == want) else 1)
 PY
 }
 
-step_venv() {
-    step_begin "venv"
-    local stamp="$VENV/.kilntainers-mcp-spec" spec
+mcp_version_in() {
+    "$1/bin/python" -c 'from importlib.metadata import version as v; print(v("mcp"))'
+}
+
+# ensure_venv DIR MCP_VERSION PACKAGE...: a venv in DIR with mcp==MCP_VERSION (or, if pip cannot
+# get that pin, the newest release of the same major) and the PACKAGEs. Prints what it has.
+ensure_venv() {
+    local dir="$1" want="$2"
+    shift 2
+    local stamp="$dir/.kilntainers-mcp-spec" spec
     spec="$(cat "$stamp" 2>/dev/null || true)"
     # The stamp records what was asked for and what we settled on ("1.30.0" or "any").
-    if [[ -n "$spec" ]] && [[ "${spec%% *}" == "$MCP_VERSION" ]] && venv_has "${spec##* }"; then
-        step_end "ok (mcp $("$VENV/bin/python" -c 'from importlib.metadata import version as v; print(v("mcp"))'), $VENV)"
+    if [[ -n "$spec" ]] && [[ "${spec%% *}" == "$want" ]] && venv_has "$dir" "${spec##* }" "$@"; then
+        printf 'mcp %s' "$(mcp_version_in "$dir")"
         return 0
     fi
     local py="${PYTHON:-}"
     if [[ -z "$py" ]]; then
         if [[ -x /usr/bin/python3 ]]; then py=/usr/bin/python3; else py="$(command -v python3)"; fi
     fi
-    if [[ ! -x "$VENV/bin/python" ]]; then
-        "$py" -m venv "$VENV" || die "could not create the venv with $py (is python3-venv installed?)"
+    if [[ ! -x "$dir/bin/python" ]]; then
+        "$py" -m venv "$dir" || die "could not create the venv with $py (is python3-venv installed?)"
     fi
-    local pip=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
-    local got_spec
-    if "${pip[@]}" install "mcp==$MCP_VERSION" pytest; then
-        got_spec="$MCP_VERSION"
+    local pip=("$dir/bin/python" -m pip --disable-pip-version-check -q)
+    local got_spec major="${want%%.*}"
+    if "${pip[@]}" install "mcp==$want" "$@" >&2; then
+        got_spec="$want"
     else
-        warn "pip could not install mcp==$MCP_VERSION; installing the newest mcp instead"
-        "${pip[@]}" install --upgrade mcp pytest || die "pip install mcp pytest failed"
+        warn "pip could not install mcp==$want; installing the newest mcp $major.x instead"
+        "${pip[@]}" install --upgrade "mcp>=$major,<$((major + 1))" "$@" >&2 ||
+            die "pip install mcp $major.x $* failed"
         got_spec=any
     fi
-    printf '%s %s\n' "$MCP_VERSION" "$got_spec" >"$stamp"
-    step_end "installed mcp $("$VENV/bin/python" -c 'from importlib.metadata import version as v; print(v("mcp"))'), pytest $("$VENV/bin/python" -c 'from importlib.metadata import version as v; print(v("pytest"))')"
+    printf '%s %s\n' "$want" "$got_spec" >"$stamp"
+    printf 'mcp %s' "$(mcp_version_in "$dir")"
+}
+
+step_venv() {
+    step_begin "venvs"
+    local one two
+    one="$(ensure_venv "$VENV" "$MCP_VERSION" pytest ruff)"
+    # httpx: the tests' own raw HTTP requests (the 2.x SDK itself uses httpx2).
+    two="$(ensure_venv "$VENV2" "$MCP2_VERSION" pytest httpx)"
+    step_end "$one in $VENV; $two in $VENV2"
 }
 
 step_env_file() {
@@ -293,6 +322,7 @@ step_env_file() {
         printf 'export KILNTAINERS_IT_PODMAN=%s\n' "$PODMAN_OK"
         printf 'export KILNTAINERS_IT_RUNSC=%s\n' "$RUNSC_OK"
         printf 'export KILNTAINERS_TEST_VENV=%q\n' "$VENV"
+        printf 'export KILNTAINERS_TEST_VENV_MCP2=%q\n' "$VENV2"
         printf 'export KILNTAINERS_PODMAN_SOCKET=%q\n' "$PODMAN_SOCK"
         printf 'export CONTAINERS_CONF=%q\n' "$PODMAN_CONF"
         printf 'export DOCKER_BUILDKIT=0\n'

@@ -1,32 +1,89 @@
 #!/usr/bin/env bash
 # The whole test suite, from a fresh Debian 12 machine or an already prepared one:
-# installs and starts what the tests need (idempotent), checks formatting and lints, builds,
-# then runs the Rust tests, the black-box MCP tests against a real Docker engine, the MCP
-# conformance suite, the browser tests and the fault suite (last: it restarts the Docker daemon
-# this script's setup started, and rewrites docs/reliability.md from its figures).
+# installs and starts what the tests need (idempotent), checks formatting and lints (Rust,
+# every cargo feature on its own, shell scripts, Python tests), builds, then runs the Rust
+# tests, the black-box MCP tests against a real Docker engine with both generations of the
+# official Python MCP client, the MCP conformance suite, the browser tests and the fault suite
+# (last: it restarts the Docker daemon this script's setup started, and rewrites
+# docs/reliability.md from its figures).
+#
+# This is the full run: every integration environment must be there. A test that would skip
+# for want of one (Podman, gVisor, a venv) fails instead (KILNTAINERS_REQUIRE_ALL=1).
+#
+# Each step prints its wall time, and a summary of all of them closes the run; a cold run on
+# 2 cores is meant to stay under an hour (docs/testing.md, "Time budget").
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-step() { printf '\n== %s ==\n' "$*"; }
+STEP_NAMES=()
+STEP_SECONDS=()
+STEP_NAME=""
+STEP_START=0
+RUN_START=$SECONDS
+
+finish_step() {
+    if [[ -n "$STEP_NAME" ]]; then
+        local took=$((SECONDS - STEP_START))
+        STEP_NAMES+=("$STEP_NAME")
+        STEP_SECONDS+=("$took")
+        printf -- '-- %s: %dm%02ds\n' "$STEP_NAME" $((took / 60)) $((took % 60))
+    fi
+    STEP_NAME=""
+}
+
+step() {
+    finish_step
+    STEP_NAME="$*"
+    STEP_START=$SECONDS
+    printf '\n== %s ==\n' "$*"
+}
+
+summary() {
+    local status=$?
+    finish_step
+    printf '\n== step times ==\n'
+    local i
+    for i in "${!STEP_NAMES[@]}"; do
+        printf '%5dm%02ds  %s\n' $((STEP_SECONDS[i] / 60)) $((STEP_SECONDS[i] % 60)) "${STEP_NAMES[i]}"
+    done
+    local total=$((SECONDS - RUN_START))
+    printf '%5dm%02ds  total (%s)\n' $((total / 60)) $((total % 60)) "$([[ $status == 0 ]] && echo passed || echo "FAILED, exit $status")"
+}
+trap summary EXIT
 
 step "test environment"
 bash scripts/setup-test-env.sh
 # shellcheck disable=SC1091
 source .test-env/env
+export KILNTAINERS_REQUIRE_ALL=1
 
 step "format and lints"
 cargo fmt --all -- --check
 cargo clippy --all-targets --all-features --locked -- -D warnings
+# Each backend feature on its own and none at all: what a user's `--features` choice builds
+# must build without warnings too (the library and binaries; the tests need every feature).
+for features in "" fly e2b modal wasm; do
+    printf -- '-- clippy --no-default-features --features "%s"\n' "$features"
+    cargo clippy -p mcp-sandbox-computer-vm-for-ai --no-default-features --features "$features" --locked -- -D warnings
+done
+shellcheck --severity=style scripts/*.sh .ci/run
+"$KILNTAINERS_TEST_VENV/bin/ruff" check --quiet tests bench
 
 step "build"
-cargo build --all-features --locked
+# The tests' build, binaries included: one feature set (dev-dependencies add tokio's test
+# clock), so the dependencies compile once and the black-box steps run the same binary.
+cargo test --all-features --locked --no-run
 
 step "rust tests"
 cargo test --all-features --locked
 
-step "black-box MCP tests"
 export KILNTAINERS_BIN="$PWD/target/debug/mcp-sandbox-computer-vm-for-ai"
+
+step "black-box MCP tests (Python MCP client 1.x)"
 "$KILNTAINERS_TEST_VENV/bin/python" -m pytest tests/blackbox -q -p no:cacheprovider
+
+step "black-box MCP tests (Python MCP client 2.x)"
+"$KILNTAINERS_TEST_VENV_MCP2/bin/python" -m pytest tests/blackbox -q -p no:cacheprovider
 
 step "black-box core tests again, with the exec helper off (one Docker exec per command)"
 KILNTAINERS_EXEC_HELPER=off "$KILNTAINERS_TEST_VENV/bin/python" -m pytest -q -p no:cacheprovider \

@@ -6,32 +6,21 @@
 
 use std::path::PathBuf;
 
+use clap::builder::PossibleValue;
 use clap::parser::ValueSource;
-use clap::{ArgAction, ArgMatches, CommandFactory, FromArgMatches, Parser, ValueEnum};
+use clap::{ArgAction, ArgMatches, Args, CommandFactory, FromArgMatches, Parser, ValueEnum};
 
-use crate::config::Secret;
+use crate::config::{BackendKind, Secret};
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum BackendChoice {
-    Docker,
-    E2b,
-    Fly,
-    #[value(name = "go_busybox")]
-    GoBusybox,
-    Modal,
-    Wasm,
-}
+/// `--backend` values are [`BackendKind`]'s names; the enum itself lives in `config`, which
+/// knows no clap.
+impl ValueEnum for BackendKind {
+    fn value_variants<'a>() -> &'a [Self] {
+        &Self::ALL
+    }
 
-impl BackendChoice {
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Docker => "docker",
-            Self::E2b => "e2b",
-            Self::Fly => "fly",
-            Self::GoBusybox => "go_busybox",
-            Self::Modal => "modal",
-            Self::Wasm => "wasm",
-        }
+    fn to_possible_value(&self) -> Option<PossibleValue> {
+        Some(PossibleValue::new(self.name()))
     }
 }
 
@@ -74,7 +63,7 @@ pub struct Cli {
         help = "Backend to use (default: docker)",
         help_heading = "core options"
     )]
-    pub backend: BackendChoice,
+    pub backend: BackendKind,
     #[arg(
         long,
         value_enum,
@@ -176,7 +165,21 @@ pub struct Cli {
     )]
     pub extended_tool_instruction: Option<String>,
 
-    // ---- docker backend options ----
+    #[command(flatten)]
+    pub docker: DockerArgs,
+    #[command(flatten)]
+    pub e2b: E2bArgs,
+    #[command(flatten)]
+    pub fly: FlyArgs,
+    #[command(flatten)]
+    pub modal: ModalArgs,
+    #[command(flatten)]
+    pub wasm: WasmArgs,
+}
+
+/// The Docker/Podman backend's flags (`docker backend options` in `--help`); `--image` is also Modal's.
+#[derive(Debug, Clone, Args)]
+pub struct DockerArgs {
     #[arg(
         long,
         default_value = "docker",
@@ -244,8 +247,11 @@ pub struct Cli {
         help_heading = "docker backend options"
     )]
     pub exec_helper: ExecHelperChoice,
+}
 
-    // ---- e2b backend options ----
+/// The E2B backend's flags.
+#[derive(Debug, Clone, Args)]
+pub struct E2bArgs {
     #[arg(
         long,
         env = "E2B_API_KEY",
@@ -307,8 +313,11 @@ pub struct Cli {
         help_heading = "e2b backend options"
     )]
     pub e2b_envd_url: Option<String>,
+}
 
-    // ---- fly backend options ----
+/// The Fly Machines backend's flags.
+#[derive(Debug, Clone, Args)]
+pub struct FlyArgs {
     #[arg(
         long,
         default_value = "fly",
@@ -414,8 +423,11 @@ pub struct Cli {
         help_heading = "fly backend options"
     )]
     pub fly_graphql_url: String,
+}
 
-    // ---- modal backend options ----
+/// The Modal backend's flags.
+#[derive(Debug, Clone, Args)]
+pub struct ModalArgs {
     #[arg(
         long,
         value_name = "ID",
@@ -486,8 +498,11 @@ pub struct Cli {
         help_heading = "modal backend options"
     )]
     pub sandbox_timeout: i64,
+}
 
-    // ---- wasm backend options ----
+/// The WebAssembly backends' flags (`wasm`, `go_busybox`).
+#[derive(Debug, Clone, Args)]
+pub struct WasmArgs {
     #[arg(
         long,
         help = "Path to the .wasm file to execute (required for wasm backend)",
@@ -576,6 +591,14 @@ impl Cli {
         (cli, secret_flag_warnings(&matches))
     }
 
+    /// Parses `args` (without the program name) as a command line, for tests outside this
+    /// module, which should not need clap.
+    #[cfg(test)]
+    pub(crate) fn from_test_args(args: &[&str]) -> Result<Self, String> {
+        Self::try_parse_from(std::iter::once("x").chain(args.iter().copied()))
+            .map_err(|e| e.to_string())
+    }
+
     /// Whether `--allowed-host` was given on the command line (the env var does not count in
     /// stdio mode, `cli.md` §4 row 4).
     pub fn allowed_hosts_from_env() -> Vec<String> {
@@ -612,7 +635,10 @@ mod tests {
             "-weird",
         ])
         .unwrap();
-        assert_eq!(cli.docker_run_flag, vec!["--pids-limit=256", "--read-only"]);
+        assert_eq!(
+            cli.docker.docker_run_flag,
+            vec!["--pids-limit=256", "--read-only"]
+        );
         assert_eq!(cli.tool_instruction_override.as_deref(), Some("-weird"));
     }
 

@@ -4,6 +4,7 @@
 
 pub mod backends;
 pub mod cli;
+pub mod clock;
 pub mod config;
 pub mod dashboard;
 pub mod exec;

@@ -13,6 +13,7 @@ use std::io::{self, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
+use crate::config::Secret;
 use crate::ids::InstanceId;
 
 pub const STATE_DIR_NAME: &str = ".mcp-sandbox-computer-vm-for-ai";
@@ -135,18 +136,10 @@ const GENERATED_TOKEN_BYTES: usize = 32;
 /// The access token generated for the HTTP listener on one port, kept in
 /// `http-token-<port>` (0600) so that only this user's processes can read it. Each start writes a
 /// fresh one; the file is removed on drop unless another server has replaced it since.
+#[derive(Debug)]
 pub struct GeneratedToken {
     path: PathBuf,
-    token: String,
-}
-
-impl std::fmt::Debug for GeneratedToken {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Never print the secret (style.md habit 13).
-        f.debug_struct("GeneratedToken")
-            .field("path", &self.path)
-            .finish_non_exhaustive()
-    }
+    token: Secret,
 }
 
 impl GeneratedToken {
@@ -175,7 +168,10 @@ impl GeneratedToken {
             let _ = fs::remove_file(&staging);
             return Err(error);
         }
-        Ok(Self { path, token })
+        Ok(Self {
+            path,
+            token: Secret::new(token),
+        })
     }
 
     /// Where the token is.
@@ -183,8 +179,8 @@ impl GeneratedToken {
         &self.path
     }
 
-    /// The token itself: for the authentication check only, never for logs.
-    pub fn secret(&self) -> &str {
+    /// The token itself: for the authentication check only.
+    pub fn secret(&self) -> &Secret {
         &self.token
     }
 }
@@ -192,7 +188,7 @@ impl GeneratedToken {
 impl Drop for GeneratedToken {
     fn drop(&mut self) {
         // Another server on the same port and HOME may have replaced the file since.
-        if fs::read_to_string(&self.path).is_ok_and(|content| content == self.token) {
+        if fs::read_to_string(&self.path).is_ok_and(|content| content == self.token.expose()) {
             let _ = fs::remove_file(&self.path);
         }
     }
@@ -388,15 +384,21 @@ mod tests {
         let meta = fs::symlink_metadata(&path).unwrap();
         assert!(meta.is_file());
         assert_eq!(meta.permissions().mode() & 0o777, 0o600);
-        assert_eq!(fs::read_to_string(&path).unwrap(), first.secret());
-        assert_eq!(first.secret().len(), 64);
-        assert!(first.secret().bytes().all(|b| b.is_ascii_hexdigit()));
-        assert!(!format!("{first:?}").contains(first.secret()));
+        assert_eq!(fs::read_to_string(&path).unwrap(), first.secret().expose());
+        assert_eq!(first.secret().expose().len(), 64);
+        assert!(
+            first
+                .secret()
+                .expose()
+                .bytes()
+                .all(|b| b.is_ascii_hexdigit())
+        );
+        assert!(!format!("{first:?}").contains(first.secret().expose()));
         // A second server on the same port replaces the file; the first one's drop keeps it.
         let second = GeneratedToken::create(&dir, 8435).unwrap();
         assert_ne!(first.secret(), second.secret());
         drop(first);
-        assert_eq!(fs::read_to_string(&path).unwrap(), second.secret());
+        assert_eq!(fs::read_to_string(&path).unwrap(), second.secret().expose());
         drop(second);
         assert!(!path.exists());
         // No staging file is left behind.

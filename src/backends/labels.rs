@@ -13,28 +13,33 @@ pub mod docker {
     pub const NAME_PREFIX: &str = "kilntainer-";
 }
 
-/// Fly Machine metadata keys (`backends.md` §1.4); the Machine name is the computer id.
-pub mod fly {
+/// Metadata keys of the providers whose keys are dashed rather than dotted (Fly Machine
+/// metadata, E2B sandbox metadata, Modal sandbox tags): one set of names for all three.
+pub mod dashed {
     pub const MANAGED: &str = "kilntainers";
     pub const COMPUTER_ID: &str = "kilntainers-computer-id";
     pub const TEMPORARY: &str = "kilntainers-temporary";
     pub const IMAGE: &str = "kilntainers-image";
-    /// New: the creating server instance, on temporary Machines only (crash GC).
+    /// New: the creating server instance, on temporary computers only (crash GC).
     pub const INSTANCE: &str = "kilntainers-instance";
-    /// New: Unix seconds until which a holder vouches for a temporary Machine (`lifecycle.md`
-    /// §9 Fly lease).
+}
+
+/// Fly Machine metadata keys; the Machine name is the computer id.
+pub mod fly {
+    pub use super::dashed::{COMPUTER_ID, IMAGE, INSTANCE, MANAGED, TEMPORARY};
+    /// New: Unix seconds until which a holder vouches for a temporary Machine (Fly has no
+    /// session-bound lifetime of its own; see docs/decisions.md, "Fly leases").
     pub const LEASE_UNTIL: &str = "kilntainers-lease-until";
 }
 
-/// E2B sandbox metadata keys: the same names as Fly's (`backends.md` §1.4); E2B has no lease.
+/// E2B sandbox metadata keys. E2B has no lease.
 pub mod e2b {
-    pub use super::fly::{COMPUTER_ID, IMAGE, INSTANCE, MANAGED, TEMPORARY};
+    pub use super::dashed::{COMPUTER_ID, IMAGE, INSTANCE, MANAGED, TEMPORARY};
 }
 
-/// Modal sandbox tag keys: the same names as Fly's metadata (`backends.md` §1.4); the sandbox
-/// name is also the computer id. Modal has no lease.
+/// Modal sandbox tag keys; the sandbox name is also the computer id. Modal has no lease.
 pub mod modal {
-    pub use super::fly::{COMPUTER_ID, IMAGE, INSTANCE, MANAGED, TEMPORARY};
+    pub use super::dashed::{COMPUTER_ID, IMAGE, INSTANCE, MANAGED, TEMPORARY};
 }
 
 /// Reads a mode label: missing means temporary, values compare case-insensitively.

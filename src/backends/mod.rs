@@ -15,6 +15,9 @@ pub mod fly;
 pub mod labels;
 #[cfg(feature = "modal")]
 pub mod modal;
+pub mod posix;
+#[cfg(any(feature = "fly", feature = "e2b"))]
+mod rest;
 #[cfg(feature = "wasm")]
 pub mod wasm;
 
@@ -24,7 +27,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::Config;
+use crate::config::{BackendKind, Config};
 use crate::ids::{ComputerId, ExecId, InstanceId};
 
 /// The provider's current incarnation of a computer, as plain data.
@@ -141,12 +144,6 @@ pub enum BackendError {
     /// Any other provider failure, already phrased for the user (names the computer and call).
     #[error("{0}")]
     Provider(String),
-    #[error("{op} is not supported by the {backend} backend: {reason}")]
-    Unsupported {
-        backend: &'static str,
-        op: &'static str,
-        reason: &'static str,
-    },
 }
 
 /// A provider of computers. Object-safe; the registry holds `Arc<dyn Backend>`.
@@ -218,95 +215,6 @@ pub trait Backend: Send + Sync {
     ) -> Result<Vec<ComputerId>, BackendError>;
 }
 
-/// Which processes the kill sweep ends besides those carrying the exec tag.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum SweepReach {
-    /// Processes whose environment carries the tag (`backends.md` §1.3) and their
-    /// descendants. For providers whose PID 1 is not ours, where an orphan of the command
-    /// cannot be told from the provider's own processes.
-    Tagged,
-    /// Also orphans (parent PID 1) started no earlier than the command, unless their tag is
-    /// one an older process carries: what a command leaves behind after dropping or forging
-    /// the tag (`setsid env -i …`). Only where PID 1 is our keep-alive (Docker/Podman).
-    TaggedAndOrphans,
-}
-
-/// The kill sweep of `backends.md` §1.3, widened as docs/reliability.md ("Kill tree") says:
-/// three passes over /proc, each killing the processes whose environment carries the exec
-/// tag, their descendants, and with [`SweepReach::TaggedAndOrphans`] the orphans started no
-/// earlier than the oldest tagged process whose tag no older process carries. A later pass catches what an earlier
-/// kill orphaned. Plain POSIX sh (BusyBox included).
-pub fn kill_sweep_script(exec_id: &ExecId, reach: SweepReach) -> String {
-    let orphans = match reach {
-        SweepReach::Tagged => "0",
-        SweepReach::TaggedAndOrphans => "1",
-    };
-    format!(
-        r#"t='{tag}'; orphans={orphans}; since=''
-for n in 1 2 3; do
-  snap=''; kill=' '
-  for d in /proc/[0-9]*; do
-    p=${{d#/proc/}}
-    [ "$p" = "$$" ] && continue
-    {{ read -r s < "$d/stat"; }} 2>/dev/null || continue
-    s=${{s##*) }}
-    set -- $s
-    e=$(tr '\0' '\n' 2>/dev/null < "$d/environ" | grep -m1 '^{name}=')
-    if [ "$e" = "$t" ]; then
-      kill="$kill$p "
-      if [ -z "$since" ] || [ "${{20}}" -lt "$since" ]; then since=${{20}}; fi
-    fi
-    snap="$snap$p $2 ${{20}} $e
-"
-  done
-  if [ "$orphans" = 1 ] && [ -n "$since" ]; then
-    older=' '
-    while read -r p pp st e; do
-      if [ -n "$e" ] && [ "$st" -lt "$since" ]; then older="$older$e "; fi
-    done <<SNAP
-$snap
-SNAP
-    while read -r p pp st e; do
-      [ -n "$p" ] && [ "$pp" = 1 ] && [ "$st" -ge "$since" ] || continue
-      case "$older" in *" $e "*) [ -n "$e" ] && continue ;; esac
-      kill="$kill$p "
-    done <<SNAP
-$snap
-SNAP
-  fi
-  grew=1
-  while [ "$grew" = 1 ]; do
-    grew=0
-    while read -r p pp st e; do
-      [ -n "$p" ] || continue
-      case "$kill" in *" $p "*) continue ;; esac
-      case "$kill" in *" $pp "*) kill="$kill$p "; grew=1 ;; esac
-    done <<SNAP
-$snap
-SNAP
-  done
-  for p in $kill; do kill -9 "$p" 2>/dev/null; done
-done
-true
-"#,
-        tag = exec_id.env_entry(),
-        name = ExecId::ENV_NAME,
-    )
-}
-
-/// The keep-alive PID 1 of `backends.md` §1.2: exits at once on SIGTERM, needs only the shell
-/// and `sleep`.
-pub fn keep_alive_argv(shell: &str) -> Vec<String> {
-    vec![
-        shell.to_owned(),
-        "-c".to_owned(),
-        "trap 'exit 0' TERM INT HUP; while :; do sleep 3600 & wait $!; done".to_owned(),
-    ]
-}
-
-/// Readiness: the shell must echo this marker (`backends.md` §1.1).
-pub const READY_MARKER: &str = "kilntainers-ready";
-
 /// The second paragraph every container-like description shares (`mcp-surface.md` §6).
 pub fn stdin_and_timeout_paragraph(timeout_secs: u64) -> String {
     format!(
@@ -322,19 +230,33 @@ pub fn generic_description(what: &str, shell: &str, timeout_secs: u64) -> String
     )
 }
 
-/// Builds the backend `--backend` selected. The only place that names concrete backends.
+/// Builds the backend `--backend` selected. The only place that names concrete backends; a
+/// backend left out of this build is an error, never a silent fallback to another one.
 pub fn build(config: &Config) -> Result<Arc<dyn Backend>, BackendError> {
     match config.backend {
+        BackendKind::Docker => Ok(Arc::new(docker::DockerBackend::new(config)?)),
         #[cfg(feature = "fly")]
-        crate::cli::BackendChoice::Fly => Ok(Arc::new(fly::FlyBackend::new(config)?)),
+        BackendKind::Fly => Ok(Arc::new(fly::FlyBackend::new(config)?)),
         #[cfg(feature = "e2b")]
-        crate::cli::BackendChoice::E2b => Ok(Arc::new(e2b::E2bBackend::new(config)?)),
+        BackendKind::E2b => Ok(Arc::new(e2b::E2bBackend::new(config)?)),
         #[cfg(feature = "modal")]
-        crate::cli::BackendChoice::Modal => Ok(Arc::new(modal::ModalBackend::new(config))),
+        BackendKind::Modal => Ok(Arc::new(modal::ModalBackend::new(config))),
         #[cfg(feature = "wasm")]
-        crate::cli::BackendChoice::Wasm | crate::cli::BackendChoice::GoBusybox => {
-            Ok(Arc::new(wasm::WasmBackend::new(config)?))
-        }
-        _ => Ok(Arc::new(docker::DockerBackend::new(config)?)),
+        BackendKind::Wasm | BackendKind::GoBusybox => Ok(Arc::new(wasm::WasmBackend::new(config)?)),
+        #[cfg(not(feature = "fly"))]
+        kind @ BackendKind::Fly => Err(not_built(kind)),
+        #[cfg(not(feature = "e2b"))]
+        kind @ BackendKind::E2b => Err(not_built(kind)),
+        #[cfg(not(feature = "modal"))]
+        kind @ BackendKind::Modal => Err(not_built(kind)),
+        #[cfg(not(feature = "wasm"))]
+        kind @ (BackendKind::Wasm | BackendKind::GoBusybox) => Err(not_built(kind)),
     }
+}
+
+/// The error for a backend this build left out (config refuses it earlier; this keeps the
+/// match exhaustive without a fallback).
+#[cfg(not(all(feature = "fly", feature = "e2b", feature = "modal", feature = "wasm")))]
+fn not_built(kind: BackendKind) -> BackendError {
+    BackendError::Unavailable(kind.not_built().unwrap_or_default())
 }

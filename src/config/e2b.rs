@@ -62,30 +62,30 @@ impl E2bConfig {
         let api_key = SecretSource {
             flag: "--e2b-api-key",
             file_flag: "--e2b-api-key-file",
-            value: cli.e2b_api_key.as_ref(),
-            file: cli.e2b_api_key_file.as_deref(),
+            value: cli.e2b.e2b_api_key.as_ref(),
+            file: cli.e2b.e2b_api_key_file.as_deref(),
         }
         .resolve()?;
         let non_empty = |v: &Option<String>| v.clone().filter(|s| !s.trim().is_empty());
-        let domain = non_empty(&cli.e2b_domain)
+        let domain = non_empty(&cli.e2b.e2b_domain)
             .map(|d| d.trim().trim_end_matches('/').to_owned())
             .unwrap_or_else(|| DEFAULT_DOMAIN.to_owned());
-        let api_url = non_empty(&cli.e2b_api_url)
+        let api_url = non_empty(&cli.e2b.e2b_api_url)
             .map(|u| u.trim().trim_end_matches('/').to_owned())
             .unwrap_or_else(|| format!("https://api.{domain}"));
         let mut skipped = Vec::new();
-        let metadata = pairs("--e2b-metadata", &cli.e2b_metadata, &mut skipped);
-        let env = pairs("--e2b-env", &cli.e2b_env, &mut skipped);
+        let metadata = pairs("--e2b-metadata", &cli.e2b.e2b_metadata, &mut skipped);
+        let env = pairs("--e2b-env", &cli.e2b.e2b_env, &mut skipped);
         Ok(Self {
             api_key: api_key.map(|k| Secret::new(k.expose().trim())),
-            template: cli.e2b_template.clone(),
-            sandbox_timeout_secs: u64::try_from(cli.e2b_sandbox_timeout.max(1)).unwrap_or(1),
+            template: cli.e2b.e2b_template.clone(),
+            sandbox_timeout_secs: u64::try_from(cli.e2b.e2b_sandbox_timeout.max(1)).unwrap_or(1),
             metadata,
             env,
             skipped,
             domain,
             api_url,
-            envd_url: non_empty(&cli.e2b_envd_url)
+            envd_url: non_empty(&cli.e2b.e2b_envd_url)
                 .map(|u| u.trim().trim_end_matches('/').to_owned())
                 .unwrap_or_else(|| DEFAULT_ENVD_URL.to_owned()),
         })

@@ -9,7 +9,7 @@
 use std::path::PathBuf;
 
 use super::ConfigError;
-pub use super::secret::Secret;
+use super::secret::Secret;
 use super::secret::SecretSource;
 use crate::cli::{Cli, FlyCpuKind};
 
@@ -83,13 +83,13 @@ impl FlyConfig {
         let flag = SecretSource {
             flag: "--fly-token",
             file_flag: "--fly-token-file",
-            value: cli.fly_token.as_ref(),
-            file: cli.fly_token_file.as_deref(),
+            value: cli.fly.fly_token.as_ref(),
+            file: cli.fly.fly_token_file.as_deref(),
         }
         .resolve()?;
         let own_app = non_empty(env(OWN_APP_ENV)).map(|a| a.trim().to_owned());
         let on_fly = non_empty(env(MACHINE_ID_ENV)).is_some();
-        let app = non_empty(cli.fly_app.clone())
+        let app = non_empty(cli.fly.fly_app.clone())
             .or_else(|| non_empty(env(SANDBOX_APP_ENV)))
             .map(|a| a.trim().to_owned())
             .or_else(|| own_app.clone());
@@ -111,21 +111,21 @@ impl FlyConfig {
         Ok(Self {
             app,
             controller_app: own_app.filter(|_| on_fly),
-            org: non_empty(cli.fly_org.clone()),
+            org: non_empty(cli.fly.fly_org.clone()),
             tokens,
-            image: cli.fly_image.clone(),
-            region: non_empty(cli.fly_region.clone()),
-            cpu_kind: match cli.fly_cpu_kind {
+            image: cli.fly.fly_image.clone(),
+            region: non_empty(cli.fly.fly_region.clone()),
+            cpu_kind: match cli.fly.fly_cpu_kind {
                 FlyCpuKind::Shared => "shared",
                 FlyCpuKind::Performance => "performance",
             },
-            cpus: positive(cli.fly_cpus).unwrap_or(1),
-            memory_mb: positive(cli.fly_memory).unwrap_or(512),
-            rootfs_size_gb: cli.fly_rootfs_size.and_then(positive),
-            api_url: cli.fly_api_url.trim_end_matches('/').to_owned(),
-            graphql_url: cli.fly_graphql_url.trim_end_matches('/').to_owned(),
+            cpus: positive(cli.fly.fly_cpus).unwrap_or(1),
+            memory_mb: positive(cli.fly.fly_memory).unwrap_or(512),
+            rootfs_size_gb: cli.fly.fly_rootfs_size.and_then(positive),
+            api_url: cli.fly.fly_api_url.trim_end_matches('/').to_owned(),
+            graphql_url: cli.fly.fly_graphql_url.trim_end_matches('/').to_owned(),
             state_file,
-            cli_notice: cli.fly_cli != "fly",
+            cli_notice: cli.fly.fly_cli != "fly",
         })
     }
 

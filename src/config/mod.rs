@@ -12,9 +12,7 @@ pub mod wasm;
 
 use std::time::Duration;
 
-use crate::cli::{
-    BackendChoice, Cli, DEFAULT_HOST, DEFAULT_PORT, DEFAULT_SESSION_TIMEOUT, TransportChoice,
-};
+use crate::cli::{Cli, DEFAULT_HOST, DEFAULT_PORT, DEFAULT_SESSION_TIMEOUT, TransportChoice};
 pub use e2b::E2bConfig;
 pub use fly::FlyConfig;
 pub use modal::ModalConfig;
@@ -44,9 +42,61 @@ fn fail<T>(message: impl Into<String>) -> Result<T, ConfigError> {
     Err(ConfigError(message.into()))
 }
 
+/// Which provider backs the computers (`--backend`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendKind {
+    Docker,
+    E2b,
+    Fly,
+    GoBusybox,
+    Modal,
+    Wasm,
+}
+
+impl BackendKind {
+    /// Every backend, in the order `--help` lists them.
+    pub const ALL: [Self; 6] = [
+        Self::Docker,
+        Self::E2b,
+        Self::Fly,
+        Self::GoBusybox,
+        Self::Modal,
+        Self::Wasm,
+    ];
+
+    /// The `--backend` value, also reported as the inventory's `backend`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Docker => "docker",
+            Self::E2b => "e2b",
+            Self::Fly => "fly",
+            Self::GoBusybox => "go_busybox",
+            Self::Modal => "modal",
+            Self::Wasm => "wasm",
+        }
+    }
+
+    /// Why this build cannot run the backend (its cargo feature was left out), or `None`.
+    pub fn not_built(self) -> Option<String> {
+        let (feature, built) = match self {
+            Self::Docker => return None,
+            Self::E2b => ("e2b", cfg!(feature = "e2b")),
+            Self::Fly => ("fly", cfg!(feature = "fly")),
+            Self::GoBusybox | Self::Wasm => ("wasm", cfg!(feature = "wasm")),
+            Self::Modal => ("modal", cfg!(feature = "modal")),
+        };
+        (!built).then(|| {
+            format!(
+                "Backend '{}' requires additional dependencies. This build was compiled without the '{feature}' feature; install with: cargo install mcp-sandbox-computer-vm-for-ai --features {feature}",
+                self.name()
+            )
+        })
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Config {
-    pub backend: BackendChoice,
+    pub backend: BackendKind,
     pub transport: Transport,
     pub limits: ExecLimits,
     pub shell: String,
@@ -197,7 +247,7 @@ impl Config {
         check_other_backend_values(cli)?;
         let env = |name: &str| std::env::var(name).ok();
         let fly = FlyConfig::from_cli(cli, env)?;
-        if cli.backend == BackendChoice::Fly {
+        if cli.backend == BackendKind::Fly {
             fly.check_sandbox_app()?;
         }
         let e2b = E2bConfig::from_cli(cli)?;
@@ -253,31 +303,12 @@ impl Config {
 
 /// A backend left out of this build fails at startup with one clear line rather than at the
 /// first tool call.
-fn check_backend_is_built(backend: BackendChoice) -> Result<(), ConfigError> {
-    match backend {
-        BackendChoice::Docker => Ok(()),
-        BackendChoice::Fly if cfg!(feature = "fly") => Ok(()),
-        BackendChoice::Fly => fail(
-            "Backend 'fly' requires additional dependencies. This build was compiled without the 'fly' feature; install with: cargo install mcp-sandbox-computer-vm-for-ai --features fly",
-        ),
-        BackendChoice::Wasm | BackendChoice::GoBusybox if cfg!(feature = "wasm") => Ok(()),
-        BackendChoice::Wasm | BackendChoice::GoBusybox => fail(format!(
-            "Backend '{}' requires additional dependencies. This build was compiled without the 'wasm' feature; install with: cargo install mcp-sandbox-computer-vm-for-ai --features wasm",
-            backend.name()
-        )),
-        BackendChoice::E2b if cfg!(feature = "e2b") => Ok(()),
-        BackendChoice::E2b => fail(
-            "Backend 'e2b' requires additional dependencies. This build was compiled without the 'e2b' feature; install with: cargo install mcp-sandbox-computer-vm-for-ai --features e2b",
-        ),
-        BackendChoice::Modal if cfg!(feature = "modal") => Ok(()),
-        BackendChoice::Modal => fail(
-            "Backend 'modal' requires additional dependencies. This build was compiled without the 'modal' feature; install with: cargo install mcp-sandbox-computer-vm-for-ai --features modal",
-        ),
-    }
+fn check_backend_is_built(backend: BackendKind) -> Result<(), ConfigError> {
+    backend.not_built().map_or(Ok(()), fail)
 }
 
 fn docker_config(cli: &Cli) -> Result<DockerConfig, ConfigError> {
-    let engine = match cli.engine.as_str() {
+    let engine = match cli.docker.engine.as_str() {
         "docker" => Engine::Docker,
         "podman" => Engine::Podman,
         other => {
@@ -286,7 +317,7 @@ fn docker_config(cli: &Cli) -> Result<DockerConfig, ConfigError> {
             ));
         }
     };
-    let nano_cpus = match &cli.cpu {
+    let nano_cpus = match &cli.docker.cpu {
         None => None,
         Some(text) => match text.trim().parse::<f64>() {
             Ok(cpus) if cpus > 0.0 && cpus.is_finite() => Some((cpus * 1e9).round() as i64),
@@ -297,7 +328,7 @@ fn docker_config(cli: &Cli) -> Result<DockerConfig, ConfigError> {
             }
         },
     };
-    let memory_bytes = match &cli.memory {
+    let memory_bytes = match &cli.docker.memory {
         None => None,
         Some(text) => match parse_size(text) {
             Some(bytes) if bytes > 0 => Some(bytes),
@@ -308,27 +339,28 @@ fn docker_config(cli: &Cli) -> Result<DockerConfig, ConfigError> {
             }
         },
     };
-    let run_flags = parse_run_flags(&cli.docker_run_flag, cli.no_network)
+    let run_flags = parse_run_flags(&cli.docker.docker_run_flag, cli.no_network)
         .map_err(|e| ConfigError(e.to_string()))?;
     let mut security_opts = Vec::new();
-    if !cli.allow_new_privileges {
+    if !cli.docker.allow_new_privileges {
         security_opts.push("no-new-privileges:true".to_owned());
     }
-    security_opts.extend(cli.security_opt.iter().cloned());
+    security_opts.extend(cli.docker.security_opt.iter().cloned());
     Ok(DockerConfig {
         engine,
-        host: cli.docker_host.clone().filter(|h| !h.is_empty()),
+        host: cli.docker.docker_host.clone().filter(|h| !h.is_empty()),
         image: cli
+            .docker
             .image
             .clone()
             .unwrap_or_else(|| DEFAULT_IMAGE.to_owned()),
         nano_cpus,
         memory_bytes,
         run_flags,
-        pids_limit: (cli.pids_limit > 0).then_some(cli.pids_limit),
+        pids_limit: (cli.docker.pids_limit > 0).then_some(cli.docker.pids_limit),
         security_opts,
-        runtime: cli.runtime.clone(),
-        exec_helper: cli.exec_helper == crate::cli::ExecHelperChoice::On,
+        runtime: cli.docker.runtime.clone(),
+        exec_helper: cli.docker.exec_helper == crate::cli::ExecHelperChoice::On,
     })
 }
 
@@ -336,33 +368,33 @@ fn docker_config(cli: &Cli) -> Result<DockerConfig, ConfigError> {
 /// backend is selected.
 fn check_other_backend_values(cli: &Cli) -> Result<(), ConfigError> {
     match cli.backend {
-        BackendChoice::Fly => {
-            if cli.fly_cpus < 1 {
+        BackendKind::Fly => {
+            if cli.fly.fly_cpus < 1 {
                 return fail("--fly-cpus must be at least 1.");
             }
-            if cli.fly_memory < 256 {
+            if cli.fly.fly_memory < 256 {
                 return fail("--fly-memory must be at least 256 MB.");
             }
-            if cli.fly_rootfs_size.is_some_and(|s| s < 1) {
+            if cli.fly.fly_rootfs_size.is_some_and(|s| s < 1) {
                 return fail("--fly-rootfs-size must be at least 1 GB.");
             }
         }
-        BackendChoice::Modal => {
-            if !(1..=86_400).contains(&cli.sandbox_timeout) {
+        BackendKind::Modal => {
+            if !(1..=86_400).contains(&cli.modal.sandbox_timeout) {
                 return fail("--sandbox-timeout must be between 1 and 86400 seconds.");
             }
-            if cli.modal_cpu <= 0.0 {
+            if cli.modal.modal_cpu <= 0.0 {
                 return fail("--modal-cpu must be greater than 0.");
             }
-            if cli.modal_memory < 1 {
+            if cli.modal.modal_memory < 1 {
                 return fail("--modal-memory must be at least 1 MiB.");
             }
         }
-        BackendChoice::E2b => {
-            if cli.e2b_sandbox_timeout < 1 {
+        BackendKind::E2b => {
+            if cli.e2b.e2b_sandbox_timeout < 1 {
                 return fail("--e2b-sandbox-timeout must be at least 1 second.");
             }
-            for entry in &cli.e2b_metadata {
+            for entry in &cli.e2b.e2b_metadata {
                 if let Some((key, _)) = entry.split_once('=')
                     && key.starts_with("kilntainers")
                 {
@@ -370,18 +402,18 @@ fn check_other_backend_values(cli: &Cli) -> Result<(), ConfigError> {
                 }
             }
         }
-        BackendChoice::Wasm | BackendChoice::GoBusybox => {
-            if cli.backend == BackendChoice::Wasm && cli.wasm_path.is_none() {
+        BackendKind::Wasm | BackendKind::GoBusybox => {
+            if cli.backend == BackendKind::Wasm && cli.wasm.wasm_path.is_none() {
                 return fail("--wasm-path is required for --backend wasm.");
             }
-            if cli.wasm_max_memory < 1 {
+            if cli.wasm.wasm_max_memory < 1 {
                 return fail("--wasm-max-memory must be at least 1 MiB.");
             }
-            if cli.wasm_fuel.is_some_and(|f| f < 1) {
+            if cli.wasm.wasm_fuel.is_some_and(|f| f < 1) {
                 return fail("--wasm-fuel must be at least 1.");
             }
         }
-        BackendChoice::Docker => {}
+        BackendKind::Docker => {}
     }
     Ok(())
 }
@@ -389,18 +421,15 @@ fn check_other_backend_values(cli: &Cli) -> Result<(), ConfigError> {
 /// Parses a command line for unit tests of the config sections.
 #[cfg(test)]
 pub(crate) fn test_cli(args: &[&str]) -> Cli {
-    use clap::Parser;
-    Cli::try_parse_from(std::iter::once("x").chain(args.iter().copied())).unwrap()
+    Cli::from_test_args(args).unwrap()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::Parser;
 
     fn config(args: &[&str]) -> Result<Config, String> {
-        let cli = Cli::try_parse_from(std::iter::once("x").chain(args.iter().copied()))
-            .map_err(|e| e.to_string())?;
+        let cli = Cli::from_test_args(args)?;
         Config::from_cli(&cli, None).map_err(|e| e.0)
     }
 
@@ -526,7 +555,7 @@ mod tests {
 
     #[test]
     fn lifecycle_switch_needs_exactly_true() {
-        let cli = Cli::try_parse_from(["x"]).unwrap();
+        let cli = Cli::from_test_args(&[]).unwrap();
         for (value, on) in [
             (" True ", true),
             ("true", true),

@@ -61,8 +61,8 @@ impl ModalConfig {
         let flag_secret = SecretSource {
             flag: "--modal-token-secret",
             file_flag: "--modal-token-secret-file",
-            value: cli.modal_token_secret.as_ref(),
-            file: cli.modal_token_secret_file.as_deref(),
+            value: cli.modal.modal_token_secret.as_ref(),
+            file: cli.modal.modal_token_secret_file.as_deref(),
         }
         .resolve()?;
         let non_empty = |v: Option<String>| v.filter(|s| !s.trim().is_empty());
@@ -70,10 +70,10 @@ impl ModalConfig {
         let config_file = non_empty(env("MODAL_CONFIG_PATH"))
             .map(PathBuf::from)
             .or_else(|| home.map(|h| h.join(".modal.toml")));
-        let image = non_empty(cli.image.clone());
+        let image = non_empty(cli.docker.image.clone());
         Ok(Self {
             tokens: TokenSources {
-                flag_id: non_empty(cli.modal_token_id.clone()).map(Secret::new),
+                flag_id: non_empty(cli.modal.modal_token_id.clone()).map(Secret::new),
                 flag_secret,
                 env_id: non_empty(env("MODAL_TOKEN_ID")).map(Secret::new),
                 env_secret: non_empty(env("MODAL_TOKEN_SECRET")).map(Secret::new),
@@ -83,14 +83,16 @@ impl ModalConfig {
             server_url_env: non_empty(env("MODAL_SERVER_URL")),
             environment_env: non_empty(env("MODAL_ENVIRONMENT")),
             image_builder_version_env: non_empty(env("MODAL_IMAGE_BUILDER_VERSION")),
-            app_name: cli.modal_app_name.clone(),
+            app_name: cli.modal.modal_app_name.clone(),
             custom_image: image.as_deref().is_some_and(|i| i != DEFAULT_IMAGE),
             image: image.unwrap_or_else(|| DEFAULT_IMAGE.to_owned()),
-            milli_cpu: (cli.modal_cpu * 1000.0).round().clamp(1.0, u32::MAX as f64) as u32,
-            memory_mib: u32::try_from(cli.modal_memory).unwrap_or(512).max(1),
-            gpu: non_empty(cli.gpu.clone()),
-            region: non_empty(cli.region.clone()),
-            sandbox_timeout_secs: u32::try_from(cli.sandbox_timeout).unwrap_or(3600),
+            milli_cpu: (cli.modal.modal_cpu * 1000.0)
+                .round()
+                .clamp(1.0, u32::MAX as f64) as u32,
+            memory_mib: u32::try_from(cli.modal.modal_memory).unwrap_or(512).max(1),
+            gpu: non_empty(cli.modal.gpu.clone()),
+            region: non_empty(cli.modal.region.clone()),
+            sandbox_timeout_secs: u32::try_from(cli.modal.sandbox_timeout).unwrap_or(3600),
         })
     }
 }

@@ -4,7 +4,8 @@
 
 use std::path::PathBuf;
 
-use crate::cli::{BackendChoice, Cli};
+use super::BackendKind;
+use crate::cli::Cli;
 
 /// The interpreter whose pip fetches the go-busybox wheel; `python3` when unset.
 pub const PYTHON_ENV: &str = "KILNTAINERS_PYTHON";
@@ -39,10 +40,11 @@ pub struct WasmConfig {
 
 impl WasmConfig {
     pub fn from_cli(cli: &Cli, env: impl Fn(&str) -> Option<String>) -> Self {
-        let module = match (&cli.backend, &cli.wasm_path) {
-            (BackendChoice::Wasm, Some(path)) => WasmModule::Custom(PathBuf::from(path)),
+        let module = match (&cli.backend, &cli.wasm.wasm_path) {
+            (BackendKind::Wasm, Some(path)) => WasmModule::Custom(PathBuf::from(path)),
             _ => WasmModule::GoBusybox {
                 explicit: cli
+                    .wasm
                     .go_busybox_wasm
                     .as_ref()
                     .filter(|p| !p.is_empty())
@@ -57,8 +59,8 @@ impl WasmConfig {
             .map(|d| d.join(CACHE_NAME));
         Self {
             module,
-            max_memory_mib: cli.wasm_max_memory.max(1).unsigned_abs(),
-            fuel: cli.wasm_fuel.map(i64::unsigned_abs),
+            max_memory_mib: cli.wasm.wasm_max_memory.max(1).unsigned_abs(),
+            fuel: cli.wasm.wasm_fuel.map(i64::unsigned_abs),
             shell: cli.shell.clone(),
             output_limit: cli.output_limit.unsigned_abs(),
             default_timeout_secs: cli.timeout.unsigned_abs(),

@@ -109,9 +109,8 @@ pub async fn serve(surface: Arc<Surface>, config: &HttpConfig, options: ServeOpt
     let token = Token::new(
         config
             .auth_token
-            .as_ref()
-            .map(crate::config::Secret::expose)
-            .or(generated.as_ref().map(GeneratedToken::secret)),
+            .clone()
+            .or_else(|| generated.as_ref().map(|g| g.secret().clone())),
     );
     let allowed = if hosts.any() {
         "*".to_owned()

@@ -14,8 +14,6 @@ asserts the fake saw no request that breaks the documented shapes."""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from conftest import apoll, limit_notice, timeout_notice

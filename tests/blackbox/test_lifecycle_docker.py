@@ -109,7 +109,7 @@ async def test_eof_removal_is_reliable(kbb):
     """Repeated short sessions: every one must remove its temporary computer before the server
     exits (a release task racing the shutdown sweep would leave some running)."""
     leaked = []
-    for i in range(12):
+    for _ in range(12):
         async with kbb.server(*BUSYBOX_ARGS) as srv:
             cid = (await srv.run("true")).structured["computer_id"]
         assert srv.returncode() == 0
@@ -258,6 +258,7 @@ def test_sigterm_while_computers_are_being_created_removes_them(kbb):
     assert kbb.instance_locks(home) == []
 
 
+@pytest.mark.may_skip("the drain can finish before the second signal lands; nothing to check then")
 def test_cleanup_cut_short_keeps_lock_so_next_server_collects(kbb):
     """A second signal stops the drain (exit 1, the spec's message). The instance lock file must
     then stay, so the next server's crash GC removes whatever was left."""

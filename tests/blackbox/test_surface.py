@@ -198,8 +198,8 @@ async def test_lifecycle_switch_other_values_mean_off(kbb, value):
 
 @pytest.mark.parametrize("how", ["env-true", "env-padded-True", "flag"])
 async def test_lifecycle_switch_on(kbb, how):
-    """Lifecycle tools are a later issue: skip while the server does not expose them yet, check
-    the order, descriptions and the UI capability once it does."""
+    """Every spelling of the switch turns the lifecycle tools on, in order, with the dashboard's
+    title."""
     env = {"ENABLE_LIFECYCLE_TOOLS": "true"} if how == "env-true" else {}
     if how == "env-padded-True":
         env = {"ENABLE_LIFECYCLE_TOOLS": " True "}
@@ -207,8 +207,6 @@ async def test_lifecycle_switch_on(kbb, how):
     async with kbb.server(*BUSYBOX_ARGS, *args, env=env) as srv:
         tools = await srv.list_tools()
         names = [t["name"] for t in tools]
-        if names == ["terminal_execute"]:
-            pytest.skip("lifecycle tools not implemented yet (later issue)")
         assert names == LIFECYCLE_TOOLS
         by_name = {t["name"]: t for t in tools}
         dash = by_name["computer_dashboard"]

@@ -107,7 +107,7 @@ async def test_description_lists_the_module_applets(kbb):
         tools = await srv.list_tools()
         desc = next(t for t in tools if t["name"] == "terminal_execute")["description"]
         assert desc.startswith("Execute a command in a lightweight sandbox (WebAssembly, BusyBox style).")
-        line = next(l for l in desc.splitlines() if l.startswith("Available commands: "))
+        line = next(row for row in desc.splitlines() if row.startswith("Available commands: "))
         for applet in ("cat", "ls", "sort", "tr"):
             assert f" {applet}," in line or f" {applet}." in line, line
 

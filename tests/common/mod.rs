@@ -13,10 +13,17 @@ use tokio::process::Command;
 pub const BIN: &str = env!("CARGO_BIN_EXE_mcp-sandbox-computer-vm-for-ai");
 
 /// Whether the test environment set up this integration target (`scripts/setup-test-env.sh`
-/// writes these variables into `.test-env/env`). Absent ones are reported, not silently passed.
+/// writes these variables into `.test-env/env`). A plain `cargo test` reports an absent one and
+/// passes; the full run (`KILNTAINERS_REQUIRE_ALL=1`, set by scripts/test.sh) fails instead, so
+/// a broken environment can never look like a green suite.
 pub fn enabled(variable: &str) -> bool {
     let on = std::env::var(variable).is_ok_and(|v| v == "1");
     if !on {
+        assert!(
+            !std::env::var("KILNTAINERS_REQUIRE_ALL").is_ok_and(|v| v == "1"),
+            "{variable} is not 1 but the full run needs every integration environment: \
+             scripts/setup-test-env.sh could not prepare it (see its output above)"
+        );
         eprintln!("SKIP: {variable} is not 1; run the suite through scripts/test.sh");
     }
     on

@@ -155,7 +155,7 @@ fn backend_with(fake: &Fake, key: Option<&str>, extra: &[&str]) -> Arc<dyn Backe
     let cli = Cli::try_parse_from(args).unwrap();
     let mut config = Config::from_cli(&cli, None).unwrap();
     // Never the developer's own E2B_API_KEY.
-    config.e2b.api_key = key.map(mcp_sandbox_computer_vm_for_ai::config::fly::Secret::new);
+    config.e2b.api_key = key.map(mcp_sandbox_computer_vm_for_ai::config::Secret::new);
     backends::build(&config).unwrap()
 }
 

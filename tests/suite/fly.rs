@@ -23,7 +23,8 @@ use mcp_sandbox_computer_vm_for_ai::backends::{
 };
 use mcp_sandbox_computer_vm_for_ai::cli::Cli;
 use mcp_sandbox_computer_vm_for_ai::config::Config;
-use mcp_sandbox_computer_vm_for_ai::config::fly::{Secret, TokenSources};
+use mcp_sandbox_computer_vm_for_ai::config::Secret;
+use mcp_sandbox_computer_vm_for_ai::config::fly::TokenSources;
 use mcp_sandbox_computer_vm_for_ai::exec::{self, ExecOutcome, ExecRequest, Program};
 use mcp_sandbox_computer_vm_for_ai::ids::{ComputerId, ExecId, InstanceId};
 
@@ -416,7 +417,7 @@ async fn contract_machine_create_exec_list_destroy_against_fake() {
     assert_eq!(config["image"], "docker.io/library/sandbox-busybox:full");
     assert_eq!(
         config["init"]["exec"],
-        json!(backends::keep_alive_argv("/bin/sh"))
+        json!(backends::posix::keep_alive_argv("/bin/sh"))
     );
     assert_eq!(
         config["guest"],
@@ -773,7 +774,7 @@ async fn contract_crash_gc_by_instance_and_lease_against_fake() {
         "/v1/apps/demo/machines",
         json!({"name": expired.as_str(), "config": {
         "image": "docker.io/library/sandbox-busybox:full",
-        "init": {"exec": backends::keep_alive_argv("/bin/sh")},
+        "init": {"exec": backends::posix::keep_alive_argv("/bin/sh")},
         "metadata": {
             "kilntainers": "true",
             "kilntainers-computer-id": expired.as_str(),

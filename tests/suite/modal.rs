@@ -22,7 +22,7 @@ use mcp_sandbox_computer_vm_for_ai::backends::{
 };
 use mcp_sandbox_computer_vm_for_ai::cli::Cli;
 use mcp_sandbox_computer_vm_for_ai::config::Config;
-use mcp_sandbox_computer_vm_for_ai::config::fly::Secret;
+use mcp_sandbox_computer_vm_for_ai::config::Secret;
 use mcp_sandbox_computer_vm_for_ai::exec::{self, ExecOutcome, ExecRequest, Program};
 use mcp_sandbox_computer_vm_for_ai::ids::{ComputerId, ExecId, InstanceId};
 
@@ -277,7 +277,7 @@ async fn contract_create_exec_rediscover_and_terminate_against_fake() {
     assert_eq!(definition.name.as_deref(), Some(id.as_str()));
     assert_eq!(
         definition.entrypoint_args,
-        backends::keep_alive_argv("/bin/sh")
+        backends::posix::keep_alive_argv("/bin/sh")
     );
     assert_eq!(definition.timeout_secs, 600);
     assert_eq!(

@@ -14,7 +14,8 @@ use tracing::info;
 
 use super::{DockerBackend, describe, is_running, status_of};
 use crate::backends::labels::{docker as label, format_bool};
-use crate::backends::{Backend, BackendError, CreateSpec, Progress, SandboxRef, keep_alive_argv};
+use crate::backends::posix::keep_alive_argv;
+use crate::backends::{Backend, BackendError, CreateSpec, Progress, SandboxRef};
 
 /// Container creations that talk to the engine at once. Two hundred simultaneous first calls
 /// (the HTTP bench) made dockerd take longer than the 30 s API timeout for single starts on a

@@ -3,7 +3,7 @@
 //! half-close it, demultiplex stdout/stderr into the sink, then read the exit code. Both paths
 //! end in the same check for a container that died under the command. Docker has no
 //! kill-exec call; killing is the helper's `Kill` or the sweep in
-//! [`crate::backends::kill_sweep_script`].
+//! [`crate::backends::posix::kill_sweep_script`].
 
 use std::time::Duration;
 
@@ -20,8 +20,6 @@ use crate::backends::{
     BackendError, ExecEnd, ExecSpec, OutputSink, SandboxRef, SinkControl, Stream,
 };
 
-/// Bound for the kill sweep exec (`backends.md` §1.3).
-pub(super) const KILL_SWEEP_TIMEOUT: Duration = Duration::from_secs(10);
 /// After the output stream ends the exec can still read as running for a moment; this bounds
 /// how long we wait for the engine to record the exit code.
 const EXIT_CODE_WAIT: Duration = Duration::from_secs(5);

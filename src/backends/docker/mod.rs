@@ -27,6 +27,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::labels::{self, docker as label};
+use super::posix::{self, SweepReach, shell_basename};
 use super::{
     Backend, BackendError, ComputerInfo, CreateSpec, ExecEnd, ExecSpec, Found, OutputSink,
     Progress, Restarted, SandboxRef,
@@ -248,11 +249,7 @@ impl DockerBackend {
     }
 
     async fn readiness(&self, sandbox: &SandboxRef) -> Result<(), BackendError> {
-        let argv = vec![
-            self.shell.clone(),
-            "-c".to_owned(),
-            format!("echo {}", super::READY_MARKER),
-        ];
+        let argv = posix::readiness_argv(&self.shell);
         let docker = self.client().await?;
         // Through the helper when it can run: this also connects it, so the first command
         // after a create or a start pays for no exec of its own.
@@ -265,9 +262,7 @@ impl DockerBackend {
             None => exec::run_simple(docker, &sandbox.sandbox_id, argv, READINESS_TIMEOUT).await,
         };
         match outcome {
-            Ok((0, stdout)) if String::from_utf8_lossy(&stdout).contains(super::READY_MARKER) => {
-                Ok(())
-            }
+            Ok((0, stdout)) if posix::shows_ready(&stdout) => Ok(()),
             Ok((code, _)) => {
                 let mut message = format!(
                     "Container {} started but readiness check failed (unexpected output)",
@@ -470,13 +465,9 @@ impl Backend for DockerBackend {
         {
             return Ok(());
         }
-        let argv = vec![
-            self.shell.clone(),
-            "-c".to_owned(),
-            super::kill_sweep_script(exec_id, super::SweepReach::TaggedAndOrphans),
-        ];
+        let argv = posix::kill_sweep_argv(&self.shell, exec_id, SweepReach::TaggedAndOrphans);
         let docker = self.client().await?;
-        exec::run_simple(docker, &sandbox.sandbox_id, argv, exec::KILL_SWEEP_TIMEOUT)
+        exec::run_simple(docker, &sandbox.sandbox_id, argv, posix::KILL_SWEEP_TIMEOUT)
             .await
             .map(drop)
             .map_err(|e| {
@@ -544,10 +535,6 @@ fn describe(error: &DockerError) -> String {
         DockerError::DockerResponseServerError { message, .. } => message.trim().to_owned(),
         other => other.to_string(),
     }
-}
-
-fn shell_basename(shell: &str) -> &str {
-    shell.rsplit('/').next().unwrap_or(shell)
 }
 
 fn current_uid() -> Option<u32> {

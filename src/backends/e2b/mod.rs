@@ -26,9 +26,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::labels::{self, e2b as meta};
+use super::posix::{self, KILL_SWEEP_TIMEOUT, SweepReach, shell_basename};
 use super::{
     Backend, BackendError, ComputerInfo, CreateSpec, ExecEnd, ExecSpec, Found, OutputSink,
-    Progress, READY_MARKER, Restarted, SandboxRef, SinkControl, Stream,
+    Progress, Restarted, SandboxRef, SinkControl, Stream,
 };
 use crate::config::{Config, E2bConfig};
 use crate::ids::{ComputerId, ExecId, InstanceId};
@@ -39,8 +40,6 @@ use process::{Command, Envd, RunError};
 const READINESS_TIMEOUT: Duration = Duration::from_secs(10);
 /// Pause between readiness attempts while envd is still coming up.
 const READINESS_RETRY: Duration = Duration::from_millis(250);
-/// Bound for the kill sweep exec (`backends.md` §1.3).
-const KILL_SWEEP_TIMEOUT: Duration = Duration::from_secs(10);
 /// `Connect-Timeout-Ms` of user commands. The exec layer enforces the call's own timeout and
 /// kills the tree itself; this only stops a command that outlives every client (the trait does
 /// not carry the per-call timeout, see docs/e2b.md): one hour plus the spec's 30 s margin.
@@ -332,11 +331,7 @@ impl E2bBackend {
 
     /// `<shell> -c "echo kilntainers-ready"` must print the marker (`backends.md` §4 create row).
     async fn readiness(&self, sandbox: &SandboxRef) -> Result<(), BackendError> {
-        let argv = vec![
-            self.shell.clone(),
-            "-c".to_owned(),
-            format!("echo {READY_MARKER}"),
-        ];
+        let argv = posix::readiness_argv(&self.shell);
         let deadline = Instant::now() + READINESS_TIMEOUT;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -344,7 +339,7 @@ impl E2bBackend {
                 .run_simple(sandbox, &argv, left.max(Duration::from_secs(1)))
                 .await
             {
-                Ok(out) if String::from_utf8_lossy(&out.stdout).contains(READY_MARKER) => {
+                Ok(out) if posix::shows_ready(&out.stdout) => {
                     return Ok(());
                 }
                 Ok(_) => {
@@ -487,10 +482,6 @@ impl OutputSink for Collected {
         buffer.extend_from_slice(&bytes[..bytes.len().min(room)]);
         SinkControl::Continue
     }
-}
-
-fn shell_basename(shell: &str) -> &str {
-    shell.rsplit('/').next().unwrap_or(shell)
 }
 
 #[async_trait]
@@ -651,11 +642,7 @@ impl Backend for E2bBackend {
                 warn!(sandbox_id = %sandbox.sandbox_id, pid, ?error, "SendSignal failed");
             }
         }
-        let argv = vec![
-            self.shell.clone(),
-            "-c".to_owned(),
-            super::kill_sweep_script(exec_id, super::SweepReach::Tagged),
-        ];
+        let argv = posix::kill_sweep_argv(&self.shell, exec_id, SweepReach::Tagged);
         self.run_simple(sandbox, &argv, KILL_SWEEP_TIMEOUT)
             .await
             .map(drop)

@@ -23,8 +23,8 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
-use super::api::{bounded_text, describe_transport};
 use super::connect::{ConnectError, Decoder, Frame, envelope};
+use crate::backends::rest::bounded_text;
 use crate::backends::{ExecEnd, OutputSink, SinkControl, Stream};
 use crate::config::e2b::ENVD_PORT;
 
@@ -221,7 +221,7 @@ impl Envd<'_> {
             .await
             .map_err(|e| RunError::Unreachable {
                 started: true,
-                detail: format!("{call} failed: {}", describe_transport(&e)),
+                detail: format!("{call} failed: {}", envd_transport(&e)),
             })?;
         let status = response.status().as_u16();
         if status == 200 {
@@ -313,7 +313,7 @@ impl Envd<'_> {
         };
         let mut response = response.map_err(|e| RunError::Unreachable {
             started: false,
-            detail: format!("process.Process/Start failed: {}", describe_transport(&e)),
+            detail: format!("process.Process/Start failed: {}", envd_transport(&e)),
         })?;
         let status = response.status().as_u16();
         if status != 200 {
@@ -364,7 +364,7 @@ impl Envd<'_> {
                 Err(e) => {
                     return Err(RunError::Unreachable {
                         started: pid.is_some(),
-                        detail: format!("the output stream broke: {}", describe_transport(&e)),
+                        detail: format!("the output stream broke: {}", envd_transport(&e)),
                     });
                 }
             };
@@ -476,6 +476,11 @@ fn classify_status(status: u16, call: &str, error: &ConnectError, started: bool)
             detail: format!("{call} returned HTTP {status}: {error}"),
         },
     }
+}
+
+/// A failed envd connection in a few words.
+fn envd_transport(error: &reqwest::Error) -> String {
+    crate::backends::rest::describe_transport(error, "envd")
 }
 
 #[cfg(test)]

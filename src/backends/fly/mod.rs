@@ -25,9 +25,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::labels::{self, fly as meta};
+use super::posix::{self, KILL_SWEEP_TIMEOUT, SweepReach, shell_basename};
 use super::{
     Backend, BackendError, ComputerInfo, CreateSpec, ExecEnd, ExecSpec, Found, OutputSink,
-    Progress, READY_MARKER, Restarted, SandboxRef,
+    Progress, Restarted, SandboxRef,
 };
 use crate::config::{Config, DEFAULT_IMAGE, FlyConfig};
 use crate::ids::{ComputerId, ExecId, InstanceId};
@@ -47,8 +48,6 @@ const STARTUP_CHECK_TIMEOUT: Duration = Duration::from_secs(15);
 const READINESS_TIMEOUT: Duration = Duration::from_secs(20);
 /// Pause between readiness attempts: right after `started`, the exec endpoint may still refuse.
 const READINESS_RETRY: Duration = Duration::from_millis(500);
-/// Bound for the kill sweep exec (`backends.md` §1.3).
-const KILL_SWEEP_TIMEOUT: Duration = Duration::from_secs(10);
 /// Lease TTL written on temporary Machines (`lifecycle.md` §9/§10: 900 s).
 const LEASE_TTL_SECS: u64 = 900;
 /// How often a holder renews its leases (`lifecycle.md` §10: 300 s, a third of the TTL).
@@ -159,10 +158,6 @@ fn api_image(image: &str) -> String {
     }
 }
 
-fn shell_basename(shell: &str) -> &str {
-    shell.rsplit('/').next().unwrap_or(shell)
-}
-
 impl FlyInner {
     async fn app(&self) -> Result<String, BackendError> {
         let app = self
@@ -249,11 +244,7 @@ impl FlyInner {
 
     /// `<shell> -c "echo kilntainers-ready"` must print the marker (`backends.md` §1.1).
     async fn readiness(&self, sandbox: &SandboxRef) -> Result<(), BackendError> {
-        let argv = vec![
-            self.shell.clone(),
-            "-c".to_owned(),
-            format!("echo {READY_MARKER}"),
-        ];
+        let argv = posix::readiness_argv(&self.shell);
         let failed = |detail: &str| {
             BackendError::Provider(format!(
                 "Fly Machine {} started but readiness failed: {detail}",
@@ -271,10 +262,7 @@ impl FlyInner {
             )
             .await;
             match attempt {
-                Ok(out)
-                    if out.exit_code == 0
-                        && String::from_utf8_lossy(&out.stdout).contains(READY_MARKER) =>
-                {
+                Ok(out) if out.exit_code == 0 && posix::shows_ready(&out.stdout) => {
                     return Ok(());
                 }
                 Ok(out) => {
@@ -347,7 +335,7 @@ impl FlyInner {
             config: CreateConfig {
                 image: api_image(&image),
                 init: Init {
-                    exec: super::keep_alive_argv(&self.shell),
+                    exec: posix::keep_alive_argv(&self.shell),
                 },
                 guest: Guest {
                     cpu_kind: self.config.cpu_kind.to_owned(),
@@ -729,11 +717,7 @@ impl Backend for FlyBackend {
     }
 
     async fn kill_exec(&self, sandbox: &SandboxRef, exec_id: &ExecId) -> Result<(), BackendError> {
-        let argv = vec![
-            self.inner.shell.clone(),
-            "-c".to_owned(),
-            super::kill_sweep_script(exec_id, super::SweepReach::Tagged),
-        ];
+        let argv = posix::kill_sweep_argv(&self.inner.shell, exec_id, SweepReach::Tagged);
         exec::run_simple(&self.inner, sandbox, argv, KILL_SWEEP_TIMEOUT)
             .await
             .map(drop)

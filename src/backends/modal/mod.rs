@@ -24,9 +24,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::labels::{self, modal as tag};
+use super::posix::{self, KILL_SWEEP_TIMEOUT, SweepReach, shell_basename};
 use super::{
     Backend, BackendError, ComputerInfo, CreateSpec, ExecEnd, ExecSpec, Found, OutputSink,
-    Progress, READY_MARKER, Restarted, SandboxRef,
+    Progress, Restarted, SandboxRef,
 };
 use crate::config::{Config, ModalConfig};
 use crate::ids::{ComputerId, ExecId, InstanceId};
@@ -34,8 +35,6 @@ use api::{Api, ApiError, pb};
 
 /// Readiness exec after create/attach (`lifecycle.md` §10: E2B/Modal 10 s).
 const READINESS_TIMEOUT: Duration = Duration::from_secs(10);
-/// Bound for the kill sweep exec (`backends.md` §1.3).
-const KILL_SWEEP_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a new sandbox may take to be scheduled and started (image pull on Modal's side
 /// included); each `SandboxGetTaskId` round waits up to `TASK_POLL_SECS` server-side.
 const START_DEADLINE: Duration = Duration::from_secs(300);
@@ -110,33 +109,9 @@ fn tags_map(tags: &[pb::SandboxTag]) -> BTreeMap<String, String> {
         .collect()
 }
 
-fn shell_basename(shell: &str) -> &str {
-    shell.rsplit('/').next().unwrap_or(shell)
-}
-
-/// `SandboxInfo.created_at` (Unix seconds) as RFC 3339 UTC.
+/// `SandboxInfo.created_at` (Unix seconds) as RFC 3339 UTC; `None` when Modal left it unset.
 fn rfc3339(unix: f64) -> Option<String> {
-    if !unix.is_finite() || unix <= 0.0 {
-        return None;
-    }
-    let secs = unix.floor() as i64;
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    // Civil-from-days (proleptic Gregorian), after H. Hinnant's algorithm.
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    Some(format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        rem % 3600 / 60,
-        rem % 60
-    ))
+    (unix.is_finite() && unix > 0.0).then(|| crate::clock::rfc3339_utc(unix.floor() as i64))
 }
 
 /// `--gpu` as Modal's clients parse it: `TYPE` or `TYPE:COUNT`.
@@ -381,13 +356,9 @@ impl ModalInner {
 
     /// `<shell> -c "echo kilntainers-ready"` must print the marker (`backends.md` §1.1).
     async fn readiness(&self, sandbox: &SandboxRef) -> Result<(), BackendError> {
-        let argv = vec![
-            self.shell.clone(),
-            "-c".to_owned(),
-            format!("echo {READY_MARKER}"),
-        ];
+        let argv = posix::readiness_argv(&self.shell);
         match exec::run_simple(self, sandbox, argv, READINESS_TIMEOUT).await {
-            Ok(out) if String::from_utf8_lossy(&out.stdout).contains(READY_MARKER) => Ok(()),
+            Ok(out) if posix::shows_ready(&out.stdout) => Ok(()),
             Ok(_) => Err(BackendError::Provider(format!(
                 "Sandbox started but readiness check failed (unexpected output). Shell '{}' may not be available in the image. Use --shell /bin/sh for images without bash.",
                 self.shell
@@ -505,7 +476,7 @@ impl ModalInner {
         let app_id = self.app_id().await?;
         let image_id = self.image_id(&image, progress).await?;
         let definition = pb::Sandbox {
-            entrypoint_args: super::keep_alive_argv(&self.shell),
+            entrypoint_args: posix::keep_alive_argv(&self.shell),
             image_id,
             resources: Some(pb::Resources {
                 memory_mb: self.config.memory_mib,
@@ -755,11 +726,7 @@ impl Backend for ModalBackend {
     }
 
     async fn kill_exec(&self, sandbox: &SandboxRef, exec_id: &ExecId) -> Result<(), BackendError> {
-        let argv = vec![
-            self.inner.shell.clone(),
-            "-c".to_owned(),
-            super::kill_sweep_script(exec_id, super::SweepReach::Tagged),
-        ];
+        let argv = posix::kill_sweep_argv(&self.inner.shell, exec_id, SweepReach::Tagged);
         exec::run_simple(&self.inner, sandbox, argv, KILL_SWEEP_TIMEOUT)
             .await
             .map(drop)

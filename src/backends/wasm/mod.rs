@@ -63,30 +63,6 @@ fn provider(message: impl Into<String>) -> BackendError {
     BackendError::Provider(message.into())
 }
 
-/// RFC 3339 UTC from the system clock (days-to-civil, Howard Hinnant's algorithm).
-fn now_rfc3339() -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        rem / 3600,
-        (rem / 60) % 60,
-        rem % 60
-    )
-}
-
 /// Creates `path` 0700, or accepts it when it already is a real directory (a permanent
 /// computer's directory left by an earlier, interrupted create). A symlink is an error.
 fn reuse_or_create_private(path: &Path) -> std::io::Result<()> {
@@ -493,7 +469,7 @@ impl Backend for WasmBackend {
             backend: self.kind.to_owned(),
             image: image.clone(),
             module_sha256: runtime.sha256.clone(),
-            created_at: now_rfc3339(),
+            created_at: crate::clock::now_rfc3339(),
             instance: spec.temporary.then(|| spec.instance.as_str().to_owned()),
         };
         let write = || -> std::io::Result<()> {
@@ -762,13 +738,6 @@ impl Backend for WasmBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn rfc3339_shape() {
-        let now = now_rfc3339();
-        assert_eq!(now.len(), 20, "{now}");
-        assert!(now.starts_with("20") && now.ends_with('Z'));
-    }
 
     #[test]
     fn random_suffix_is_8_lowercase_alnum() {

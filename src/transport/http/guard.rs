@@ -18,6 +18,8 @@ use axum::middleware::Next;
 use axum::response::Response;
 use subtle::ConstantTimeEq;
 
+use crate::config::Secret;
+
 /// Host names every listener accepts: the loopback names a local client uses.
 const LOOPBACK_NAMES: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
 /// `--allowed-host` value that turns the Host check off.
@@ -126,7 +128,7 @@ impl AllowedHosts {
 
 /// The configured bearer token, if any (`http.md` §4).
 #[derive(Clone)]
-pub struct Token(Option<Vec<u8>>);
+pub struct Token(Option<Secret>);
 
 impl std::fmt::Debug for Token {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -140,12 +142,8 @@ impl std::fmt::Debug for Token {
 }
 
 impl Token {
-    pub fn new(token: Option<&str>) -> Self {
-        Self(
-            token
-                .filter(|t| !t.is_empty())
-                .map(|t| t.as_bytes().to_vec()),
-        )
+    pub fn new(token: Option<Secret>) -> Self {
+        Self(token.filter(|t| !t.expose().is_empty()))
     }
 
     pub fn enabled(&self) -> bool {
@@ -168,7 +166,11 @@ impl Token {
         }
         // `ct_eq` over slices fails on a length mismatch without looking at the content, and
         // otherwise compares every byte.
-        presented.trim().as_bytes().ct_eq(expected).into()
+        presented
+            .trim()
+            .as_bytes()
+            .ct_eq(expected.expose().as_bytes())
+            .into()
     }
 }
 
@@ -383,7 +385,7 @@ mod tests {
 
     #[test]
     fn bearer_scheme_is_case_insensitive_and_token_exact() {
-        let token = Token::new(Some("s3cret"));
+        let token = Token::new(Some(Secret::new("s3cret")));
         assert!(token.accepts(Some(b"Bearer s3cret")));
         assert!(token.accepts(Some(b"bearer s3cret")));
         assert!(token.accepts(Some(b"BEARER   s3cret")));
@@ -401,7 +403,7 @@ mod tests {
         }
         assert!(!token.accepts(None));
         assert!(Token::new(None).accepts(None));
-        assert!(!Token::new(Some("")).enabled());
+        assert!(!Token::new(Some(Secret::new(""))).enabled());
         assert_eq!(format!("{token:?}"), "Token(<redacted>)");
     }
 }
