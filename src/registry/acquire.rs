@@ -125,7 +125,6 @@ impl Registry {
             };
             let mut state = lock(&slot.state);
             state.record = Some(sandbox.clone());
-            state.last_state.get_or_insert_with(|| "running".to_owned());
             if session.lease_ttl.is_none() {
                 state.owners.insert(session.id);
             }

@@ -8,6 +8,10 @@ use super::{Interruption, Registry, RegistryError, lock};
 use crate::backends::{ComputerInfo, CreateSpec, Progress, SandboxRef};
 use crate::ids::ComputerId;
 
+/// The state listed for a record the provider did not return: a record exists only once its
+/// computer was created or found and started, and nothing records a later provider state.
+const RECORDED_STATE: &str = "running";
+
 impl Registry {
     /// Provider inventory ∪ this process's records, provider entry winning, sorted by id
     /// (`lifecycle.md` §5.5). A provider failure becomes a warning, not an error.
@@ -25,10 +29,7 @@ impl Registry {
             {
                 rows.push(ComputerInfo {
                     sandbox: record.clone(),
-                    state: state
-                        .last_state
-                        .clone()
-                        .unwrap_or_else(|| "running".to_owned()),
+                    state: RECORDED_STATE.to_owned(),
                     created_at: None,
                 });
             }

@@ -25,8 +25,6 @@ pub(super) struct Slot {
 #[derive(Default)]
 pub(super) struct SlotState {
     pub(super) record: Option<SandboxRef>,
-    /// Last provider state seen, for listings of records the provider did not return.
-    pub(super) last_state: Option<String>,
     pub(super) owners: HashSet<u64>,
     /// The exec in flight, if one runs.
     pub(super) in_flight: Option<InFlight>,
