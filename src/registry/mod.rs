@@ -21,6 +21,8 @@ pub mod orphans;
 mod sessions;
 mod shutdown;
 mod slots;
+#[cfg(test)]
+mod tests;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
