@@ -25,9 +25,19 @@ use super::{
 };
 use crate::ids::{ComputerId, ExecId, InstanceId};
 
-/// How long [`FakeBackend::wait_until`] waits, in tokio time, before it fails the test: long
+/// How long [`FakeBackend::wait_until`] and [`within`] wait, in tokio time, before they fail the
+/// test: long
 /// enough for any scripted delay, and instant under paused time.
 const WAIT_LIMIT: Duration = Duration::from_secs(24 * 3600);
+
+/// Awaits `work`, failing the test after [`WAIT_LIMIT`] of tokio time: under paused time a
+/// deadlock then ends the test at once instead of hanging it.
+pub async fn within<T>(work: impl Future<Output = T>) -> T {
+    match tokio::time::timeout(WAIT_LIMIT, work).await {
+        Ok(done) => done,
+        Err(_) => panic!("still not done after {WAIT_LIMIT:?} of tokio time: deadlocked"),
+    }
+}
 
 /// One backend call, in the order the calls arrived.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -9,7 +9,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::{ExecError, ExecOutcome, ExecRequest, KILL_SWEEP_LIMIT, Program, run};
-use crate::backends::fake::{Call, ExecScript, FakeBackend, Op};
+use crate::backends::fake::{Call, ExecScript, FakeBackend, Op, within};
 use crate::backends::{BackendError, SandboxRef, Stream};
 use crate::ids::{ComputerId, ExecId};
 
@@ -41,7 +41,7 @@ async fn run_once(
     cancel: &CancellationToken,
 ) -> (Result<ExecOutcome, ExecError>, ExecId) {
     let exec_id = ExecId::random();
-    let result = run(
+    let result = within(run(
         backend,
         sandbox,
         "/bin/sh",
@@ -49,7 +49,7 @@ async fn run_once(
         exec_id.clone(),
         LIMIT,
         cancel,
-    )
+    ))
     .await;
     (result, exec_id)
 }
@@ -135,7 +135,7 @@ async fn cancellation_kills_the_tree_before_returning() {
         .await;
     assert!(kills(&backend).is_empty());
     cancel.cancel();
-    let (result, exec_id) = task.await.unwrap();
+    let (result, exec_id) = within(task).await.unwrap();
     assert!(matches!(result, Err(ExecError::Cancelled)), "{result:?}");
     assert_eq!(kills(&backend), vec![exec_id]);
     assert!(started.elapsed() < Duration::from_secs(60));

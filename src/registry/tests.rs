@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{Executed, Interruption, Registry, RegistryError, Session, lock};
 use crate::backends::BackendError;
-use crate::backends::fake::{Call, Counts, ExecScript, FakeBackend, Op};
+use crate::backends::fake::{Call, Counts, ExecScript, FakeBackend, Op, within};
 use crate::config::ExecLimits;
 use crate::exec::{ExecOutcome, ExecRequest, Program};
 use crate::ids::{ComputerId, InstanceId};
@@ -57,16 +57,15 @@ async fn execute(
     temporary: bool,
     command: &str,
 ) -> Result<Executed, RegistryError> {
-    registry
-        .execute(
-            session,
-            computer.cloned(),
-            temporary,
-            &request(command),
-            Registry::no_progress(),
-            &CancellationToken::new(),
-        )
-        .await
+    within(registry.execute(
+        session,
+        computer.cloned(),
+        temporary,
+        &request(command),
+        Registry::no_progress(),
+        &CancellationToken::new(),
+    ))
+    .await
 }
 
 fn spawn_execute(
@@ -81,6 +80,10 @@ fn spawn_execute(
     tokio::spawn(async move {
         execute(&registry, &session, computer.as_ref(), temporary, &command).await
     })
+}
+
+async fn join<T>(task: JoinHandle<T>) -> T {
+    within(task).await.unwrap()
 }
 
 /// Returns once every other task is blocked (see the module doc).
@@ -167,15 +170,14 @@ async fn a_lifecycle_op_interrupts_the_exec_in_flight_and_waits_for_its_kill() {
             .await;
 
         let lifecycle_call = match op {
-            Interruption::Restart => registry.restart(&box_id).await.map(drop),
-            Interruption::Reset => registry
-                .factory_reset(&box_id, Registry::no_progress())
+            Interruption::Restart => within(registry.restart(&box_id)).await.map(drop),
+            Interruption::Reset => within(registry.factory_reset(&box_id, Registry::no_progress()))
                 .await
                 .map(drop),
-            Interruption::Delete => registry.delete(&box_id).await,
+            Interruption::Delete => within(registry.delete(&box_id)).await,
         };
         lifecycle_call.unwrap();
-        match long.await.unwrap() {
+        match join(long).await {
             Err(RegistryError::Interrupted { id, op: got }) => {
                 assert_eq!(id, box_id);
                 assert_eq!(got, op);
@@ -222,9 +224,9 @@ async fn an_exec_arriving_during_a_restart_waits_and_runs_on_the_new_incarnation
         "an exec ran during the restart"
     );
 
-    let restarted = restart.await.unwrap().unwrap().sandbox;
+    let restarted = join(restart).await.unwrap().sandbox;
     assert_ne!(restarted.sandbox_id, before.sandbox_id);
-    let after = after.await.unwrap().unwrap();
+    let after = join(after).await.unwrap();
     assert_eq!(after.sandbox, restarted);
     let log = backend.log();
     let done = position(&log, |c| matches!(c, Call::Restarted(_)));
@@ -253,8 +255,8 @@ async fn an_exec_queued_behind_a_delete_reports_the_computer_gone() {
         .wait_until(|log| log.iter().any(|c| matches!(c, Call::Remove(_))))
         .await;
     let queued = spawn_execute(&registry, &session, Some(&box_id), false, "queued");
-    delete.await.unwrap().unwrap();
-    match queued.await.unwrap() {
+    join(delete).await.unwrap();
+    match join(queued).await {
         Err(RegistryError::Backend(BackendError::Vanished(gone))) => assert_eq!(gone, box_id),
         other => panic!("expected Vanished, got {:?}", other.map(|e| e.outcome)),
     }
@@ -294,9 +296,9 @@ async fn execs_on_one_computer_run_one_at_a_time_in_arrival_order() {
     }
     assert_eq!(exec_starts(&backend), ["first"], "execs ran concurrently");
     gate.notify_one();
-    assert_eq!(exit_code(&first.await.unwrap()), 0);
+    assert_eq!(exit_code(&join(first).await), 0);
     for task in queued {
-        assert_eq!(exit_code(&task.await.unwrap()), 0);
+        assert_eq!(exit_code(&join(task).await), 0);
     }
     assert_eq!(
         exec_starts(&backend),
@@ -330,7 +332,7 @@ async fn concurrent_first_calls_of_a_session_create_exactly_one_default() {
         .collect();
     let mut ids = HashSet::new();
     for call in calls {
-        ids.insert(call.await.unwrap().unwrap().sandbox.computer_id);
+        ids.insert(join(call).await.unwrap().sandbox.computer_id);
     }
     assert_eq!(ids.len(), 1, "{ids:?}");
     let default = ids.into_iter().next().unwrap();
@@ -377,7 +379,7 @@ async fn closing_sessions_leaves_no_record_without_an_owner() {
         .computer_id;
     assert_every_record_has_an_owner(&registry);
 
-    registry.close_session(&one).await;
+    within(registry.close_session(&one)).await;
     assert_every_record_has_an_owner(&registry);
     // Still held by `two`: kept and not removed.
     assert_eq!(recorded(&registry), HashSet::from([shared.clone()]));
@@ -389,7 +391,7 @@ async fn closing_sessions_leaves_no_record_without_an_owner() {
     assert_eq!(backend.counts(&default).remove, 1);
     assert!(!backend.exists(&default));
 
-    registry.close_session(&two).await;
+    within(registry.close_session(&two)).await;
     assert!(recorded(&registry).is_empty());
     assert_eq!(backend.counts(&shared).remove, 1);
     assert!(!backend.exists(&shared));
@@ -406,9 +408,9 @@ async fn closing_a_session_interrupts_the_exec_on_its_temporary_computer() {
     backend
         .wait_until(|log| log.iter().any(started("long")))
         .await;
-    registry.close_session(&session).await;
+    within(registry.close_session(&session)).await;
     assert!(matches!(
-        long.await.unwrap(),
+        join(long).await,
         Err(RegistryError::Interrupted {
             op: Interruption::Delete,
             ..
@@ -429,7 +431,7 @@ async fn delete_drops_every_sessions_hold() {
     execute(&registry, &two, Some(&shared), false, "b")
         .await
         .unwrap();
-    registry.delete(&shared).await.unwrap();
+    within(registry.delete(&shared)).await.unwrap();
     assert!(recorded(&registry).is_empty());
     assert!(!backend.exists(&shared));
     // `two` no longer holds it in either mode: asking for it temporary now creates it so.
@@ -477,8 +479,15 @@ async fn shutdown_sweep_during_a_session_close_removes_each_temporary_once() {
     backend
         .wait_until(|log| log.iter().any(|c| matches!(c, Call::Remove(_))))
         .await;
-    let failed = registry.remove_all_temporary().await;
-    close.await.unwrap();
+    let failed = within(registry.remove_all_temporary()).await;
+    // The sweep returned only once the removal it found in progress had finished.
+    for computer in &ids {
+        assert!(
+            !backend.exists(computer),
+            "{computer} still exists after the sweep"
+        );
+    }
+    join(close).await;
     assert!(failed.is_empty(), "{failed:?}");
     assert_each_removed_once(&backend, &registry, &ids);
 }
@@ -495,9 +504,9 @@ async fn session_close_during_the_shutdown_sweep_removes_each_temporary_once() {
     backend
         .wait_until(|log| log.iter().any(|c| matches!(c, Call::Remove(_))))
         .await;
-    registry.close_session(&one).await;
-    registry.close_session(&two).await;
-    let failed = sweep.await.unwrap();
+    within(registry.close_session(&one)).await;
+    within(registry.close_session(&two)).await;
+    let failed = join(sweep).await;
     assert!(failed.is_empty(), "{failed:?}");
     assert_each_removed_once(&backend, &registry, &ids);
 }
@@ -512,10 +521,10 @@ async fn shutdown_sweep_waits_for_a_creation_in_progress_and_removes_it() {
     backend
         .wait_until(|log| log.iter().any(|c| matches!(c, Call::Create(_))))
         .await;
-    let failed = registry.remove_all_temporary().await;
+    let failed = within(registry.remove_all_temporary()).await;
     assert!(failed.is_empty(), "{failed:?}");
     // Whether the exec got in before the removal or not, the computer is gone exactly once.
-    let _ = call.await.unwrap();
+    let _ = join(call).await;
     assert_eq!(backend.counts(&fresh).create, 1);
     assert_eq!(backend.counts(&fresh).remove, 1);
     assert!(!backend.exists(&fresh));
@@ -525,7 +534,7 @@ async fn shutdown_sweep_waits_for_a_creation_in_progress_and_removes_it() {
 #[tokio::test(start_paused = true)]
 async fn nothing_is_created_after_the_shutdown_sweep_starts() {
     let (backend, registry) = setup();
-    registry.remove_all_temporary().await;
+    within(registry.remove_all_temporary()).await;
     let session = registry.open_session();
     let late = id("late");
     match execute(&registry, &session, Some(&late), true, "x").await {
@@ -542,21 +551,21 @@ async fn a_failed_removal_keeps_the_record_for_the_shutdown_sweep() {
     let (one, two, [a, b, c]) = three_temporaries(&registry).await;
     backend.fail_removes(&a, 1);
     backend.fail_removes(&b, 2);
-    registry.close_session(&one).await;
+    within(registry.close_session(&one)).await;
     // Both removals failed: both stay recorded, owner-less, for the sweep to try again (the
     // one exception to "no record without an owner").
     assert_eq!(
         registry.temporary_ids(),
         vec![a.clone(), b.clone(), c.clone()]
     );
-    let failed = registry.remove_all_temporary().await;
+    let failed = within(registry.remove_all_temporary()).await;
     assert_eq!(failed, vec![b.clone()]);
     assert_eq!(backend.counts(&a).remove, 2);
     assert!(!backend.exists(&a));
     assert_eq!(backend.counts(&b).remove, 2);
     assert!(backend.exists(&b));
     assert_eq!(backend.counts(&c).remove, 1);
-    registry.close_session(&two).await;
+    within(registry.close_session(&two)).await;
     assert_eq!(backend.counts(&c).remove, 1, "removed twice");
 }
 
@@ -572,12 +581,12 @@ async fn shutdown_kills_execs_in_flight_on_permanent_computers_itself() {
     backend
         .wait_until(|log| log.iter().any(started("p")) && log.iter().any(started("t")))
         .await;
-    registry.kill_all_in_flight().await;
+    within(registry.kill_all_in_flight()).await;
     // The sweep's own kill is already done for the permanent computer, none for the temporary.
     assert_eq!(backend.counts(&kept).kill_exec, 1);
     for task in [on_kept, on_scratch] {
         assert!(matches!(
-            task.await.unwrap(),
+            join(task).await,
             Err(RegistryError::Interrupted {
                 op: Interruption::Delete,
                 ..
