@@ -122,23 +122,31 @@ async fn timeout_kills_the_tree_before_returning() {
 
 #[tokio::test(start_paused = true)]
 async fn cancellation_kills_the_tree_before_returning() {
-    let (backend, sandbox) = setup();
-    backend.script_exec(ExecScript::Hang);
-    let cancel = CancellationToken::new();
-    let started = Instant::now();
-    let task = tokio::spawn({
-        let (backend, sandbox, cancel) = (backend.clone(), sandbox.clone(), cancel.clone());
-        async move { run_once(&backend, &sandbox, 60, &cancel).await }
-    });
-    backend
-        .wait_until(|log| log.iter().any(|c| matches!(c, Call::ExecStart { .. })))
-        .await;
-    assert!(kills(&backend).is_empty());
-    cancel.cancel();
-    let (result, exec_id) = within(task).await.unwrap();
-    assert!(matches!(result, Err(ExecError::Cancelled)), "{result:?}");
-    assert_eq!(kills(&backend), vec![exec_id]);
-    assert!(started.elapsed() < Duration::from_secs(60));
+    // A backend that ignores the cancellation (only `run`'s own race sees it), and one that
+    // notices it too and stops (either side of the race may then win; both must kill).
+    let never = Arc::new(tokio::sync::Notify::new());
+    for script in [ExecScript::Gate(never), ExecScript::Hang] {
+        let (backend, sandbox) = setup();
+        backend.script_exec(script.clone());
+        let cancel = CancellationToken::new();
+        let started = Instant::now();
+        let task = tokio::spawn({
+            let (backend, sandbox, cancel) = (backend.clone(), sandbox.clone(), cancel.clone());
+            async move { run_once(&backend, &sandbox, 60, &cancel).await }
+        });
+        backend
+            .wait_until(|log| log.iter().any(|c| matches!(c, Call::ExecStart { .. })))
+            .await;
+        assert!(kills(&backend).is_empty());
+        cancel.cancel();
+        let (result, exec_id) = within(task).await.unwrap();
+        assert!(
+            matches!(result, Err(ExecError::Cancelled)),
+            "{script:?}: {result:?}"
+        );
+        assert_eq!(kills(&backend), vec![exec_id], "{script:?}");
+        assert!(started.elapsed() < Duration::from_secs(60));
+    }
 }
 
 #[tokio::test(start_paused = true)]
