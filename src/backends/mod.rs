@@ -10,6 +10,8 @@
 pub mod docker;
 #[cfg(feature = "e2b")]
 pub mod e2b;
+#[cfg(test)]
+pub mod fake;
 #[cfg(feature = "fly")]
 pub mod fly;
 pub mod labels;

@@ -186,3 +186,6 @@ pub async fn kill_tree(backend: &dyn Backend, sandbox: &SandboxRef, exec_id: &Ex
         Err(_) => warn!(computer_id = %sandbox.computer_id, "kill sweep did not finish in time"),
     }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,180 @@
+//! Acquiring a computer for a call (`lifecycle.md` §3): the session default, named and random
+//! ids, mode checks, and attach-or-create under the computer's lifecycle lock.
+
+use tracing::{info, instrument};
+
+use super::{Registry, RegistryError, Session, lock};
+use crate::backends::{CreateSpec, Progress, SandboxRef};
+use crate::ids::ComputerId;
+
+/// Random slugs drawn before giving up (`lifecycle.md` §1).
+const RANDOM_ID_TRIES: usize = 8;
+
+/// Where a computer id came from, which decides whether the provider must be asked for it.
+#[derive(Clone, Copy)]
+enum Origin {
+    /// Named by the caller (or remembered): it may exist provider-side; look it up.
+    Named,
+    /// Freshly drawn and just looked up as unused: go straight to create. A racing creator
+    /// still ends in an attach through the backend's name conflict handling.
+    CheckedFree,
+}
+
+impl Registry {
+    /// Resolves the target computer for a call and makes `session` one of its holders
+    /// (`lifecycle.md` §3). `computer_id: None` means the session default (created on first
+    /// use when `use_default` is set) or, for `computer_create`, a fresh random id.
+    #[instrument(skip_all, fields(computer_id))]
+    pub async fn acquire(
+        &self,
+        session: &Session,
+        computer_id: Option<ComputerId>,
+        temporary: bool,
+        use_default: bool,
+        progress: &dyn Progress,
+    ) -> Result<SandboxRef, RegistryError> {
+        if let Some(id) = computer_id {
+            tracing::Span::current().record("computer_id", id.as_str());
+            return self
+                .acquire_for(session, &id, temporary, Origin::Named, progress)
+                .await;
+        }
+        // Sessionless requests have no default: each omitted-id call gets a new computer.
+        if !use_default || session.lease_ttl.is_some() {
+            let id = self.unused_random_id().await?;
+            return self
+                .acquire_for(session, &id, temporary, Origin::Named, progress)
+                .await;
+        }
+        // Concurrent omitted-id calls of one session must create exactly one default.
+        let _assigning = session.default_lock.lock().await;
+        if let Some(id) = session.default_id() {
+            let recorded = session.owned_mode(&id).unwrap_or(temporary);
+            return self
+                .acquire_for(session, &id, recorded, Origin::Named, progress)
+                .await;
+        }
+        let id = self.unused_random_id().await?;
+        let sandbox = self
+            .acquire_for(session, &id, temporary, Origin::CheckedFree, progress)
+            .await?;
+        session.set_default(Some(id));
+        Ok(sandbox)
+    }
+
+    /// A random id checked free by one provider lookup; creating it needs no second one.
+    async fn unused_random_id(&self) -> Result<ComputerId, RegistryError> {
+        for _ in 0..RANDOM_ID_TRIES {
+            let id = ComputerId::random();
+            let known = self
+                .existing_slot(&id)
+                .is_some_and(|s| lock(&s.state).record.is_some());
+            if !known && self.backend.lookup(&id).await?.is_none() {
+                return Ok(id);
+            }
+        }
+        Err(RegistryError::NoFreeId)
+    }
+
+    async fn acquire_for(
+        &self,
+        session: &Session,
+        id: &ComputerId,
+        temporary: bool,
+        origin: Origin,
+        progress: &dyn Progress,
+    ) -> Result<SandboxRef, RegistryError> {
+        if let Some(recorded) = session.owned_mode(id) {
+            if recorded != temporary {
+                return Err(RegistryError::AlreadyAttached {
+                    id: id.clone(),
+                    temporary: recorded,
+                });
+            }
+            if let Some(sandbox) = self
+                .existing_slot(id)
+                .and_then(|s| lock(&s.state).record.clone())
+            {
+                return Ok(sandbox);
+            }
+            // The record went away (deleted elsewhere); fall through and attach or create anew.
+            session.forget(id);
+        }
+        let slot = self.slot(id);
+        let result = async {
+            let _lifecycle = slot.lifecycle.lock().await;
+            let existing = lock(&slot.state).record.clone();
+            let sandbox = match existing {
+                Some(sandbox) if sandbox.temporary != temporary => {
+                    return Err(RegistryError::ModeFixed {
+                        id: id.clone(),
+                        temporary: sandbox.temporary,
+                    });
+                }
+                Some(sandbox) => sandbox,
+                // Checked under the lifecycle lock, after the slot is in the map: the shutdown
+                // sweep sets `closing` before it lists the slots, so a creation is either
+                // refused here or seen (and waited for) by the sweep.
+                None if self.closing.load(std::sync::atomic::Ordering::SeqCst) => {
+                    return Err(RegistryError::ShuttingDown(id.clone()));
+                }
+                None => {
+                    self.attach_or_create(id, temporary, origin, progress)
+                        .await?
+                }
+            };
+            let mut state = lock(&slot.state);
+            state.record = Some(sandbox.clone());
+            if session.lease_ttl.is_none() {
+                state.owners.insert(session.id);
+            }
+            drop(state);
+            Self::renew_lease(&slot, session);
+            session.own(id.clone(), sandbox.temporary);
+            Ok(sandbox)
+        }
+        .await;
+        drop(slot);
+        if result.is_err() {
+            self.prune_slot(id);
+        }
+        result
+    }
+
+    async fn attach_or_create(
+        &self,
+        id: &ComputerId,
+        temporary: bool,
+        origin: Origin,
+        progress: &dyn Progress,
+    ) -> Result<SandboxRef, RegistryError> {
+        let found = match origin {
+            Origin::Named => self.backend.lookup(id).await?,
+            Origin::CheckedFree => None,
+        };
+        match found {
+            Some(found) if found.sandbox.temporary != temporary => {
+                Err(RegistryError::ModeConflict {
+                    id: id.clone(),
+                    actual: found.sandbox.temporary,
+                    requested: temporary,
+                })
+            }
+            Some(found) => {
+                info!(computer_id = %id, sandbox_id = %found.sandbox.sandbox_id, "attaching");
+                Ok(self.backend.ensure_running(&found.sandbox).await?)
+            }
+            None => {
+                let spec = CreateSpec {
+                    computer_id: id.clone(),
+                    temporary,
+                    image: None,
+                    instance: self.instance.clone(),
+                };
+                let sandbox = self.backend.create(&spec, progress).await?;
+                info!(computer_id = %id, sandbox_id = %sandbox.sandbox_id, temporary, "created");
+                Ok(sandbox)
+            }
+        }
+    }
+}

@@ -1,0 +1,94 @@
+//! One command on an acquired computer: the computer's FIFO exec lock, the in-flight handle
+//! lifecycle ops and shutdown interrupt, and the single restart of a stopped computer (D18).
+
+use tokio_util::sync::CancellationToken;
+
+use super::slots::InFlight;
+use super::{Executed, Registry, RegistryError, Session, lock};
+use crate::backends::{BackendError, Progress};
+use crate::exec::{self, ExecError, ExecRequest};
+use crate::ids::{ComputerId, ExecId};
+
+impl Registry {
+    /// Acquires the computer, then runs one command on it under the exec lock.
+    pub async fn execute(
+        &self,
+        session: &Session,
+        computer_id: Option<ComputerId>,
+        temporary: bool,
+        request: &ExecRequest,
+        progress: &dyn Progress,
+        cancel: &CancellationToken,
+    ) -> Result<Executed, RegistryError> {
+        let acquired = self
+            .acquire(session, computer_id, temporary, true, progress)
+            .await?;
+        let id = acquired.computer_id.clone();
+        let slot = self.slot(&id);
+        Self::renew_lease(&slot, session);
+        let _turn = slot.exec.lock().await;
+        let mut restarted_once = false;
+        loop {
+            let Some(sandbox) = lock(&slot.state).record.clone() else {
+                // Deleted while we waited for our turn.
+                return Err(RegistryError::Backend(BackendError::Vanished(id)));
+            };
+            let exec_cancel = cancel.child_token();
+            let exec_id = ExecId::random();
+            {
+                let mut state = lock(&slot.state);
+                state.in_flight = Some(InFlight {
+                    cancel: exec_cancel.clone(),
+                    exec_id: exec_id.clone(),
+                    sandbox: sandbox.clone(),
+                });
+                state.interrupted_by = None;
+            }
+            let result = exec::run(
+                self.backend.as_ref(),
+                &sandbox,
+                &self.shell,
+                request,
+                exec_id,
+                self.limits.output_limit,
+                &exec_cancel,
+            )
+            .await;
+            let interrupted_by = {
+                let mut state = lock(&slot.state);
+                state.in_flight = None;
+                state.interrupted_by.take()
+            };
+            Self::renew_lease(&slot, session);
+            return match result {
+                Ok(outcome) => Ok(Executed { sandbox, outcome }),
+                Err(ExecError::Cancelled) => match interrupted_by {
+                    Some(op) => Err(RegistryError::Interrupted { id, op }),
+                    None => Err(RegistryError::Cancelled),
+                },
+                Err(ExecError::Backend(BackendError::NotRunning(_))) if !restarted_once => {
+                    // D18: a stopped or died computer that still exists is started again.
+                    // No lifecycle lock here: we hold the exec lock, and the lock order is
+                    // lifecycle before exec. Starting a container is idempotent anyway.
+                    restarted_once = true;
+                    match self.backend.ensure_running(&sandbox).await {
+                        Ok(fresh) => {
+                            lock(&slot.state).record = Some(fresh);
+                            continue;
+                        }
+                        Err(BackendError::Vanished(_)) => {
+                            self.drop_everywhere(&id);
+                            Err(BackendError::Vanished(id).into())
+                        }
+                        Err(other) => Err(other.into()),
+                    }
+                }
+                Err(ExecError::Backend(BackendError::Vanished(_))) => {
+                    self.drop_everywhere(&id);
+                    Err(BackendError::Vanished(id).into())
+                }
+                Err(ExecError::Backend(error)) => Err(error.into()),
+            };
+        }
+    }
+}

@@ -1,0 +1,126 @@
+//! The lifecycle operations on one computer (`lifecycle.md` §5): list, restart, factory reset
+//! and delete, each run under the computer's lifecycle and exec locks after interrupting the
+//! exec in flight.
+
+use std::collections::HashSet;
+
+use super::{Interruption, Registry, RegistryError, lock};
+use crate::backends::{ComputerInfo, CreateSpec, Progress, SandboxRef};
+use crate::ids::ComputerId;
+
+/// The state listed for a record the provider did not return: a record exists only once its
+/// computer was created or found and started, and nothing records a later provider state.
+const RECORDED_STATE: &str = "running";
+
+impl Registry {
+    /// Provider inventory ∪ this process's records, provider entry winning, sorted by id
+    /// (`lifecycle.md` §5.5). A provider failure becomes a warning, not an error.
+    pub async fn list(&self) -> (Vec<ComputerInfo>, Option<String>) {
+        let (mut rows, warning) = match self.backend.list().await {
+            Ok(rows) => (rows, None),
+            Err(error) => (Vec::new(), Some(error.to_string())),
+        };
+        let listed: HashSet<ComputerId> =
+            rows.iter().map(|r| r.sandbox.computer_id.clone()).collect();
+        for slot in lock(&self.slots).values() {
+            let state = lock(&slot.state);
+            if let Some(record) = &state.record
+                && !listed.contains(&record.computer_id)
+            {
+                rows.push(ComputerInfo {
+                    sandbox: record.clone(),
+                    state: RECORDED_STATE.to_owned(),
+                    created_at: None,
+                });
+            }
+        }
+        rows.sort_by(|a, b| {
+            a.sandbox
+                .computer_id
+                .as_str()
+                .cmp(b.sandbox.computer_id.as_str())
+        });
+        (rows, warning)
+    }
+
+    /// The computer as this process or the provider knows it.
+    async fn find(&self, id: &ComputerId) -> Result<SandboxRef, RegistryError> {
+        if let Some(record) = self
+            .existing_slot(id)
+            .and_then(|s| lock(&s.state).record.clone())
+        {
+            return Ok(record);
+        }
+        match self.backend.lookup(id).await? {
+            Some(found) => Ok(found.sandbox),
+            None => Err(RegistryError::NotFound(id.clone())),
+        }
+    }
+
+    /// Runs a lifecycle op under the computer's locks after interrupting its exec in flight.
+    async fn with_lifecycle<T>(
+        &self,
+        id: &ComputerId,
+        op: Interruption,
+        work: impl AsyncFnOnce(SandboxRef) -> Result<(T, Option<SandboxRef>), RegistryError>,
+    ) -> Result<T, RegistryError> {
+        let slot = self.slot(id);
+        let result = async {
+            let _lifecycle = slot.lifecycle.lock().await;
+            Self::interrupt(&slot, op);
+            let _exec = slot.exec.lock().await;
+            let sandbox = self.find(id).await?;
+            let (value, replacement) = work(sandbox).await?;
+            let mut state = lock(&slot.state);
+            if state.record.is_some() {
+                state.record = replacement;
+            }
+            Ok(value)
+        }
+        .await;
+        drop(slot);
+        self.prune_slot(id);
+        result
+    }
+
+    pub async fn restart(
+        &self,
+        id: &ComputerId,
+    ) -> Result<crate::backends::Restarted, RegistryError> {
+        self.with_lifecycle(id, Interruption::Restart, async |sandbox| {
+            let restarted = self.backend.restart(&sandbox).await?;
+            let replacement = restarted.sandbox.clone();
+            Ok((restarted, Some(replacement)))
+        })
+        .await
+    }
+
+    pub async fn factory_reset(
+        &self,
+        id: &ComputerId,
+        progress: &dyn Progress,
+    ) -> Result<SandboxRef, RegistryError> {
+        self.with_lifecycle(id, Interruption::Reset, async |sandbox| {
+            self.backend.remove(&sandbox).await?;
+            let spec = CreateSpec {
+                computer_id: id.clone(),
+                temporary: sandbox.temporary,
+                image: Some(sandbox.image.clone()),
+                instance: self.instance.clone(),
+            };
+            let fresh = self.backend.create(&spec, progress).await?;
+            Ok((fresh.clone(), Some(fresh)))
+        })
+        .await
+    }
+
+    pub async fn delete(&self, id: &ComputerId) -> Result<(), RegistryError> {
+        self.with_lifecycle(id, Interruption::Delete, async |sandbox| {
+            self.backend.remove(&sandbox).await?;
+            Ok(((), None))
+        })
+        .await?;
+        self.drop_everywhere(id);
+        Ok(())
+    }
+}
