@@ -20,6 +20,7 @@ fn sources() -> Vec<(String, String)> {
     let mut files = Vec::new();
     rust_files(&root.join("src"), &mut files);
     rust_files(&root.join("helper/src"), &mut files);
+    rust_files(&root.join("fakes/modal/src"), &mut files);
     files.sort();
     files
         .into_iter()
@@ -89,8 +90,8 @@ const CONFINED: &[(&str, &[&str])] = &[
     ("subtle::", &["src/transport/"]),
     ("reqwest::", &["src/backends/fly/", "src/backends/e2b/"]),
     ("base64::", &["src/backends/e2b/"]),
-    ("tonic::", &["src/backends/modal/"]),
-    ("prost::", &["src/backends/modal/"]),
+    ("tonic::", &["src/backends/modal/", "fakes/modal/"]),
+    ("prost::", &["src/backends/modal/", "fakes/modal/"]),
     ("protox::", &["src/backends/modal/"]),
     ("toml::", &["src/backends/modal/"]),
     ("wasmtime", &["src/backends/wasm/"]),
