@@ -46,18 +46,19 @@ WORKDIR /src
 # Dependencies first, against placeholder sources, so that source edits reuse this layer.
 # The default features are every backend.
 # build.rs compiles the Modal .proto and the exec helper (a workspace member, std only), so
-# they come along with the manifests.
+# they come along with the manifests. The Modal test fake is a workspace member too: cargo needs
+# its manifest, but only the server package is built.
 COPY Cargo.toml Cargo.lock build.rs ./
 COPY src/backends/modal/modal_api.proto src/backends/modal/
 COPY helper ./helper
-RUN mkdir -p src/bin && echo 'fn main() {}' > src/main.rs && touch src/lib.rs \
-    && cp src/main.rs src/bin/fake_modal.rs \
-    && cargo build --release --locked \
+COPY fakes ./fakes
+RUN mkdir -p src && echo 'fn main() {}' > src/main.rs && touch src/lib.rs \
+    && cargo build --release --locked --package mcp-sandbox-computer-vm-for-ai \
     && rm -rf src target/release/.fingerprint/mcp-sandbox-computer-vm-for-ai-* \
         target/release/deps/mcp_sandbox_computer_vm_for_ai-* \
         target/release/deps/libmcp_sandbox_computer_vm_for_ai-*
 COPY src ./src
-RUN cargo build --release --locked \
+RUN cargo build --release --locked --package mcp-sandbox-computer-vm-for-ai \
     && install -m 0755 target/release/mcp-sandbox-computer-vm-for-ai /usr/local/bin/
 
 FROM runtime-base AS runtime

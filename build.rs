@@ -6,8 +6,8 @@
 //!   static C library installed), an empty file is embedded instead and the server runs every
 //!   command through plain Docker exec, saying why once at startup.
 //! * the Modal gRPC subset (`src/backends/modal/modal_api.proto`), compiled with protox, so no
-//!   system `protoc` is needed. Client and server stubs are both generated: the server half is
-//!   what the local fake of the tests implements.
+//!   system `protoc` is needed. Client stubs only: the local fake of the tests is its own crate
+//!   (`fakes/modal/`), whose build script generates the server half from the same file.
 //!
 //! Nothing generated is committed; it all lands in `OUT_DIR`.
 
@@ -128,9 +128,9 @@ fn modal() {
     };
     if let Err(error) = tonic_prost_build::configure()
         .build_client(true)
-        .build_server(true)
+        .build_server(false)
         .compile_fds(descriptors)
     {
-        panic!("cannot generate the Modal gRPC stubs: {error}");
+        panic!("cannot generate the Modal gRPC client stubs: {error}");
     }
 }

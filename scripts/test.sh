@@ -59,7 +59,7 @@ export KILNTAINERS_REQUIRE_ALL=1
 
 step "format and lints"
 cargo fmt --all -- --check
-cargo clippy --all-targets --all-features --locked -- -D warnings
+cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
 # Each backend feature on its own and none at all: what a user's `--features` choice builds
 # must build without warnings too (the library and binaries; the tests need every feature).
 for features in "" fly e2b modal wasm; do
@@ -70,12 +70,13 @@ shellcheck --severity=style scripts/*.sh .ci/run
 "$KILNTAINERS_TEST_VENV/bin/ruff" check --quiet tests bench
 
 step "build"
-# The tests' build, binaries included: one feature set (dev-dependencies add tokio's test
-# clock), so the dependencies compile once and the black-box steps run the same binary.
-cargo test --all-features --locked --no-run
+# Binaries (the server, the `fake-modal` test fake) and every test target in one invocation:
+# one feature set (dev-dependencies add tokio's test clock), so the dependencies compile once
+# and the tests below reuse all of it.
+cargo build --workspace --all-targets --all-features --locked
 
 step "rust tests"
-cargo test --all-features --locked
+cargo test --workspace --all-features --locked
 
 export KILNTAINERS_BIN="$PWD/target/debug/mcp-sandbox-computer-vm-for-ai"
 

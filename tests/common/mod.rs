@@ -1,5 +1,16 @@
 //! Shared helpers: start the built binary as an MCP server over stdio with the rmcp client,
-//! call `terminal_execute`, and remove any container a test made even when it fails.
+//! call `terminal_execute`, and remove any container a test made even when it fails. The
+//! submodules start the providers' local fakes (and the WASM module cache) and build backends
+//! pointed at them, for the provider suites and the backend contract suite alike.
+
+#[cfg(feature = "e2b")]
+pub mod e2b;
+#[cfg(feature = "fly")]
+pub mod fly;
+#[cfg(feature = "modal")]
+pub mod modal;
+#[cfg(feature = "wasm")]
+pub mod wasm;
 
 use std::process::Stdio;
 
@@ -9,6 +20,9 @@ use rmcp::transport::TokioChildProcess;
 use rmcp::{RoleClient, ServiceExt};
 use serde_json::{Map, Value};
 use tokio::process::Command;
+
+use mcp_sandbox_computer_vm_for_ai::backends::{CreateSpec, OutputSink, SinkControl, Stream};
+use mcp_sandbox_computer_vm_for_ai::ids::{ComputerId, InstanceId};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_mcp-sandbox-computer-vm-for-ai");
 
@@ -64,6 +78,38 @@ pub fn structured(result: &CallToolResult) -> Map<String, Value> {
 /// A unique computer id for this test run.
 pub fn unique_id(prefix: &str) -> String {
     format!("{prefix}-{:08x}", rand_u32())
+}
+
+/// A unique, valid computer id for this test run.
+pub fn computer(prefix: &str) -> ComputerId {
+    ComputerId::parse(&unique_id(prefix)).expect("computer id")
+}
+
+/// What `create` needs for one computer of `instance`.
+pub fn create_spec(id: &ComputerId, temporary: bool, instance: &InstanceId) -> CreateSpec {
+    CreateSpec {
+        computer_id: id.clone(),
+        temporary,
+        image: None,
+        instance: instance.clone(),
+    }
+}
+
+/// An [`OutputSink`] that keeps everything.
+#[derive(Default)]
+pub struct Collect {
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+}
+
+impl OutputSink for Collect {
+    fn push(&mut self, stream: Stream, bytes: &[u8]) -> SinkControl {
+        match stream {
+            Stream::Stdout => self.stdout.extend_from_slice(bytes),
+            Stream::Stderr => self.stderr.extend_from_slice(bytes),
+        }
+        SinkControl::Continue
+    }
 }
 
 fn rand_u32() -> u32 {

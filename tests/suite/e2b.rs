@@ -6,183 +6,23 @@
 //!
 //! The fake backs sandboxes with local Docker containers, so tests that create sandboxes need
 //! the test environment's engine and `sandbox-busybox:full` (`KILNTAINERS_IT_DOCKER=1`); the
-//! key and retry tests need only Python.
+//! key and retry tests need only Python. The fake and the backend pointed at it live in
+//! `common::e2b`; what every backend must do is in `suite::contract`.
 
 use std::collections::HashSet;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use clap::Parser;
-use serde_json::{Value, json};
+use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 use mcp_sandbox_computer_vm_for_ai::backends::{
-    self, Backend, CreateSpec, ExecEnd, ExecSpec, NoProgress, OutputSink, SandboxRef, SinkControl,
-    Stream,
+    Backend, ExecEnd, ExecSpec, NoProgress, SandboxRef,
 };
-use mcp_sandbox_computer_vm_for_ai::cli::Cli;
-use mcp_sandbox_computer_vm_for_ai::config::Config;
 use mcp_sandbox_computer_vm_for_ai::exec::{self, ExecOutcome, ExecRequest, Program};
 use mcp_sandbox_computer_vm_for_ai::ids::{ComputerId, ExecId, InstanceId};
 
-use crate::common::{enabled, unique_id};
-
-const KEY: &str = "e2b_test_key";
-
-/// The fake as a child process; closing its stdin makes it remove its containers and exit.
-struct Fake {
-    child: Child,
-    api: String,
-    envd: String,
-    dir: PathBuf,
-    http: reqwest::Client,
-}
-
-impl Fake {
-    fn start(args: &[&str]) -> Fake {
-        let dir = std::env::temp_dir().join(format!("fake-e2b-{}", unique_id("t")));
-        std::fs::create_dir_all(&dir).unwrap();
-        let port_file = dir.join("ports");
-        let python = std::env::var("KILNTAINERS_TEST_VENV")
-            .map(|venv| format!("{venv}/bin/python"))
-            .unwrap_or_else(|_| "python3".to_owned());
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/blackbox/fake_e2b.py");
-        let child = Command::new(python)
-            .arg(script)
-            .arg("--port-file")
-            .arg(&port_file)
-            .arg("--api-key")
-            .arg(KEY)
-            .args(args)
-            .stdin(Stdio::piped())
-            .spawn()
-            .expect("start the fake E2B API");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let ports: Value = loop {
-            if let Ok(text) = std::fs::read_to_string(&port_file) {
-                break serde_json::from_str(&text).unwrap();
-            }
-            assert!(Instant::now() < deadline, "the fake did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        Fake {
-            child,
-            api: format!("http://127.0.0.1:{}", ports["api"]),
-            envd: format!("http://127.0.0.1:{}", ports["envd"]),
-            dir,
-            http: reqwest::Client::new(),
-        }
-    }
-
-    async fn get(&self, path: &str) -> Value {
-        let text = self
-            .http
-            .get(format!("{}{path}", self.api))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        serde_json::from_str(&text).unwrap()
-    }
-
-    async fn control(&self, path: &str, body: Value) {
-        self.http
-            .post(format!("{}{path}", self.api))
-            .header("Content-Type", "application/json")
-            .body(body.to_string())
-            .send()
-            .await
-            .unwrap();
-    }
-
-    async fn requests_to(&self, method: &str, path: &str) -> Vec<Value> {
-        self.get("/_fake/requests")
-            .await
-            .as_array()
-            .cloned()
-            .unwrap()
-            .into_iter()
-            .filter(|r| r["method"] == method && r["path"] == path)
-            .collect()
-    }
-
-    async fn assert_no_violations(&self) {
-        assert_eq!(self.get("/_fake/violations").await, json!([]));
-    }
-
-    async fn sandboxes(&self) -> Vec<Value> {
-        self.get("/_fake/state").await["sandboxes"]
-            .as_array()
-            .cloned()
-            .unwrap()
-    }
-}
-
-impl Drop for Fake {
-    fn drop(&mut self) {
-        drop(self.child.stdin.take());
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                let _ = std::fs::remove_dir_all(&self.dir);
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-fn backend_with(fake: &Fake, key: Option<&str>, extra: &[&str]) -> Arc<dyn Backend> {
-    let mut args = vec![
-        "x",
-        "--backend",
-        "e2b",
-        "--e2b-api-url",
-        &fake.api,
-        "--e2b-envd-url",
-        &fake.envd,
-        "--shell",
-        "/bin/sh",
-    ];
-    args.extend_from_slice(extra);
-    let cli = Cli::try_parse_from(args).unwrap();
-    let mut config = Config::from_cli(&cli, None).unwrap();
-    // Never the developer's own E2B_API_KEY.
-    config.e2b.api_key = key.map(mcp_sandbox_computer_vm_for_ai::config::Secret::new);
-    backends::build(&config).unwrap()
-}
-
-fn spec(id: &ComputerId, temporary: bool, instance: &InstanceId) -> CreateSpec {
-    CreateSpec {
-        computer_id: id.clone(),
-        temporary,
-        image: None,
-        instance: instance.clone(),
-    }
-}
-
-#[derive(Default)]
-struct Collect {
-    stdout: Vec<u8>,
-    stderr: Vec<u8>,
-}
-
-impl OutputSink for Collect {
-    fn push(&mut self, stream: Stream, bytes: &[u8]) -> SinkControl {
-        match stream {
-            Stream::Stdout => self.stdout.extend_from_slice(bytes),
-            Stream::Stderr => self.stderr.extend_from_slice(bytes),
-        }
-        SinkControl::Continue
-    }
-}
+use crate::common::e2b::{Fake, KEY, backend_with};
+use crate::common::{Collect, computer, create_spec, enabled};
 
 async fn run(backend: &dyn Backend, sandbox: &SandboxRef, command: &str) -> (i64, String, String) {
     let spec = ExecSpec {
@@ -205,10 +45,6 @@ async fn run(backend: &dyn Backend, sandbox: &SandboxRef, command: &str) -> (i64
         String::from_utf8(sink.stdout).unwrap(),
         String::from_utf8(sink.stderr).unwrap(),
     )
-}
-
-fn computer(prefix: &str) -> ComputerId {
-    ComputerId::parse(&unique_id(prefix)).unwrap()
 }
 
 #[tokio::test]
@@ -277,11 +113,11 @@ async fn contract_create_exec_list_remove_against_fake() {
     let other = computer("e2b-d");
     let instance = InstanceId::random();
     let sandbox = backend
-        .create(&spec(&id, true, &instance), &NoProgress)
+        .create(&create_spec(&id, true, &instance), &NoProgress)
         .await
         .unwrap();
     let second = backend
-        .create(&spec(&other, false, &instance), &NoProgress)
+        .create(&create_spec(&other, false, &instance), &NoProgress)
         .await
         .unwrap();
     let created = fake.requests_to("POST", "/sandboxes").await;
@@ -367,7 +203,7 @@ async fn contract_timeout_kills_through_send_signal_against_fake() {
     let backend = backend_with(&fake, Some(KEY), &[]);
     let id = computer("e2b-t");
     let sandbox = backend
-        .create(&spec(&id, true, &InstanceId::random()), &NoProgress)
+        .create(&create_spec(&id, true, &InstanceId::random()), &NoProgress)
         .await
         .unwrap();
     let request = |command: &str, timeout_secs| ExecRequest {
@@ -468,15 +304,15 @@ async fn contract_restart_and_crash_gc_against_fake() {
     let kept = computer("e2b-k");
     let permanent = computer("e2b-m");
     backend
-        .create(&spec(&orphan, true, &dead), &NoProgress)
+        .create(&create_spec(&orphan, true, &dead), &NoProgress)
         .await
         .unwrap();
     backend
-        .create(&spec(&kept, true, &alive), &NoProgress)
+        .create(&create_spec(&kept, true, &alive), &NoProgress)
         .await
         .unwrap();
     let perm = backend
-        .create(&spec(&permanent, false, &dead), &NoProgress)
+        .create(&create_spec(&permanent, false, &dead), &NoProgress)
         .await
         .unwrap();
 

@@ -5,223 +5,24 @@
 //!
 //! The fake backs Machines with local Docker containers, so tests that create Machines need
 //! the test environment's engine and `sandbox-busybox:full` (`KILNTAINERS_IT_DOCKER=1`); the
-//! auth, app and retry tests need only Python.
+//! auth, app and retry tests need only Python. The fake and the backend pointed at it live in
+//! `common::fly`; what every backend must do (exec, timeout, output limit, restart, orphans) is
+//! in `suite::contract`.
 
 use std::collections::HashSet;
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
 
-use clap::Parser;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use mcp_sandbox_computer_vm_for_ai::backends::{
-    self, Backend, BackendError, CreateSpec, ExecEnd, ExecSpec, NoProgress, OutputSink, SandboxRef,
-    SinkControl, Stream,
+    self, Backend, BackendError, ExecEnd, ExecSpec, NoProgress, SandboxRef,
 };
-use mcp_sandbox_computer_vm_for_ai::cli::Cli;
-use mcp_sandbox_computer_vm_for_ai::config::Config;
-use mcp_sandbox_computer_vm_for_ai::config::Secret;
-use mcp_sandbox_computer_vm_for_ai::config::fly::TokenSources;
-use mcp_sandbox_computer_vm_for_ai::exec::{self, ExecOutcome, ExecRequest, Program};
 use mcp_sandbox_computer_vm_for_ai::ids::{ComputerId, ExecId, InstanceId};
 
-use crate::common::{enabled, unique_id};
+use crate::common::fly::{Fake, TOKEN, backend, backend_with};
+use crate::common::{Collect, computer, create_spec, enabled};
 
-const TOKEN: &str = "test-token";
 const NO_TOKEN: &str = "No Fly API token found (checked --fly-token, FLY_API_TOKEN, FLY_TOKEN, FLY_ACCESS_TOKEN and ~/.fly/config.yml). Install flyctl (https://fly.io/docs/flyctl/install/) and run 'fly auth login' once, or set FLY_API_TOKEN (for example to the output of 'fly tokens create org'), then restart your MCP client.";
-
-/// The fake as a child process; closing its stdin makes it remove its containers and exit.
-struct Fake {
-    child: Child,
-    url: String,
-    dir: PathBuf,
-    http: reqwest::Client,
-}
-
-impl Fake {
-    fn start(args: &[&str]) -> Fake {
-        let dir = std::env::temp_dir().join(format!("fake-fly-{}", unique_id("t")));
-        std::fs::create_dir_all(&dir).unwrap();
-        let port_file = dir.join("port");
-        let python = std::env::var("KILNTAINERS_TEST_VENV")
-            .map(|venv| format!("{venv}/bin/python"))
-            .unwrap_or_else(|_| "python3".to_owned());
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/blackbox/fake_fly.py");
-        let child = Command::new(python)
-            .arg(script)
-            .arg("--port-file")
-            .arg(&port_file)
-            .args(args)
-            .stdin(Stdio::piped())
-            .spawn()
-            .expect("start the fake Fly API");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let port = loop {
-            if let Ok(port) = std::fs::read_to_string(&port_file) {
-                break port;
-            }
-            assert!(Instant::now() < deadline, "the fake did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        Fake {
-            child,
-            url: format!("http://127.0.0.1:{}", port.trim()),
-            dir,
-            http: reqwest::Client::new(),
-        }
-    }
-
-    /// A fake that accepts `Bearer test-token` and already has app `demo`.
-    fn with_demo() -> Fake {
-        Fake::start(&["--token", &format!("Bearer {TOKEN}"), "--app", "demo"])
-    }
-
-    async fn get(&self, path: &str) -> Value {
-        let text = self
-            .http
-            .get(format!("{}{path}", self.url))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        serde_json::from_str(&text).unwrap()
-    }
-
-    async fn post(&self, path: &str, body: Value, auth: bool) -> Value {
-        let mut request = self
-            .http
-            .post(format!("{}{path}", self.url))
-            .header("Content-Type", "application/json")
-            .body(body.to_string());
-        if auth {
-            request = request.header("Authorization", format!("Bearer {TOKEN}"));
-        }
-        let text = request.send().await.unwrap().text().await.unwrap();
-        serde_json::from_str(&text).unwrap_or(Value::Null)
-    }
-
-    async fn requests(&self) -> Vec<Value> {
-        self.get("/_fake/requests")
-            .await
-            .as_array()
-            .cloned()
-            .unwrap()
-    }
-
-    /// Requests whose method matches and whose path matches the regex-free `prefix`.
-    async fn requests_to(&self, method: &str, path: &str) -> Vec<Value> {
-        self.requests()
-            .await
-            .into_iter()
-            .filter(|r| r["method"] == method && r["path"] == path)
-            .collect()
-    }
-
-    async fn inject(&self, method: &str, path: &str, status: u16, times: u32, headers: Value) {
-        self.post(
-            "/_fake/inject",
-            json!({"method": method, "path": path, "status": status, "times": times, "headers": headers}),
-            false,
-        )
-        .await;
-    }
-
-    async fn assert_no_violations(&self) {
-        assert_eq!(self.get("/_fake/violations").await, json!([]));
-    }
-
-    async fn machines(&self) -> Vec<Value> {
-        self.get("/_fake/state").await["machines"]
-            .as_array()
-            .cloned()
-            .unwrap()
-    }
-}
-
-impl Drop for Fake {
-    fn drop(&mut self) {
-        drop(self.child.stdin.take());
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                let _ = std::fs::remove_dir_all(&self.dir);
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
-/// A Fly backend pointed at the fake, with no token source but the one given and its own
-/// state file (never the developer's real `~/.fly` or `fly.json`).
-fn backend_with(
-    fake: &Fake,
-    app: Option<&str>,
-    token: Option<&str>,
-    extra: &[&str],
-) -> Arc<dyn Backend> {
-    let mut args = vec![
-        "x",
-        "--backend",
-        "fly",
-        "--fly-api-url",
-        &fake.url,
-        "--fly-graphql-url",
-        &fake.url,
-        "--fly-image",
-        "sandbox-busybox:full",
-        "--shell",
-        "/bin/sh",
-    ];
-    args.extend_from_slice(extra);
-    let cli = Cli::try_parse_from(args).unwrap();
-    let mut config = Config::from_cli(&cli, None).unwrap();
-    config.fly.app = app.map(str::to_owned);
-    config.fly.tokens = TokenSources {
-        flag: token.map(Secret::new),
-        env: Vec::new(),
-        config_file: None,
-    };
-    config.fly.state_file = Some(fake.dir.join("fly.json"));
-    backends::build(&config).unwrap()
-}
-
-fn backend(fake: &Fake) -> Arc<dyn Backend> {
-    backend_with(fake, Some("demo"), Some(TOKEN), &[])
-}
-
-fn spec(id: &ComputerId, temporary: bool, instance: &InstanceId) -> CreateSpec {
-    CreateSpec {
-        computer_id: id.clone(),
-        temporary,
-        image: None,
-        instance: instance.clone(),
-    }
-}
-
-#[derive(Default)]
-struct Collect {
-    stdout: Vec<u8>,
-    stderr: Vec<u8>,
-}
-
-impl OutputSink for Collect {
-    fn push(&mut self, stream: Stream, bytes: &[u8]) -> SinkControl {
-        match stream {
-            Stream::Stdout => self.stdout.extend_from_slice(bytes),
-            Stream::Stderr => self.stderr.extend_from_slice(bytes),
-        }
-        SinkControl::Continue
-    }
-}
 
 async fn run(backend: &dyn Backend, sandbox: &SandboxRef, command: &str) -> (i64, String, String) {
     let spec = ExecSpec {
@@ -244,10 +45,6 @@ async fn run(backend: &dyn Backend, sandbox: &SandboxRef, command: &str) -> (i64
         String::from_utf8(sink.stdout).unwrap(),
         String::from_utf8(sink.stderr).unwrap(),
     )
-}
-
-fn computer(prefix: &str) -> ComputerId {
-    ComputerId::parse(&unique_id(prefix)).unwrap()
 }
 
 #[tokio::test]
@@ -404,7 +201,7 @@ async fn contract_machine_create_exec_list_destroy_against_fake() {
         .unwrap()
         .as_secs();
     let sandbox = backend
-        .create(&spec(&id, true, &instance), &NoProgress)
+        .create(&create_spec(&id, true, &instance), &NoProgress)
         .await
         .unwrap();
 
@@ -543,7 +340,7 @@ async fn contract_permanent_machine_survives_restart_and_stop_against_fake() {
     );
     let id = computer("fly-p");
     let sandbox = backend
-        .create(&spec(&id, false, &InstanceId::random()), &NoProgress)
+        .create(&create_spec(&id, false, &InstanceId::random()), &NoProgress)
         .await
         .unwrap();
     let body = &fake.requests_to("POST", "/v1/apps/demo/machines").await[0]["body"];
@@ -636,7 +433,7 @@ async fn contract_machine_that_never_starts_is_destroyed_against_fake() {
     fake.post("/_fake/stuck", json!({"name": id.as_str()}), false)
         .await;
     let error = backend
-        .create(&spec(&id, false, &InstanceId::random()), &NoProgress)
+        .create(&create_spec(&id, false, &InstanceId::random()), &NoProgress)
         .await
         .unwrap_err();
     assert_eq!(
@@ -659,82 +456,16 @@ async fn contract_machine_that_never_starts_is_destroyed_against_fake() {
     // Creating over an existing computer is refused.
     let id2 = computer("fly-e");
     let sandbox = backend
-        .create(&spec(&id2, true, &InstanceId::random()), &NoProgress)
+        .create(&create_spec(&id2, true, &InstanceId::random()), &NoProgress)
         .await
         .unwrap();
     let error = backend
-        .create(&spec(&id2, true, &InstanceId::random()), &NoProgress)
+        .create(&create_spec(&id2, true, &InstanceId::random()), &NoProgress)
         .await
         .unwrap_err();
     assert_eq!(
         error.to_string(),
         format!("Computer '{id2}' already exists in Fly.")
-    );
-    backend.remove(&sandbox).await.unwrap();
-    fake.assert_no_violations().await;
-}
-
-#[tokio::test]
-async fn contract_exec_timeout_and_output_limit_against_fake() {
-    if !enabled("KILNTAINERS_IT_DOCKER") {
-        return;
-    }
-    let fake = Fake::with_demo();
-    let backend = backend(&fake);
-    let id = computer("fly-t");
-    let sandbox = backend
-        .create(&spec(&id, true, &InstanceId::random()), &NoProgress)
-        .await
-        .unwrap();
-    let request = |command: &str, timeout_secs| ExecRequest {
-        program: Program::Shell(command.to_owned()),
-        stdin: None,
-        working_dir: None,
-        timeout_secs,
-    };
-    let cancel = CancellationToken::new();
-    let outcome = exec::run(
-        backend.as_ref(),
-        &sandbox,
-        "/bin/sh",
-        &request("sleep 97 & sleep 98; echo never", 2),
-        ExecId::random(),
-        1_000_000,
-        &cancel,
-    )
-    .await
-    .unwrap();
-    assert!(
-        matches!(
-            outcome,
-            ExecOutcome::TimedOut {
-                timeout_secs: 2,
-                ..
-            }
-        ),
-        "{outcome:?}"
-    );
-    // The kill sweep ran as a second exec and took the background job too.
-    let (_, ps, _) = run(backend.as_ref(), &sandbox, "ps -o args || ps").await;
-    assert!(!ps.contains("sleep 97") && !ps.contains("sleep 98"), "{ps}");
-
-    let outcome = exec::run(
-        backend.as_ref(),
-        &sandbox,
-        "/bin/sh",
-        &request("head -c 300000 /dev/zero | tr '\\0' x", 60),
-        ExecId::random(),
-        1000,
-        &cancel,
-    )
-    .await
-    .unwrap();
-    assert!(
-        matches!(
-            outcome,
-            ExecOutcome::OutputLimitExceeded { limit: 1000, .. }
-        ),
-        "{outcome:?}"
     );
     backend.remove(&sandbox).await.unwrap();
     fake.assert_no_violations().await;
@@ -753,15 +484,15 @@ async fn contract_crash_gc_by_instance_and_lease_against_fake() {
     let kept = computer("fly-k");
     let permanent = computer("fly-m");
     creator
-        .create(&spec(&orphan, true, &dead), &NoProgress)
+        .create(&create_spec(&orphan, true, &dead), &NoProgress)
         .await
         .unwrap();
     creator
-        .create(&spec(&kept, true, &alive), &NoProgress)
+        .create(&create_spec(&kept, true, &alive), &NoProgress)
         .await
         .unwrap();
     creator
-        .create(&spec(&permanent, false, &dead), &NoProgress)
+        .create(&create_spec(&permanent, false, &dead), &NoProgress)
         .await
         .unwrap();
     // A Machine of an instance we know nothing about whose lease ran out long ago.
@@ -838,7 +569,7 @@ async fn contract_apps_with_secrets_or_the_controllers_app_are_refused_against_f
     assert_eq!(armed.validate().await.unwrap_err().to_string(), refusal);
     let id = computer("armed");
     let created = armed
-        .create(&spec(&id, true, &InstanceId::random()), &NoProgress)
+        .create(&create_spec(&id, true, &InstanceId::random()), &NoProgress)
         .await;
     assert_eq!(created.unwrap_err().to_string(), refusal);
     assert!(

@@ -1,7 +1,10 @@
 //! Integration suites: `tidy` keeps the code map honest; `stdio` drives the real binary with
 //! the Rust MCP client against a real Docker engine; `engines` does the same on Podman and on
-//! gVisor; `exec_helper` drives the resident exec helper through the `Backend` trait.
+//! gVisor; `exec_helper` drives the resident exec helper through the `Backend` trait;
+//! `contract` runs the same backend behaviours on every backend; `fly`, `e2b`, `modal` and `wasm`
+//! pin what is particular to one provider.
 
+mod contract;
 #[cfg(feature = "e2b")]
 mod e2b;
 mod engines;
@@ -9,7 +12,7 @@ mod exec_helper;
 #[cfg(feature = "fly")]
 mod fly;
 mod http;
-#[cfg(feature = "modal-fake")]
+#[cfg(feature = "modal")]
 mod modal;
 mod stdio;
 mod tidy;

@@ -1,81 +1,32 @@
-//! Contract tests of the Modal backend against the in-process fake gRPC server
-//! (`backends::modal::fake`, built from the same `modal_api.proto`). They pin the requests we
+//! Contract tests of the Modal backend against the in-process fake gRPC server (the
+//! `fake-modal` workspace crate, `fakes/modal/`, built from the same `modal_api.proto`). They pin the requests we
 //! send (fields and `x-modal-*` metadata, checked strictly) and how we handle answers, streaming
 //! exec output included; they cannot show that Modal's real service behaves like our reading of
 //! its API (`testing.md` §7), hence the names.
 //!
 //! The fake backs sandboxes with local Docker containers of `sandbox-busybox:full`, so tests that
 //! create sandboxes need the test environment's engine (`KILNTAINERS_IT_DOCKER=1`); the
-//! credential and header tests need nothing.
+//! credential and header tests need nothing. Starting the fake and pointing a backend at it live
+//! in `common::modal`; what every backend must do (crash GC included) is in `suite::contract`.
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
 use tokio_util::sync::CancellationToken;
 
-use mcp_sandbox_computer_vm_for_ai::backends::modal::fake::{FakeConfig, FakeModal, Req, pb};
+use fake_modal::{FakeModal, Req, pb};
 use mcp_sandbox_computer_vm_for_ai::backends::{
-    self, Backend, BackendError, CreateSpec, NoProgress, SandboxRef,
+    self, Backend, BackendError, NoProgress, SandboxRef,
 };
 use mcp_sandbox_computer_vm_for_ai::cli::Cli;
 use mcp_sandbox_computer_vm_for_ai::config::Config;
-use mcp_sandbox_computer_vm_for_ai::config::Secret;
 use mcp_sandbox_computer_vm_for_ai::exec::{self, ExecOutcome, ExecRequest, Program};
-use mcp_sandbox_computer_vm_for_ai::ids::{ComputerId, ExecId, InstanceId};
+use mcp_sandbox_computer_vm_for_ai::ids::{ExecId, InstanceId};
 
-use crate::common::{enabled, unique_id};
-
-/// A Modal backend pointed at the fake with the given token pair and no config file (never
-/// the developer's real `~/.modal.toml`).
-fn backend_with(fake: &FakeModal, secret: Option<&str>, extra: &[&str]) -> Arc<dyn Backend> {
-    let mut args = vec!["x", "--backend", "modal", "--shell", "/bin/sh"];
-    if !extra.contains(&"--image") {
-        args.extend(["--image", "sandbox-busybox:full"]);
-    }
-    args.extend_from_slice(extra);
-    let cli = Cli::try_parse_from(args).unwrap();
-    let mut config = Config::from_cli(&cli, None).unwrap();
-    config.modal.tokens.flag_id = Some(Secret::new(fake.config().token_id.clone()));
-    config.modal.tokens.flag_secret = secret.map(Secret::new);
-    config.modal.tokens.env_id = None;
-    config.modal.tokens.env_secret = None;
-    config.modal.config_file = Some(PathBuf::from("/nonexistent/modal.toml"));
-    config.modal.profile = None;
-    config.modal.server_url_env = Some(fake.url());
-    config.modal.environment_env = None;
-    config.modal.image_builder_version_env = None;
-    backends::build(&config).unwrap()
-}
-
-fn modal(fake: &FakeModal, extra: &[&str]) -> Arc<dyn Backend> {
-    let secret = fake.config().token_secret.clone();
-    backend_with(fake, Some(&secret), extra)
-}
-
-fn computer(prefix: &str) -> ComputerId {
-    ComputerId::parse(&unique_id(prefix)).unwrap()
-}
-
-fn spec(id: &ComputerId, temporary: bool, instance: &InstanceId) -> CreateSpec {
-    CreateSpec {
-        computer_id: id.clone(),
-        temporary,
-        image: None,
-        instance: instance.clone(),
-    }
-}
-
-async fn fake() -> FakeModal {
-    FakeModal::start(FakeConfig {
-        page_size: 1,
-        ..FakeConfig::default()
-    })
-    .await
-    .unwrap()
-}
+use crate::common::modal::{backend_with, fake, modal};
+use crate::common::{computer, create_spec, enabled};
 
 fn requests(fake: &FakeModal) -> Vec<Req> {
     fake.log().into_iter().map(|c| c.request).collect()
@@ -242,7 +193,7 @@ async fn contract_create_exec_rediscover_and_terminate_against_fake() {
     let backend = modal(&fake, &flags);
     let id = computer("modal-perm");
     let sandbox = backend
-        .create(&spec(&id, false, &InstanceId::random()), &NoProgress)
+        .create(&create_spec(&id, false, &InstanceId::random()), &NoProgress)
         .await
         .unwrap();
     assert!(!sandbox.temporary);
@@ -407,7 +358,10 @@ async fn contract_create_exec_rediscover_and_terminate_against_fake() {
     let other = modal(&fake, &flags);
     let second = computer("modal-other");
     let other_sandbox = other
-        .create(&spec(&second, true, &InstanceId::random()), &NoProgress)
+        .create(
+            &create_spec(&second, true, &InstanceId::random()),
+            &NoProgress,
+        )
         .await
         .unwrap();
     let found = other.lookup(&id).await.unwrap().unwrap();
@@ -461,7 +415,7 @@ async fn contract_create_exec_rediscover_and_terminate_against_fake() {
 
     // A duplicate name is refused by the provider (two servers racing for one id).
     let error = other
-        .create(&spec(&id, false, &InstanceId::random()), &NoProgress)
+        .create(&create_spec(&id, false, &InstanceId::random()), &NoProgress)
         .await
         .unwrap_err();
     assert!(error.to_string().contains("already exists"), "{error}");
@@ -500,7 +454,7 @@ async fn contract_output_limit_timeout_and_kill_sweep_against_fake() {
     let backend = modal(&fake, &[]);
     let id = computer("modal-limits");
     let sandbox = backend
-        .create(&spec(&id, true, &InstanceId::random()), &NoProgress)
+        .create(&create_spec(&id, true, &InstanceId::random()), &NoProgress)
         .await
         .unwrap();
 
@@ -586,7 +540,7 @@ async fn contract_image_not_found_and_lifetime_expiry_against_fake() {
     let missing = modal(&fake, &["--image", "no-such-image:nope"]);
     let error = missing
         .create(
-            &spec(&computer("modal-noimg"), true, &InstanceId::random()),
+            &create_spec(&computer("modal-noimg"), true, &InstanceId::random()),
             &NoProgress,
         )
         .await
@@ -600,7 +554,7 @@ async fn contract_image_not_found_and_lifetime_expiry_against_fake() {
     let short = modal(&fake, &["--sandbox-timeout", "3"]);
     let sandbox = short
         .create(
-            &spec(&computer("modal-expire"), true, &InstanceId::random()),
+            &create_spec(&computer("modal-expire"), true, &InstanceId::random()),
             &NoProgress,
         )
         .await
@@ -635,38 +589,4 @@ async fn contract_image_not_found_and_lifetime_expiry_against_fake() {
         error.to_string(),
         format!("Sandbox {} lifetime timeout expired", sandbox.sandbox_id)
     );
-}
-
-#[tokio::test]
-async fn contract_crash_gc_terminates_only_dead_instances_against_fake() {
-    if !enabled("KILNTAINERS_IT_DOCKER") {
-        return;
-    }
-    let fake = fake().await;
-    let backend = modal(&fake, &[]);
-    let (dead, alive) = (InstanceId::random(), InstanceId::random());
-    let orphan = computer("modal-orphan");
-    let kept = computer("modal-kept");
-    let permanent = computer("modal-permanent");
-    backend
-        .create(&spec(&orphan, true, &dead), &NoProgress)
-        .await
-        .unwrap();
-    let kept_sandbox = backend
-        .create(&spec(&kept, true, &alive), &NoProgress)
-        .await
-        .unwrap();
-    let permanent_sandbox = backend
-        .create(&spec(&permanent, false, &dead), &NoProgress)
-        .await
-        .unwrap();
-    let removed = backend
-        .collect_orphans(&HashSet::from([dead]))
-        .await
-        .unwrap();
-    assert_eq!(removed, std::slice::from_ref(&orphan));
-    assert!(backend.lookup(&orphan).await.unwrap().is_none());
-    assert!(backend.lookup(&kept).await.unwrap().is_some());
-    backend.remove(&kept_sandbox).await.unwrap();
-    backend.remove(&permanent_sandbox).await.unwrap();
 }

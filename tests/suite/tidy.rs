@@ -21,6 +21,7 @@ fn sources() -> Vec<(String, String)> {
     let mut files = Vec::new();
     rust_files(&root.join("src"), &mut files);
     rust_files(&root.join("helper/src"), &mut files);
+    rust_files(&root.join("fakes/modal/src"), &mut files);
     files.sort();
     files
         .into_iter()
@@ -192,8 +193,8 @@ const CONFINED: &[(&str, &[&str])] = &[
     ),
     ("percent_encoding::", &["src/backends/rest.rs"]),
     ("base64::", &["src/backends/e2b/"]),
-    ("tonic::", &["src/backends/modal/"]),
-    ("prost::", &["src/backends/modal/"]),
+    ("tonic::", &["src/backends/modal/", "fakes/modal/"]),
+    ("prost::", &["src/backends/modal/", "fakes/modal/"]),
     ("protox::", &["src/backends/modal/"]),
     ("toml::", &["src/backends/modal/"]),
     ("wasmtime", &["src/backends/wasm/"]),

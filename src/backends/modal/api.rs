@@ -22,7 +22,7 @@ use tonic::{Code, Request, Status, Streaming};
 
 use super::auth::Credentials;
 
-/// The generated messages and stubs (client and server) of `modal_api.proto`.
+/// The generated messages and client stubs of `modal_api.proto`.
 #[allow(
     clippy::all,
     clippy::pedantic,

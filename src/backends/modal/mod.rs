@@ -6,13 +6,11 @@
 //! sandbox lives at most `--sandbox-timeout` seconds.
 //!
 //! Split: [`auth`] (credentials, endpoint), [`api`] (the only code that knows Modal's wire API),
-//! [`exec`] (commands). `fake` (feature `modal-fake`) is a local stand-in server for the tests.
+//! [`exec`] (commands). The local stand-in server of the tests is its own crate, `fakes/modal/`.
 
 mod api;
 mod auth;
 mod exec;
-#[cfg(feature = "modal-fake")]
-pub mod fake;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};

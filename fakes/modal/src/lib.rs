@@ -1,6 +1,7 @@
-//! A local fake of the Modal gRPC subset we use (cargo feature `modal-fake`; tests only), built
-//! from the same `modal_api.proto` as the client. It is *our reading* of Modal's API, so it
-//! catches regressions in our requests and our handling of answers, never a misreading of Modal.
+//! A local fake of the Modal gRPC subset the server uses (a test-only workspace crate, never a
+//! dependency of the shipped binary), built from the same `src/backends/modal/modal_api.proto` as
+//! the client. It is *our reading* of Modal's API, so it catches regressions in our requests and
+//! our handling of answers, never a misreading of Modal.
 //!
 //! Strict by design: every call must carry the libmodal metadata (client type 9, version
 //! 1.0.0, the expected token pair, a libmodal version) and, except `AuthTokenGet`, the auth token
@@ -24,7 +25,18 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 
-pub use super::api::pb;
+/// The messages and server stubs generated from the server's `modal_api.proto` (`build.rs`).
+#[allow(
+    clippy::all,
+    clippy::pedantic,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    missing_docs
+)]
+pub mod pb {
+    tonic::include_proto!("modal.client");
+}
+
 use pb::modal_client_server::{ModalClient, ModalClientServer};
 
 /// The metadata keys the fake records (all of Modal's client headers).

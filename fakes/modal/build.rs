@@ -1,0 +1,19 @@
+//! Compiles the server's Modal gRPC subset (`src/backends/modal/modal_api.proto`, the one file
+//! both sides are built from) with protox, so no system `protoc` is needed, and generates the
+//! server stubs the fake implements. Nothing generated is committed; it lands in `OUT_DIR`.
+
+fn main() {
+    const PROTO: &str = "../../src/backends/modal/modal_api.proto";
+    println!("cargo:rerun-if-changed={PROTO}");
+    let descriptors = match protox::compile([PROTO], ["../../src/backends/modal"]) {
+        Ok(descriptors) => descriptors,
+        Err(error) => panic!("cannot compile {PROTO}: {error}"),
+    };
+    if let Err(error) = tonic_prost_build::configure()
+        .build_client(false)
+        .build_server(true)
+        .compile_fds(descriptors)
+    {
+        panic!("cannot generate the Modal gRPC server stubs: {error}");
+    }
+}

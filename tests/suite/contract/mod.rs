@@ -1,0 +1,521 @@
+//! The backend contract: every behaviour the registry and `exec` rely on, written once over
+//! `Arc<dyn Backend>` and run for every backend (after ripgrep's `rgtest!`, which runs each test
+//! on both regex engines). One file per backend builds a [`Harness`] and instantiates the cases
+//! with [`contract_tests!`], so a test reports its backend, e.g.
+//! `contract::docker::exec_stdin_exit_code_and_workdir`.
+//!
+//! Docker, Podman and WASM run for real. Fly, E2B and Modal run against the local fakes of their
+//! APIs (`common::{fly, e2b, modal}`), whose computers are local containers; their test names
+//! end in `_against_fake`, because passing shows that our client drives our reading of the
+//! provider's API correctly, never that the real service behaves that way.
+//!
+//! Where a backend truly differs, the case says so through [`Differences`] and checks the
+//! documented behaviour instead: WASM has no process tree (a command is one guest instance
+//! inside the server), and Modal cannot stop a sandbox, so restart recreates it and reports
+//! `state_preserved: false`. Commands go through `exec::run`, the call `terminal_execute`
+//! makes, so timeouts and the output limit take the registry's kill path.
+
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tokio_util::sync::CancellationToken;
+
+use mcp_sandbox_computer_vm_for_ai::backends::{Backend, NoProgress, SandboxRef};
+use mcp_sandbox_computer_vm_for_ai::exec::{self, ExecOutcome, ExecRequest, Program};
+use mcp_sandbox_computer_vm_for_ai::ids::{ComputerId, ExecId, InstanceId};
+
+use crate::common::{ContainerGuard, computer, create_spec};
+
+/// Instantiates every case for one backend. The invoking module defines
+/// `async fn harness() -> Option<Harness>` (`None`: the environment does not provide the
+/// backend, already reported by `common::enabled`). `real` keeps the case names; `fake` adds
+/// `_against_fake`.
+macro_rules! contract_tests {
+    ($kind:ident) => {
+        contract_tests!(@each $kind;
+            create_then_lookup_finds_it, create_then_lookup_finds_it_against_fake;
+            exec_stdin_exit_code_and_workdir, exec_stdin_exit_code_and_workdir_against_fake;
+            timeout_kills_the_process_tree, timeout_kills_the_process_tree_against_fake;
+            output_limit_stops_the_command, output_limit_stops_the_command_against_fake;
+            restart_reports_whether_files_survive, restart_reports_whether_files_survive_against_fake;
+            remove_then_lookup_finds_nothing, remove_then_lookup_finds_nothing_against_fake;
+            collect_orphans_takes_only_temporaries_of_dead_instances,
+                collect_orphans_takes_only_temporaries_of_dead_instances_against_fake;
+        );
+    };
+    (@each real; $($case:ident, $fake:ident;)*) => {
+        $(
+            #[tokio::test]
+            async fn $case() {
+                if let Some(harness) = harness().await {
+                    super::$case(harness).await;
+                }
+            }
+        )*
+    };
+    (@each fake; $($case:ident, $fake:ident;)*) => {
+        $(
+            #[tokio::test]
+            async fn $fake() {
+                if let Some(harness) = harness().await {
+                    super::$case(harness).await;
+                }
+            }
+        )*
+    };
+}
+
+mod docker;
+#[cfg(feature = "e2b")]
+mod e2b;
+#[cfg(feature = "fly")]
+mod fly;
+#[cfg(feature = "modal")]
+mod modal;
+mod podman;
+#[cfg(feature = "wasm")]
+mod wasm;
+
+/// The output limit, configured on every backend (`OUTPUT_LIMIT_FLAG`) and passed to `exec::run`,
+/// as the server does: WASM enforces the configured value itself while the guest writes.
+const LIMIT: u64 = 65_536;
+/// `--output-limit` for every harness's configuration; the same value as [`LIMIT`].
+pub const OUTPUT_LIMIT_FLAG: [&str; 2] = ["--output-limit", "65536"];
+/// A timed-out or stopped command must come back well before its own `sleep 300` would end;
+/// generous, because the fakes' containers share a busy machine.
+const PROMPT: Duration = Duration::from_secs(60);
+/// How long the kill may take to show in /proc (the sweep is awaited, so this is slack).
+const KILL_SETTLE: Duration = Duration::from_secs(15);
+
+/// Where the backends legitimately differ; each case checks the documented behaviour.
+#[derive(Debug, Clone, Copy)]
+pub struct Differences {
+    /// A command is a tree of processes the kill sweep must end (`backends.md` §1.3). False
+    /// for WASM: a command is one guest instance inside the server process; stopping it is
+    /// the whole kill, nothing can outlive it and there is no /proc to look in.
+    pub process_tree: bool,
+    /// A permanent computer's files survive restart. False for Modal, which cannot stop a
+    /// sandbox: restart terminates and recreates it and says `state_preserved: false`.
+    pub restart_keeps_files: bool,
+    /// Output reaches the sink while the command runs. False for Fly, whose exec endpoint
+    /// answers once, when the command has ended (`backends::fly::exec`): the limit then applies
+    /// to that answer, and a command that floods and keeps running is ended by its timeout.
+    pub output_while_running: bool,
+}
+
+impl Differences {
+    pub const CONTAINER: Differences = Differences {
+        process_tree: true,
+        restart_keeps_files: true,
+        output_while_running: true,
+    };
+}
+
+/// One backend, ready for one case, and whatever must live as long as the test (a fake, a
+/// private directory). Dropping it removes what the case created, even after a failed assert.
+pub struct Harness {
+    pub backend: Arc<dyn Backend>,
+    /// A second backend over the same provider: what a newly started server sees (crash GC
+    /// runs there; a backend never collects computers it holds itself, e.g. Fly's leases).
+    pub collector: Arc<dyn Backend>,
+    /// The shell `exec::run` wraps command strings in.
+    pub shell: &'static str,
+    pub differences: Differences,
+    /// Docker/Podman: containers of this test, force-removed on drop through this engine.
+    containers: Option<Mutex<ContainerGuard>>,
+    /// Fly/E2B: the fake's `/_fake/violations` (requests that broke its reading of the API).
+    violations_url: Option<String>,
+    _owner: Box<dyn std::any::Any>,
+}
+
+impl Harness {
+    pub fn new(
+        backend: Arc<dyn Backend>,
+        collector: Arc<dyn Backend>,
+        shell: &'static str,
+        owner: impl std::any::Any,
+    ) -> Self {
+        Self {
+            backend,
+            collector,
+            shell,
+            differences: Differences::CONTAINER,
+            containers: None,
+            violations_url: None,
+            _owner: Box::new(owner),
+        }
+    }
+
+    pub fn with_differences(mut self, differences: Differences) -> Self {
+        self.differences = differences;
+        self
+    }
+
+    /// Containers named `kilntainer-<id>` on this engine are force-removed on drop.
+    pub fn with_container_cleanup(mut self, docker_host: Option<String>) -> Self {
+        self.containers = Some(Mutex::new(ContainerGuard {
+            names: Vec::new(),
+            docker_host,
+        }));
+        self
+    }
+
+    /// The fake must have seen no request that breaks its reading of the API.
+    pub fn with_violations_check(mut self, url: String) -> Self {
+        self.violations_url = Some(url);
+        self
+    }
+
+    /// A fresh computer id, cleaned up on drop where the backend needs it.
+    fn computer(&self, prefix: &str) -> ComputerId {
+        let id = computer(prefix);
+        if let Some(guard) = &self.containers {
+            let mut guard = guard.lock().unwrap_or_else(|e| e.into_inner());
+            guard.names.push(format!("kilntainer-{id}"));
+        }
+        id
+    }
+
+    async fn create(&self, id: &ComputerId, temporary: bool, instance: &InstanceId) -> SandboxRef {
+        self.backend
+            .create(&create_spec(id, temporary, instance), &NoProgress)
+            .await
+            .unwrap_or_else(|e| panic!("create {id}: {e}"))
+    }
+
+    /// One command through `exec::run`, as `terminal_execute` runs it.
+    async fn run(
+        &self,
+        sandbox: &SandboxRef,
+        request: &ExecRequest,
+        limit: u64,
+        exec_id: ExecId,
+    ) -> ExecOutcome {
+        exec::run(
+            self.backend.as_ref(),
+            sandbox,
+            self.shell,
+            request,
+            exec_id,
+            limit,
+            &CancellationToken::new(),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{request:?}: {e}"))
+    }
+
+    /// A plain command that must complete: `(exit code, stdout, stderr)`.
+    async fn sh(&self, sandbox: &SandboxRef, command: &str) -> (i64, String, String) {
+        let outcome = self
+            .run(
+                sandbox,
+                &request(command, None, None, 60),
+                LIMIT,
+                ExecId::random(),
+            )
+            .await;
+        completed(outcome)
+    }
+
+    /// Polls until no process in the computer carries `exec_id`'s tag; returns those left.
+    async fn tagged_after_kill(&self, sandbox: &SandboxRef, exec_id: &ExecId) -> String {
+        let probe = format!(
+            "for d in /proc/[0-9]*; do tr '\\0' '\\n' < $d/environ 2>/dev/null | grep -qxF '{}' && echo ${{d#/proc/}}; done; true",
+            exec_id.env_entry()
+        );
+        let deadline = Instant::now() + KILL_SETTLE;
+        loop {
+            let (_, left, _) = self.sh(sandbox, &probe).await;
+            if left.trim().is_empty() || Instant::now() >= deadline {
+                return left;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    /// Ends the case: the fake saw no request outside its reading of the API.
+    async fn finish(self) {
+        if let Some(url) = &self.violations_url {
+            let text = reqwest::Client::new()
+                .get(url)
+                .send()
+                .await
+                .unwrap()
+                .text()
+                .await
+                .unwrap();
+            let violations: serde_json::Value = serde_json::from_str(&text).unwrap();
+            assert_eq!(violations, serde_json::json!([]), "fake API violations");
+        }
+    }
+}
+
+fn request(
+    command: &str,
+    stdin: Option<String>,
+    working_dir: Option<&str>,
+    timeout_secs: u64,
+) -> ExecRequest {
+    ExecRequest {
+        program: Program::Shell(command.to_owned()),
+        stdin,
+        working_dir: working_dir.map(str::to_owned),
+        timeout_secs,
+    }
+}
+
+fn completed(outcome: ExecOutcome) -> (i64, String, String) {
+    let ExecOutcome::Completed {
+        stdout,
+        stderr,
+        exit_code,
+        ..
+    } = outcome
+    else {
+        panic!("not completed: {outcome:?}");
+    };
+    (
+        exit_code,
+        String::from_utf8(stdout).unwrap(),
+        String::from_utf8(stderr).unwrap(),
+    )
+}
+
+/// Create, then lookup and list find the computer as it was created.
+pub async fn create_then_lookup_finds_it(h: Harness) {
+    let id = h.computer("ct-look");
+    let sandbox = h.create(&id, true, &InstanceId::random()).await;
+    assert_eq!(sandbox.computer_id, id);
+    assert!(sandbox.temporary);
+    let found = h
+        .backend
+        .lookup(&id)
+        .await
+        .unwrap()
+        .expect("lookup finds it");
+    assert!(found.running);
+    assert_eq!(found.sandbox, sandbox);
+    let listed = h.backend.list().await.unwrap();
+    assert!(
+        listed.iter().any(
+            |row| row.sandbox.computer_id == id && row.sandbox.sandbox_id == sandbox.sandbox_id
+        ),
+        "{listed:?}"
+    );
+    h.backend.remove(&sandbox).await.unwrap();
+    h.finish().await;
+}
+
+/// stdin reaches the command whole, the working directory applies, both streams and the exit
+/// code come back; without stdin the command sees EOF at once.
+pub async fn exec_stdin_exit_code_and_workdir(h: Harness) {
+    let id = h.computer("ct-exec");
+    let sandbox = h.create(&id, true, &InstanceId::random()).await;
+    assert_eq!(h.sh(&sandbox, "mkdir -p /tmp/contract-wd").await.0, 0);
+    let stdin = "line one\n\u{fc}\u{f1}\u{ed} \"quoted\" 'single' $HOME\n".repeat(500);
+    let outcome = h
+        .run(
+            &sandbox,
+            &request(
+                "cat; pwd; echo oops >&2; exit 3",
+                Some(stdin.clone()),
+                Some("/tmp/contract-wd"),
+                60,
+            ),
+            LIMIT,
+            ExecId::random(),
+        )
+        .await;
+    let (code, stdout, stderr) = completed(outcome);
+    assert_eq!(code, 3);
+    assert_eq!(stdout, format!("{stdin}/tmp/contract-wd\n"));
+    assert_eq!(stderr, "oops\n");
+    let (code, stdout, _) = h.sh(&sandbox, "cat; echo end").await;
+    assert_eq!((code, stdout.as_str()), (0, "end\n"));
+    h.backend.remove(&sandbox).await.unwrap();
+    h.finish().await;
+}
+
+/// A timeout ends the command and everything it started (`exec::run` runs the kill sweep);
+/// the computer stays usable.
+pub async fn timeout_kills_the_process_tree(h: Harness) {
+    let id = h.computer("ct-time");
+    let sandbox = h.create(&id, true, &InstanceId::random()).await;
+    let exec_id = ExecId::random();
+    // A background child and a foreground one; WASM's shell has no `&` (and no processes).
+    let command = if h.differences.process_tree {
+        "sleep 300 & sleep 301; echo never"
+    } else {
+        "sleep 300; echo never"
+    };
+    let started = Instant::now();
+    let outcome = h
+        .run(
+            &sandbox,
+            &request(command, None, None, 2),
+            LIMIT,
+            exec_id.clone(),
+        )
+        .await;
+    assert!(
+        matches!(
+            outcome,
+            ExecOutcome::TimedOut {
+                timeout_secs: 2,
+                ..
+            }
+        ),
+        "{outcome:?}"
+    );
+    assert!(started.elapsed() < PROMPT, "{:?}", started.elapsed());
+    if h.differences.process_tree {
+        let left = h.tagged_after_kill(&sandbox, &exec_id).await;
+        assert_eq!(left.trim(), "", "processes of the command remain");
+    }
+    // Without a process tree, the guest stopped at the deadline is the whole command: its
+    // prompt return above is what there is to check.
+    assert_eq!(h.sh(&sandbox, "echo after").await.1, "after\n");
+    h.backend.remove(&sandbox).await.unwrap();
+    h.finish().await;
+}
+
+/// Output past the limit makes the sink say stop, and the command is stopped: it does not run
+/// on to its `sleep 300`, and nothing of it remains. Where output arrives only when the command
+/// has ended (Fly), the limit applies to that answer and the timeout ends a command that keeps
+/// running.
+pub async fn output_limit_stops_the_command(h: Harness) {
+    let id = h.computer("ct-flood");
+    let sandbox = h.create(&id, true, &InstanceId::random()).await;
+    // Three times the limit.
+    let flood = "y\n".repeat(100_000);
+    let exec_id = ExecId::random();
+    let started = Instant::now();
+    let command = if h.differences.output_while_running {
+        "cat; sleep 300; echo never"
+    } else {
+        "cat; echo ended"
+    };
+    let outcome = h
+        .run(
+            &sandbox,
+            &request(command, Some(flood.clone()), None, 240),
+            LIMIT,
+            exec_id.clone(),
+        )
+        .await;
+    assert!(
+        matches!(
+            outcome,
+            ExecOutcome::OutputLimitExceeded { limit: LIMIT, .. }
+        ),
+        "{outcome:?}"
+    );
+    assert!(started.elapsed() < PROMPT, "{:?}", started.elapsed());
+    if h.differences.process_tree {
+        let left = h.tagged_after_kill(&sandbox, &exec_id).await;
+        assert_eq!(left.trim(), "", "processes of the command remain");
+    }
+    if !h.differences.output_while_running {
+        // The documented difference, checked: the flood is not seen until the command ends.
+        let exec_id = ExecId::random();
+        let outcome = h
+            .run(
+                &sandbox,
+                &request("cat; sleep 300; echo never", Some(flood), None, 3),
+                LIMIT,
+                exec_id.clone(),
+            )
+            .await;
+        assert!(
+            matches!(
+                outcome,
+                ExecOutcome::TimedOut {
+                    timeout_secs: 3,
+                    ..
+                }
+            ),
+            "{outcome:?}"
+        );
+        let left = h.tagged_after_kill(&sandbox, &exec_id).await;
+        assert_eq!(left.trim(), "", "processes of the command remain");
+    }
+    assert_eq!(h.sh(&sandbox, "echo after").await.1, "after\n");
+    h.backend.remove(&sandbox).await.unwrap();
+    h.finish().await;
+}
+
+/// Restart keeps the computer's id and mode, reports whether its files survived, and that
+/// report is true.
+pub async fn restart_reports_whether_files_survive(h: Harness) {
+    let id = h.computer("ct-restart");
+    let sandbox = h.create(&id, false, &InstanceId::random()).await;
+    let (code, _, stderr) = h
+        .sh(
+            &sandbox,
+            "mkdir -p /root && echo kept > /root/contract-state",
+        )
+        .await;
+    assert_eq!(code, 0, "{stderr}");
+    let restarted = h.backend.restart(&sandbox).await.unwrap();
+    assert_eq!(
+        restarted.state_preserved, h.differences.restart_keeps_files,
+        "documented restart behaviour"
+    );
+    assert_eq!(restarted.sandbox.computer_id, id);
+    assert!(!restarted.sandbox.temporary);
+    assert_eq!(restarted.sandbox.image, sandbox.image);
+    let (code, stdout, _) = h.sh(&restarted.sandbox, "cat /root/contract-state").await;
+    if restarted.state_preserved {
+        assert_eq!((code, stdout.as_str()), (0, "kept\n"));
+    } else {
+        assert_ne!(code, 0, "restart said the files are gone: {stdout}");
+    }
+    let found = h.backend.lookup(&id).await.unwrap().expect("still there");
+    assert!(found.running);
+    assert_eq!(found.sandbox.sandbox_id, restarted.sandbox.sandbox_id);
+    h.backend.remove(&restarted.sandbox).await.unwrap();
+    h.finish().await;
+}
+
+/// Remove deletes a permanent computer; lookup and list find nothing; removing again is not
+/// an error (the goal is met).
+pub async fn remove_then_lookup_finds_nothing(h: Harness) {
+    let id = h.computer("ct-remove");
+    let sandbox = h.create(&id, false, &InstanceId::random()).await;
+    h.backend.remove(&sandbox).await.unwrap();
+    assert!(h.backend.lookup(&id).await.unwrap().is_none());
+    let listed = h.backend.list().await.unwrap();
+    assert!(
+        listed.iter().all(|row| row.sandbox.computer_id != id),
+        "{listed:?}"
+    );
+    h.backend.remove(&sandbox).await.unwrap();
+    h.finish().await;
+}
+
+/// Crash GC, run by another server, removes the temporary computers of dead instances and
+/// nothing else: not the temporaries of a live instance, not the permanent ones of a dead
+/// instance.
+pub async fn collect_orphans_takes_only_temporaries_of_dead_instances(h: Harness) {
+    let (dead, alive) = (InstanceId::random(), InstanceId::random());
+    let orphan = h.computer("ct-orphan");
+    let kept = h.computer("ct-kept");
+    let permanent = h.computer("ct-perm");
+    h.create(&orphan, true, &dead).await;
+    let kept_sandbox = h.create(&kept, true, &alive).await;
+    let permanent_sandbox = h.create(&permanent, false, &dead).await;
+    let removed = h
+        .collector
+        .collect_orphans(&HashSet::from([dead]))
+        .await
+        .unwrap();
+    assert_eq!(removed, std::slice::from_ref(&orphan));
+    assert!(h.collector.lookup(&orphan).await.unwrap().is_none());
+    assert!(h.collector.lookup(&kept).await.unwrap().is_some());
+    assert!(h.collector.lookup(&permanent).await.unwrap().is_some());
+    // The new server cleans up (the Modal fake honours only the newest auth token it issued).
+    h.collector.remove(&kept_sandbox).await.unwrap();
+    h.collector.remove(&permanent_sandbox).await.unwrap();
+    h.finish().await;
+}
