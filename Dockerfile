@@ -1,4 +1,4 @@
-# The HTTP server image (http.md §7.1).
+# The HTTP server image (docs/decisions.md, "Deployment files").
 #
 #   docker build -t mcp-sandbox-computer-vm-for-ai .          # compiles in rust:1.95-bookworm
 #   docker build --target prebuilt -t mcp-sandbox-computer-vm-for-ai .

@@ -519,7 +519,7 @@ def run(opts: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
         span = (max(answers) - min(firsts_sent)) if firsts_sent and answers else None
         opened = [r.t_opened for r in results if r.t_opened is not None]
 
-        # Closed sessions: their computers go when DELETE is answered (lifecycle.md §2).
+        # Closed sessions: their computers go when DELETE is answered (docs/decisions.md, "Sessions, holders and leases").
         closed_names = {f"kilntainer-{r.computer_id}" for r in ok if r.closes and r.computer_id}
         last_delete = max((r.t_released for r in results if r.closes and r.t_released is not None), default=0.0)
         last_abandon = max((r.t_released for r in results if not r.closes and r.t_released is not None), default=0.0)

@@ -57,8 +57,8 @@ APPLICABLE=(
 
 # Scenarios skipped by name: "name|reason". docs/conformance.md has the details.
 NOT_APPLICABLE=(
-    "logging-set-level|no logging capability (mcp-surface.md §1: logging is not used)"
-    "completion-complete|no completions capability (mcp-surface.md §1: completions are not used)"
+    "logging-set-level|no logging capability (docs/decisions.md, 'Server identity and capabilities': logging is not used)"
+    "completion-complete|no completions capability (docs/decisions.md, 'Server identity and capabilities': completions are not used)"
     "tools-call-simple-text|needs the suite's test tool test_simple_text"
     "tools-call-image|needs the suite's test tool test_image_content"
     "tools-call-audio|needs the suite's test tool test_audio_content"
@@ -75,8 +75,8 @@ NOT_APPLICABLE=(
     "resources-read-text|needs the suite's resource test://static-text"
     "resources-read-binary|needs the suite's resource test://static-binary"
     "resources-templates-read|needs the suite's resource template test://template/{id}/data"
-    "resources-subscribe|resources.subscribe is false (mcp-surface.md §1)"
-    "resources-unsubscribe|resources.subscribe is false (mcp-surface.md §1)"
+    "resources-subscribe|resources.subscribe is false (docs/decisions.md, 'Server identity and capabilities')"
+    "resources-unsubscribe|resources.subscribe is false (docs/decisions.md, 'Server identity and capabilities')"
     "prompts-get-simple|needs the suite's prompt test_simple_prompt (this server has no prompts)"
     "prompts-get-with-args|needs the suite's prompt test_prompt_with_arguments (no prompts)"
     "prompts-get-embedded-resource|needs the suite's prompt test_prompt_with_embedded_resource (no prompts)"

@@ -1,4 +1,4 @@
-//! The command line exactly as `cli.md` lists it: every reference flag, choice, default and env
+//! The command line exactly as docs/decisions.md, "Command-line conventions" lists it: every reference flag, choice, default and env
 //! fallback, grouped in `--help` like the reference. Values are parsed here but not validated
 //! against each other; [`crate::config::Config::from_cli`] does that (ripgrep's LowArgs/HiArgs).
 //!
@@ -193,7 +193,7 @@ pub struct DockerArgs {
         help_heading = "docker backend options"
     )]
     pub docker_host: Option<String>,
-    /// Kept as an Option so Modal can tell "given" from "default" (mcp-surface.md §6).
+    /// Kept as an Option so Modal can tell "given" from "default" (docs/decisions.md, "Tool descriptions").
     #[arg(
         long,
         help = "Docker image (default: debian:bookworm-slim)",
@@ -600,7 +600,7 @@ impl Cli {
     }
 
     /// Whether `--allowed-host` was given on the command line (the env var does not count in
-    /// stdio mode, `cli.md` §4 row 4).
+    /// stdio mode, docs/decisions.md, "Startup validation" row 4).
     pub fn allowed_hosts_from_env() -> Vec<String> {
         std::env::var("KILNTAINERS_ALLOWED_HOSTS")
             .map(|v| {

@@ -2,13 +2,13 @@
 //! process) and [`ExecId`] (the tag carried by every command's process tree).
 //!
 //! Everything past the MCP argument layer takes these types, never `&str`, so the slug rule of
-//! `lifecycle.md` §1 is checked exactly once. This module knows nothing about providers.
+//! docs/decisions.md, "Computer ids" is checked exactly once. This module knows nothing about providers.
 
 use std::fmt;
 
 use rand::RngExt;
 
-/// The exact message for a malformed `computer_id` (`lifecycle.md` §1).
+/// The exact message for a malformed `computer_id` (docs/decisions.md, "Computer ids").
 pub const INVALID_COMPUTER_ID: &str = "computer_id must be 1-63 lowercase letters, numbers, or hyphens; it must start and end with a letter or number.";
 
 /// A canonical computer slug: trimmed, 1-63 chars of `[a-z0-9-]`, alphanumeric at both ends.
@@ -98,7 +98,7 @@ impl fmt::Display for InstanceId {
 }
 
 /// The exec tag: a UUID v4 set as `KILNTAINERS_EXEC_ID` on a command so its whole process tree
-/// can be found and killed (`backends.md` §1.3).
+/// can be found and killed (docs/decisions.md, "Killing a command").
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ExecId(String);
 

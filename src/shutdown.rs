@@ -1,4 +1,4 @@
-//! Graceful shutdown (`lifecycle.md` §8, D5): kill in-flight command trees, remove every
+//! Graceful shutdown (docs/decisions.md, "Shutdown"): kill in-flight command trees, remove every
 //! temporary computer this process holds, all within 20 s of the first trigger. A second
 //! SIGINT/SIGTERM or the bound ends it at once with the spec's message and exit code 1.
 //!

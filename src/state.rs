@@ -1,5 +1,5 @@
 //! Files under the state dir `~/.mcp-sandbox-computer-vm-for-ai/`: this process's instance
-//! lock, the discovery of other instances' locks for crash GC (`lifecycle.md` §9), and the
+//! lock, the discovery of other instances' locks for crash GC (docs/decisions.md, "Crash recovery"), and the
 //! access token generated for an HTTP listener started without one. Also the per-user private
 //! directory under the shared temp dir that holds temporary WASM computers: created 0700, and
 //! trusted only while it is a real directory that we own and nobody else can enter (another
@@ -67,7 +67,7 @@ impl InstanceLock {
 
 impl InstanceLock {
     /// Leaves the file in place at exit: cleanup did not finish, and the next server that finds
-    /// it unlocked collects this instance's leftovers (lifecycle.md §10).
+    /// it unlocked collects this instance's leftovers (docs/decisions.md, "Constants").
     pub fn keep_for_collection(&mut self) {
         self.keep = true;
     }

@@ -1,4 +1,4 @@
-//! Provider label and metadata keys (`backends.md` §1.4). Byte-identical to the Python
+//! Provider label and metadata keys (docs/decisions.md, "Labels and metadata"). Byte-identical to the Python
 //! reference so either server finds the other's computers; new keys are additive.
 
 /// Docker label keys.

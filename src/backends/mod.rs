@@ -102,7 +102,7 @@ pub enum ExecEnd {
     OutOfFuel(u64),
 }
 
-/// One row of the inventory (`lifecycle.md` §5.5).
+/// One row of the inventory (docs/decisions.md, "Listing computers").
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ComputerInfo {
     pub sandbox: SandboxRef,
@@ -154,7 +154,7 @@ pub trait Backend: Send + Sync {
     /// The `--backend` name reported as `ComputerInfo.backend`.
     fn kind(&self) -> &'static str;
 
-    /// The backend's `terminal_execute` description (`mcp-surface.md` §6), before the
+    /// The backend's `terminal_execute` description (docs/decisions.md, "Tool descriptions"), before the
     /// override/extended rules are applied.
     fn tool_instructions(&self) -> String;
 
@@ -173,7 +173,7 @@ pub trait Backend: Send + Sync {
     async fn validate(&self) -> Result<(), BackendError>;
 
     /// Whether [`Backend::validate`] runs at startup, in the background, so the first tool
-    /// call does not pay for connecting (`lifecycle.md` §9: Docker/Podman only).
+    /// call does not pay for connecting (docs/decisions.md, "Crash recovery": Docker/Podman only).
     fn validates_eagerly(&self) -> bool {
         false
     }
@@ -207,7 +207,7 @@ pub trait Backend: Send + Sync {
         cancel: &CancellationToken,
     ) -> Result<ExecEnd, BackendError>;
 
-    /// Kills every process carrying `exec_id`'s tag (`backends.md` §1.3).
+    /// Kills every process carrying `exec_id`'s tag (docs/decisions.md, "Killing a command").
     async fn kill_exec(&self, sandbox: &SandboxRef, exec_id: &ExecId) -> Result<(), BackendError>;
 
     /// Removes temporary computers created by the `dead` instances; returns the ids removed.
@@ -217,7 +217,7 @@ pub trait Backend: Send + Sync {
     ) -> Result<Vec<ComputerId>, BackendError>;
 }
 
-/// The second paragraph every container-like description shares (`mcp-surface.md` §6).
+/// The second paragraph every container-like description shares (docs/decisions.md, "Tool descriptions").
 pub fn stdin_and_timeout_paragraph(timeout_secs: u64) -> String {
     format!(
         "To write files or pass data without shell escaping, use the stdin parameter (e.g., command=\"cat > file.txt\" with content in stdin). Commands time out after {timeout_secs} seconds by default (override with the timeout parameter for long-running operations)."

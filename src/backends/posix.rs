@@ -18,7 +18,7 @@ pub fn shell_basename(shell: &str) -> &str {
 /// Which processes the kill sweep ends besides those carrying the exec tag.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SweepReach {
-    /// Processes whose environment carries the tag (`backends.md` §1.3) and their
+    /// Processes whose environment carries the tag (docs/decisions.md, "Killing a command") and their
     /// descendants. For providers whose PID 1 is not ours, where an orphan of the command
     /// cannot be told from the provider's own processes.
     Tagged,
@@ -28,7 +28,7 @@ pub enum SweepReach {
     TaggedAndOrphans,
 }
 
-/// The kill sweep of `backends.md` §1.3, widened as docs/reliability.md ("Kill tree") says:
+/// The kill sweep of docs/decisions.md, "Killing a command", widened as docs/reliability.md ("Kill tree") says:
 /// three passes over /proc, each killing the processes whose environment carries the exec
 /// tag, their descendants, and with [`SweepReach::TaggedAndOrphans`] the orphans started no
 /// earlier than the oldest tagged process whose tag no older process carries. A later pass catches what an earlier
@@ -91,7 +91,7 @@ true
     )
 }
 
-/// The keep-alive PID 1 of `backends.md` §1.2: exits at once on SIGTERM, needs only the shell
+/// The keep-alive PID 1 of docs/decisions.md, "Keep-alive process": exits at once on SIGTERM, needs only the shell
 /// and `sleep`.
 pub fn keep_alive_argv(shell: &str) -> Vec<String> {
     vec![
@@ -110,7 +110,7 @@ pub fn kill_sweep_argv(shell: &str, exec_id: &ExecId, reach: SweepReach) -> Vec<
     ]
 }
 
-/// Readiness: the shell must echo this marker (`backends.md` §1.1).
+/// Readiness: the shell must echo this marker (docs/decisions.md, "Execution model").
 pub const READY_MARKER: &str = "kilntainers-ready";
 
 /// `<shell> -c 'echo <marker>'`: proves the shell starts and runs a command.

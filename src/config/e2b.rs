@@ -1,4 +1,4 @@
-//! The `--e2b-*` settings as one typed section (`cli.md` §3 "e2b backend options"). clap has
+//! The `--e2b-*` settings as one typed section (docs/decisions.md, "Backend options"). clap has
 //! already applied the `E2B_API_KEY`, `E2B_DOMAIN` and `E2B_API_URL` fallbacks, so this reads no
 //! environment itself; it splits the repeatable `key=value` flags and derives the two base URLs,
 //! so the backend and its tests see plain data (a self-hosted E2B-compatible service is just
@@ -26,7 +26,7 @@ pub struct E2bConfig {
     pub template: String,
     /// `--e2b-sandbox-timeout`: the lifetime sent on create and on every extension.
     pub sandbox_timeout_secs: u64,
-    /// User metadata (`--e2b-metadata`), written next to the §1.4 keys.
+    /// User metadata (`--e2b-metadata`), written next to our own keys (docs/decisions.md, "Labels and metadata").
     pub metadata: BTreeMap<String, String>,
     /// Sandbox environment (`--e2b-env`), sent as `envVars` on create.
     pub env: BTreeMap<String, String>,
@@ -56,7 +56,7 @@ fn pairs(flag: &str, entries: &[String], skipped: &mut Vec<String>) -> BTreeMap<
 
 impl E2bConfig {
     /// Builds the section from parsed flags. Value ranges and reserved metadata keys are
-    /// checked by `Config::from_cli` (`cli.md` §4 row 19) before this matters; the key file
+    /// checked by `Config::from_cli` (docs/decisions.md, "Startup validation" row 19) before this matters; the key file
     /// (`--e2b-api-key-file` / `E2B_API_KEY_FILE`) is read here and stands where the key would.
     pub fn from_cli(cli: &Cli) -> Result<Self, ConfigError> {
         let api_key = SecretSource {

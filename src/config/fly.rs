@@ -1,4 +1,4 @@
-//! The `--fly-*` settings as one typed section (`cli.md` §3 "fly backend options", §5). The
+//! The `--fly-*` settings as one typed section (docs/decisions.md, "Backend options"). The
 //! environment is read here, once, so the Fly backend itself is pure data plus I/O and tests
 //! can hand it any token sources, state file and API base URL they like.
 //!
@@ -17,17 +17,17 @@ use crate::cli::{Cli, FlyCpuKind};
 /// reference's variable name).
 pub const STATE_FILE_ENV: &str = "KILNTAINERS_FLY_STATE_FILE";
 
-/// The remembered-app file's name under the state dir (`backends.md` §3.2).
+/// The remembered-app file's name under the state dir (docs/decisions.md, "Fly app and organisation").
 pub const STATE_FILE_NAME: &str = "fly.json";
 
-/// The token environment variables, in discovery order (`backends.md` §3.1).
+/// The token environment variables, in discovery order (docs/decisions.md, "Fly authentication").
 pub const TOKEN_ENV_NAMES: [&str; 3] = ["FLY_API_TOKEN", "FLY_TOKEN", "FLY_ACCESS_TOKEN"];
 
 /// The sandbox app's own variable. It comes before `FLY_APP_NAME`, which Fly sets in every
 /// Machine to the Machine's *own* app and so names the controller when the server runs on Fly.
 pub const SANDBOX_APP_ENV: &str = "KILNTAINERS_FLY_APP";
 
-/// Set by Fly in every Machine to the app the Machine belongs to (`cli.md` §5 also reads it as
+/// Set by Fly in every Machine to the app the Machine belongs to (docs/decisions.md, "Environment variables" also reads it as
 /// the sandbox app, the Python reference's fallback).
 pub const OWN_APP_ENV: &str = "FLY_APP_NAME";
 
@@ -75,7 +75,7 @@ pub struct FlyConfig {
 
 impl FlyConfig {
     /// Builds the section from parsed flags and an environment lookup. Value ranges are
-    /// checked by `Config::from_cli` (`cli.md` §4 row 17) before this matters; the token file
+    /// checked by `Config::from_cli` (docs/decisions.md, "Startup validation" row 17) before this matters; the token file
     /// (`--fly-token-file`) is read here and stands where `--fly-token` would.
     pub fn from_cli(cli: &Cli, env: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         let non_empty = |v: Option<String>| v.filter(|s| !s.trim().is_empty());

@@ -1,4 +1,4 @@
-//! The validated configuration. [`Config::from_cli`] applies `cli.md` §4 in order and produces
+//! The validated configuration. [`Config::from_cli`] applies docs/decisions.md, "Startup validation" in order and produces
 //! one section per concern, so nothing downstream re-checks a flag (ripgrep's HiArgs).
 //!
 //! A leaf module: it knows neither MCP nor any provider API.
@@ -22,7 +22,7 @@ use secret::SecretSource;
 pub use wasm::{WasmConfig, WasmModule};
 
 /// The image every default configuration uses, and the one the exact reference tool text
-/// describes (`mcp-surface.md` §6).
+/// describes (docs/decisions.md, "Tool descriptions").
 pub const DEFAULT_IMAGE: &str = "debian:bookworm-slim";
 
 /// Upper bound of any command timeout (`--timeout` and the `timeout` argument): one week. A
@@ -173,7 +173,7 @@ pub struct DockerConfig {
 }
 
 impl Config {
-    /// Applies every rule of `cli.md` §4 in the documented order; the first failure wins.
+    /// Applies every rule of docs/decisions.md, "Startup validation" in the documented order; the first failure wins.
     pub fn from_cli(cli: &Cli, lifecycle_env: Option<&str>) -> Result<Self, ConfigError> {
         let stdio = cli.transport == TransportChoice::Stdio;
         if stdio && cli.host != DEFAULT_HOST {
@@ -364,7 +364,7 @@ fn docker_config(cli: &Cli) -> Result<DockerConfig, ConfigError> {
     })
 }
 
-/// Rows 17-20 of `cli.md` §4: value checks of the other backends, applied only when that
+/// Rows 17-20 of docs/decisions.md, "Startup validation": value checks of the other backends, applied only when that
 /// backend is selected.
 fn check_other_backend_values(cli: &Cli) -> Result<(), ConfigError> {
     match cli.backend {

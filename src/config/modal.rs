@@ -1,8 +1,8 @@
 //! The `--modal-*` settings (plus `--gpu`, `--region`, `--sandbox-timeout`, `--image`) as one
-//! typed section (`cli.md` §3 "modal backend options", §5). The environment is read here, once;
+//! typed section (docs/decisions.md, "Backend options"). The environment is read here, once;
 //! the Modal config file (`~/.modal.toml`, written by `modal setup` / `modal token set`) is only
 //! *located* here and read by the backend at first use, so a broken file never stops the server
-//! from starting (`cli.md` §4: credentials are checked lazily).
+//! from starting (docs/decisions.md, "Startup validation": credentials are checked lazily).
 
 use std::path::PathBuf;
 
@@ -42,7 +42,7 @@ pub struct ModalConfig {
     /// `MODAL_IMAGE_BUILDER_VERSION` (beats the profile's `image_builder_version`).
     pub image_builder_version_env: Option<String>,
     pub app_name: String,
-    /// `--image` when given, else `debian:bookworm-slim` (D19).
+    /// `--image` when given, else `debian:bookworm-slim` (docs/decisions.md, "Modal sandboxes").
     pub image: String,
     /// Whether `--image` was given and differs from the default (description choice).
     pub custom_image: bool,
@@ -55,7 +55,7 @@ pub struct ModalConfig {
 
 impl ModalConfig {
     /// Builds the section from parsed flags and an environment lookup. Value ranges are checked
-    /// by `Config::from_cli` (`cli.md` §4 row 18) before this matters; the secret file
+    /// by `Config::from_cli` (docs/decisions.md, "Startup validation" row 18) before this matters; the secret file
     /// (`--modal-token-secret-file` / `MODAL_TOKEN_SECRET_FILE`) stands where the flag would.
     pub fn from_cli(cli: &Cli, env: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         let flag_secret = SecretSource {

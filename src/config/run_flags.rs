@@ -1,4 +1,4 @@
-//! Parsing of `--docker-run-flag` values (spec `backends.md` §2.3, `cli.md` §4 rows 15–16) into
+//! Parsing of `--docker-run-flag` values (spec docs/decisions.md, "Docker run flags", docs/decisions.md, "Startup validation" rows 15–16) into
 //! [`RunFlags`], plain data that the docker backend later maps onto Engine API fields.
 //!
 //! This module owns the accepted flag set, the value grammar of each flag, the size grammar shared
@@ -179,7 +179,7 @@ const fn switch(long: &'static str, flag: SwitchFlag) -> FlagSpec {
     }
 }
 
-/// The accepted flags, in the order of the table in `backends.md` §2.3 (the error message lists
+/// The accepted flags, in the order of the table in docs/decisions.md, "Docker run flags" (the error message lists
 /// them in this order).
 const SUPPORTED_FLAGS: &[FlagSpec] = &[
     value("--pids-limit", &[], ValueFlag::PidsLimit),
@@ -227,7 +227,7 @@ const MANAGED_FLAGS: &[&str] = &[
 const MANAGED_REASON: &str = "the server manages this itself";
 const MISSING_VALUE: &str = "missing value";
 
-/// Labels with this prefix carry the server's own bookkeeping (spec `backends.md` §1.4).
+/// Labels with this prefix carry the server's own bookkeeping (spec docs/decisions.md, "Labels and metadata").
 const RESERVED_LABEL_PREFIX: &str = "kilntainers";
 
 /// The names docker's `--ulimit` understands (docker/go-units `ulimitNameMapping`).

@@ -1,4 +1,4 @@
-//! The WASM backends' settings (`cli.md` §3 "wasm backend options", `backends.md` §6) as one
+//! The WASM backends' settings (docs/decisions.md, "Backend options" and "WebAssembly runtime") as one
 //! typed section. The environment (HOME, XDG_CACHE_HOME, KILNTAINERS_GO_BUSYBOX_DOWNLOAD,
 //! KILNTAINERS_PYTHON) is read here once, so the backend is pure data plus I/O.
 

@@ -1,4 +1,4 @@
-//! The dashboard: one self-contained HTML file compiled into the binary (`dashboard.md`), and
+//! The dashboard: one self-contained HTML file compiled into the binary (docs/decisions.md, "Dashboard"), and
 //! the small page shown to browsers when lifecycle tools are off. The server only injects the
 //! mode; the page has no private API and calls the same MCP tools any client would.
 

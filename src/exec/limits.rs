@@ -1,6 +1,6 @@
 //! Bounded output collection: counts stdout+stderr bytes together while they stream and asks
 //! the backend to stop once the limit is crossed, so a command that prints forever costs at
-//! most limit + one chunk of memory (D7, habit 10).
+//! most limit + one chunk of memory (docs/decisions.md, "Killing a command").
 
 use crate::backends::{OutputSink, SinkControl, Stream};
 

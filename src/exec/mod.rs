@@ -1,7 +1,7 @@
 //! Running one command under the server's policy: builds the [`ExecSpec`], joins the timeout
 //! and the caller's cancellation into one expiry, enforces the output limit through
 //! [`limits::LimitedSink`], and on any early end runs the backend's kill sweep before returning
-//! (D7, D16). Knows no provider: everything goes through `dyn Backend`.
+//! (docs/decisions.md, "Killing a command" and "Command results"). Knows no provider: everything goes through `dyn Backend`.
 
 pub mod limits;
 
@@ -14,14 +14,14 @@ use crate::backends::{Backend, BackendError, ExecEnd, ExecSpec, SandboxRef};
 use crate::ids::ExecId;
 use limits::LimitedSink;
 
-/// The fixed stdin limit (`mcp-surface.md` §4.2), independent of `--output-limit`.
+/// The fixed stdin limit (docs/decisions.md, "terminal_execute validation"), independent of `--output-limit`.
 pub const STDIN_LIMIT: usize = 2_097_152;
 
 /// How long the kill sweep may take before we give up and still return the fixed result: the
 /// sweep walks /proc twice, which is milliseconds on a normal computer.
 const KILL_SWEEP_LIMIT: Duration = Duration::from_secs(10);
 
-/// What to run, already validated (`mcp-surface.md` §4.2).
+/// What to run, already validated (docs/decisions.md, "terminal_execute validation").
 #[derive(Debug, Clone)]
 pub enum Program {
     Shell(String),
@@ -71,7 +71,7 @@ pub enum ExecError {
 }
 
 impl ExecOutcome {
-    /// The fixed notices of `mcp-surface.md` §4.3, identical on every backend.
+    /// The fixed notices of docs/decisions.md, "Command results", identical on every backend.
     pub fn timeout_notice(timeout_secs: u64) -> String {
         format!("[kilntainers: command timed out after {timeout_secs}s]")
     }

@@ -1,6 +1,6 @@
 //! Raw tool arguments → typed values, with the reference's lenient coercions and exact messages
-//! (`mcp-surface.md` §3). rmcp's `Parameters<T>` would turn a type error into a JSON-RPC error,
-//! which models cannot read, so arguments are decoded here instead (habit 4).
+//! (docs/decisions.md, "Tool arguments"). rmcp's `Parameters<T>` would turn a type error into a JSON-RPC error,
+//! which models cannot read, so arguments are decoded here instead.
 
 use serde_json::{Map, Value};
 
@@ -13,7 +13,7 @@ pub struct ArgError {
     pub reason: &'static str,
 }
 
-/// Reads properties of one call's argument object. `null` counts as absent (D3); unknown
+/// Reads properties of one call's argument object. `null` counts as absent (docs/decisions.md, "Tool arguments"); unknown
 /// properties are ignored.
 pub struct Args<'a> {
     tool: &'static str,

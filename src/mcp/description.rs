@@ -1,4 +1,4 @@
-//! Assembles the `terminal_execute` description once at startup (`mcp-surface.md` §6): the
+//! Assembles the `terminal_execute` description once at startup (docs/decisions.md, "Tool descriptions"): the
 //! override replaces the backend's text, the extended text is appended after a blank line.
 
 use crate::config::DescriptionConfig;

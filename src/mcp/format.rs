@@ -1,6 +1,6 @@
 //! Result formatting: payload objects become one text block, serialised like Python's
 //! `json.dumps` defaults so text output is byte-identical to the reference, plus the same
-//! object as `structuredContent` (`mcp-surface.md` §8, D2).
+//! object as `structuredContent` (docs/decisions.md, "Result formatting").
 //!
 //! This is the only place that turns a payload or an error message into a `CallToolResult`.
 
@@ -81,7 +81,7 @@ pub fn success(payload: Map<String, Value>) -> CallToolResult {
 }
 
 /// A tool error: the bare message as text (the reference's words) and `{"error": msg}` as
-/// structured content (D2).
+/// structured content (docs/decisions.md, "Result formatting").
 pub fn error(message: impl Into<String>) -> CallToolResult {
     let message = message.into();
     let mut structured = Map::new();

@@ -1,5 +1,5 @@
 //! The MCP layer: the rmcp `ServerHandler` for one session, capabilities, tool listing and
-//! dispatch (`mcp-surface.md`). The only module besides `transport` that knows rmcp, and the
+//! dispatch (docs/decisions.md, "MCP surface"). The only module besides `transport` that knows rmcp, and the
 //! only one that knows result JSON.
 //!
 //! **API boundary:** everything a client can observe is produced here or in [`format`].
@@ -27,14 +27,14 @@ use serde_json::json;
 use crate::dashboard;
 use crate::registry::{Registry, Session};
 
-/// Sent to every client that initialises (`mcp-surface.md` §1).
+/// Sent to every client that initialises (docs/decisions.md, "Server identity and capabilities").
 const INSTRUCTIONS: &str = "This server provides isolated Linux sandbox computers. Use terminal_execute to run commands. Omit computer_id to use this session's default computer, or pass computer_id to reuse a named computer. Temporary computers (the default) are removed when the session ends; pass temporary=false for a computer that must persist.";
 
 /// What every session of this process shares.
 pub struct Surface {
     pub registry: Arc<Registry>,
     tools: Vec<Tool>,
-    /// Lifecycle tools, the dashboard resource and the UI extension (D1).
+    /// Lifecycle tools, the dashboard resource and the UI extension (docs/decisions.md, "Tool list").
     lifecycle_tools: bool,
 }
 

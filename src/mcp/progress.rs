@@ -1,4 +1,4 @@
-//! MCP progress notifications for calls that may wait on the provider (`mcp-surface.md` §9):
+//! MCP progress notifications for calls that may wait on the provider (docs/decisions.md, "Progress notifications"):
 //! sent only when the request carried a progress token, at most four a second, and the last
 //! one is delivered before the result.
 

@@ -1,5 +1,5 @@
-//! Tool definitions (names, schemas, descriptions, annotations exactly as `mcp-surface.md` §2,
-//! §4) and one thin function per tool that decodes arguments, calls the registry and formats
+//! Tool definitions (names, schemas, descriptions, annotations exactly as docs/decisions.md, "Tool list"
+//! and "terminal_execute validation") and one thin function per tool that decodes arguments, calls the registry and formats
 //! the result. No provider logic and no lifecycle rules live here.
 
 use std::sync::Arc;
@@ -67,7 +67,7 @@ pub fn terminal_execute_tool(description: &str) -> Tool {
         .with_meta(ui_meta())
 }
 
-/// Validates a `terminal_execute` call (`mcp-surface.md` §4.2) before anything is created.
+/// Validates a `terminal_execute` call (docs/decisions.md, "terminal_execute validation") before anything is created.
 struct ExecuteCall {
     request: ExecRequest,
     computer_id: Option<ComputerId>,
@@ -110,7 +110,7 @@ fn decode_execute(
     };
     let (command, argv, stdin, working_dir, timeout, computer_id, temporary) =
         decode().map_err(|e| e.to_string())?;
-    // Empty values mean "absent" (§4.2 step 2).
+    // Empty values mean "absent" (docs/decisions.md, "terminal_execute validation").
     let command = command.filter(|c| !c.is_empty());
     let argv = argv.filter(|a| !a.is_empty());
     let stdin = stdin.filter(|s| !s.is_empty());

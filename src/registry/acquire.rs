@@ -1,4 +1,4 @@
-//! Acquiring a computer for a call (`lifecycle.md` §3): the session default, named and random
+//! Acquiring a computer for a call (docs/decisions.md, "Acquiring a computer"): the session default, named and random
 //! ids, mode checks, and attach-or-create under the computer's lifecycle lock.
 
 use tracing::{info, instrument};
@@ -7,7 +7,7 @@ use super::{Registry, RegistryError, Session, lock};
 use crate::backends::{CreateSpec, Progress, SandboxRef};
 use crate::ids::ComputerId;
 
-/// Random slugs drawn before giving up (`lifecycle.md` §1).
+/// Random slugs drawn before giving up (docs/decisions.md, "Computer ids").
 const RANDOM_ID_TRIES: usize = 8;
 
 /// Where a computer id came from, which decides whether the provider must be asked for it.
@@ -22,7 +22,7 @@ enum Origin {
 
 impl Registry {
     /// Resolves the target computer for a call and makes `session` one of its holders
-    /// (`lifecycle.md` §3). `computer_id: None` means the session default (created on first
+    /// (docs/decisions.md, "Acquiring a computer"). `computer_id: None` means the session default (created on first
     /// use when `use_default` is set) or, for `computer_create`, a fresh random id.
     #[instrument(skip_all, fields(computer_id))]
     pub async fn acquire(

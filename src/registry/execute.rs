@@ -1,5 +1,5 @@
 //! One command on an acquired computer: the computer's FIFO exec lock, the in-flight handle
-//! lifecycle ops and shutdown interrupt, and the single restart of a stopped computer (D18).
+//! lifecycle ops and shutdown interrupt, and the single restart of a stopped computer (docs/decisions.md, "Dead computers").
 
 use tokio_util::sync::CancellationToken;
 
@@ -67,7 +67,7 @@ impl Registry {
                     None => Err(RegistryError::Cancelled),
                 },
                 Err(ExecError::Backend(BackendError::NotRunning(_))) if !restarted_once => {
-                    // D18: a stopped or died computer that still exists is started again.
+                    // docs/decisions.md, "Dead computers": a stopped or died computer that still exists is started again.
                     // No lifecycle lock here: we hold the exec lock, and the lock order is
                     // lifecycle before exec. Starting a container is idempotent anyway.
                     restarted_once = true;

@@ -1,4 +1,4 @@
-//! Leases of sessionless holders (`lifecycle.md` §2): renewed on every use, and reaped once
+//! Leases of sessionless holders (docs/decisions.md, "Sessions, holders and leases"): renewed on every use, and reaped once
 //! expired when no exec is in flight.
 
 use std::sync::Arc;

@@ -1,4 +1,4 @@
-//! The lifecycle operations on one computer (`lifecycle.md` §5): list, restart, factory reset
+//! The lifecycle operations on one computer (docs/decisions.md, "Lifecycle operations"): list, restart, factory reset
 //! and delete, each run under the computer's lifecycle and exec locks after interrupting the
 //! exec in flight.
 
@@ -14,7 +14,7 @@ const RECORDED_STATE: &str = "running";
 
 impl Registry {
     /// Provider inventory ∪ this process's records, provider entry winning, sorted by id
-    /// (`lifecycle.md` §5.5). A provider failure becomes a warning, not an error.
+    /// (docs/decisions.md, "Listing computers"). A provider failure becomes a warning, not an error.
     pub async fn list(&self) -> (Vec<ComputerInfo>, Option<String>) {
         let (mut rows, warning) = match self.backend.list().await {
             Ok(rows) => (rows, None),

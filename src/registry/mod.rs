@@ -1,8 +1,8 @@
 //! The computer registry: which computers this process holds, for whom, and the per-computer
-//! locks that order lifecycle operations and execs (`lifecycle.md` §3, §5, §7).
+//! locks that order lifecycle operations and execs (docs/decisions.md, "Acquiring a computer").
 //!
 //! Provider labels are the ground truth; a record here is a cache that exists only while some
-//! session holds the computer (no zero-owner records, D9). No global lock is held across
+//! session holds the computer (no zero-owner records, docs/decisions.md, "Sessions, holders and leases"). No global lock is held across
 //! provider I/O: the map lock is synchronous and short, and each computer has its own slot.
 //!
 //! **Architecture invariant:** no MCP types and no provider names; everything provider-side
@@ -36,7 +36,7 @@ use crate::exec::ExecOutcome;
 use crate::ids::{ComputerId, InstanceId};
 use slots::{Slot, lock};
 
-/// A lifecycle operation that interrupts an exec in flight (`lifecycle.md` §5).
+/// A lifecycle operation that interrupts an exec in flight (docs/decisions.md, "Lifecycle operations").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Interruption {
     Restart,
@@ -141,7 +141,7 @@ impl Registry {
     }
 
     /// A holder for one sessionless request: computers it touches are kept alive by a lease of
-    /// `ttl`, renewed on every use (`lifecycle.md` §2). Nothing needs closing afterwards.
+    /// `ttl`, renewed on every use (docs/decisions.md, "Sessions, holders and leases"). Nothing needs closing afterwards.
     pub fn sessionless(&self, ttl: Duration) -> Arc<Session> {
         let id = self
             .next_session

@@ -1,4 +1,4 @@
-//! Crash recovery at startup (`lifecycle.md` §9): temporary computers whose creating server
+//! Crash recovery at startup (docs/decisions.md, "Crash recovery"): temporary computers whose creating server
 //! died without cleaning up are removed, in the background, never delaying MCP traffic.
 //! Computers without an instance marker (the Python reference's, other hosts') are never
 //! touched, and neither are those of an instance whose lock is still held.

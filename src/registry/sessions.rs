@@ -1,5 +1,5 @@
 //! Per-session state: the session's default computer and the computers it holds, with the
-//! mode it holds each in (`lifecycle.md` §2). Mutated only by the registry.
+//! mode it holds each in (docs/decisions.md, "Sessions, holders and leases"). Mutated only by the registry.
 
 use std::collections::HashMap;
 use std::sync::Mutex;

@@ -1,5 +1,5 @@
 //! Letting go of computers: a session's close, the shutdown sweep of every temporary computer
-//! (`lifecycle.md` §8) and the kill of every exec in flight. A temporary computer stays
+//! (docs/decisions.md, "Shutdown".) and the kill of every exec in flight. A temporary computer stays
 //! recorded until its removal has finished, so a close and the sweep never both remove it.
 
 use std::sync::Arc;
@@ -13,7 +13,7 @@ use crate::backends::SandboxRef;
 use crate::exec;
 use crate::ids::ComputerId;
 
-/// Temporary computers removed at once during shutdown (`lifecycle.md` §8).
+/// Temporary computers removed at once during shutdown (docs/decisions.md, "Shutdown".).
 const SHUTDOWN_PARALLEL_REMOVALS: usize = 16;
 
 impl Registry {
@@ -69,7 +69,7 @@ impl Registry {
         }
     }
 
-    /// Removes every temporary computer this process holds (shutdown, `lifecycle.md` §8),
+    /// Removes every temporary computer this process holds (shutdown, docs/decisions.md, "Shutdown".),
     /// including those still being created or reset: each candidate's lifecycle lock is taken
     /// first, so the sweep waits for the operation in progress (a session close removing it,
     /// a creation, a factory reset) and then removes whatever temporary computer is recorded.

@@ -1,6 +1,6 @@
 //! Unit tests of the registry's rules against the fake backend, under paused tokio time: the
 //! lock order of lifecycle ops and execs, FIFO execs, one default per session, no record
-//! without an owner, the shutdown sweep racing session closes, and restart-once (D18).
+//! without an owner, the shutdown sweep racing session closes, and restart-once (docs/decisions.md, "Dead computers").
 //!
 //! [`settle`] is the one wait that is not on an event: under paused time the clock moves only
 //! when every task is blocked, so it returns once all spawned work has gone as far as it can
@@ -135,7 +135,7 @@ fn recorded(registry: &Registry) -> HashSet<ComputerId> {
         .collect()
 }
 
-/// D9: a record exists only while some session (or an unexpired lease) holds the computer.
+/// docs/decisions.md, "Sessions, holders and leases": a record exists only while some session (or an unexpired lease) holds the computer.
 fn assert_every_record_has_an_owner(registry: &Registry) {
     for (id, slot) in lock(&registry.slots).iter() {
         let state = lock(&slot.state);
@@ -598,7 +598,7 @@ async fn shutdown_kills_execs_in_flight_on_permanent_computers_itself() {
     assert_eq!(backend.counts(&scratch).kill_exec, 1);
 }
 
-// Restart-once on NotRunning (D18).
+// Restart-once on NotRunning (docs/decisions.md, "Dead computers").
 
 #[tokio::test(start_paused = true)]
 async fn a_stopped_computer_is_started_once_and_the_command_retried() {

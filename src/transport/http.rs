@@ -1,8 +1,8 @@
-//! The Streamable HTTP transport (`http.md`): an axum router with rmcp's
+//! The Streamable HTTP transport (docs/decisions.md, "HTTP transport"): an axum router with rmcp's
 //! `StreamableHttpService` at `/mcp` (behind the Host/Origin check, bearer auth and body limit
 //! of [`guard`]), `/healthz` and `GET /` ([`pages`]), served by the bounded accept loop of
 //! [`listener`]; the access token generated when none is configured; session and lease
-//! reaping; and the shutdown sequence of `lifecycle.md` §8.
+//! reaping; and the shutdown sequence of docs/decisions.md, "Shutdown".
 //!
 //! **API boundary:** everything an HTTP client observes besides MCP itself (routes, status codes,
 //! headers) is decided here. Computers are never touched here: sessions are opened and closed
@@ -34,14 +34,14 @@ use crate::state::GeneratedToken;
 use guard::{AllowedHosts, Guard, MAX_REQUEST_BODY_BYTES, Token};
 use sessions::IdleSessions;
 
-/// Sessions that never finish `initialize` are dropped after this long (`http.md` §2).
+/// Sessions that never finish `initialize` are dropped after this long (docs/decisions.md, "Streamable HTTP service").
 const INIT_TIMEOUT: Duration = Duration::from_secs(60);
 /// SSE comment pings on open streams, so proxies do not cut streams that are merely quiet.
 const SSE_KEEP_ALIVE: Duration = Duration::from_secs(15);
 /// Reconnect delay announced to SSE clients.
 const SSE_RETRY: Duration = Duration::from_secs(3);
 /// Upper bound of the reaper period: an abandoned session or lease outlives its timeout by at
-/// most this (`lifecycle.md` §2, `http.md` §5 acceptance: within timeout + 15 s).
+/// most this (docs/decisions.md, "Sessions, holders and leases", docs/decisions.md, "Sessions, holders and leases" acceptance: within timeout + 15 s).
 const REAPER_MAX_PERIOD: Duration = Duration::from_secs(15);
 /// Lower bound of the reaper period, so tiny timeouts do not spin.
 const REAPER_MIN_PERIOD: Duration = Duration::from_secs(1);
@@ -59,7 +59,7 @@ pub struct ServeOptions<'a> {
     pub state_dir: Option<&'a Path>,
 }
 
-/// `min(15 s, max(1 s, timeout / 4))` (`lifecycle.md` §10).
+/// `min(15 s, max(1 s, timeout / 4))` (docs/decisions.md, "Constants").
 pub fn reaper_period(session_timeout: Duration) -> Duration {
     (session_timeout / 4).clamp(REAPER_MIN_PERIOD, REAPER_MAX_PERIOD)
 }
@@ -181,11 +181,11 @@ pub async fn serve(surface: Arc<Surface>, config: &HttpConfig, options: ServeOpt
             shutdown::Trigger::ClientGone
         }
     };
-    // `lifecycle.md` §8. Sessions are ended only after the sweep, not before it: ending one
+    // docs/decisions.md, "Shutdown". Sessions are ended only after the sweep, not before it: ending one
     // drops its handler, whose release removes the session's temporaries in a task of its own
     // that the sweep cannot see (the record is already taken) and that the exit would cut
     // short. Until then no new request is accepted, and calls killed by the sweep still get
-    // their results (`http.md` §6).
+    // their results (docs/decisions.md, "Shutdown").
     guard.start_draining();
     stop_accepting.cancel();
     reaper.abort();

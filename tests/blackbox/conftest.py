@@ -68,7 +68,7 @@ MADE: dict[str, set[str]] = {"ids": set(), "instances": set()}
 STATE_DIR_NAME = ".mcp-sandbox-computer-vm-for-ai"
 MIB2 = 2 * 1024 * 1024
 
-# Exact strings from the spec (mcp-surface.md, lifecycle.md, cli.md).
+# Exact strings from the spec (docs/decisions.md, "MCP surface", docs/decisions.md, "Computer ids", docs/decisions.md, "Command-line conventions").
 SLUG_MESSAGE = (
     "computer_id must be 1-63 lowercase letters, numbers, or hyphens; "
     "it must start and end with a letter or number."
@@ -320,7 +320,7 @@ class Server:
 
     def containers(self) -> list[str]:
         """All containers (any state) created by this server process for temporary computers,
-        found by the `kilntainers.instance` label (lifecycle.md §9)."""
+        found by the `kilntainers.instance` label (docs/decisions.md, "Crash recovery")."""
         assert self.instance_id, "the server did not create its instance lock file"
         return sorted(containers_with_label(f"kilntainers.instance={self.instance_id}"))
 
@@ -461,7 +461,7 @@ class KBB:
                             init = await session.initialize()
                         srv = Server(session, dump(init), home, errlog, pidfile, rcfile, self)
                         self.servers.append(srv)
-                        # The instance lock file (lifecycle.md §9) names this process's instance.
+                        # The instance lock file (docs/decisions.md, "Crash recovery") names this process's instance.
                         new = await apoll(lambda: {p.stem for p in self.instance_locks(home)} - locks_before, 5, 0.02)
                         if new and len(new) == 1:
                             srv.instance_id = next(iter(new))
@@ -489,7 +489,7 @@ class KBB:
     ) -> AsyncIterator["HttpServer"]:
         """The binary with `--transport http --host <host> --port <free port>`, started under the
         shim; ready once `/healthz` answers.  On exit it gets SIGTERM (unless it already ended) and
-        must exit 0 within `stop_timeout` (cli.md §6) unless the body raised."""
+        must exit 0 within `stop_timeout` (docs/decisions.md, "Exit codes and diagnostics") unless the body raised."""
         home = home or self.home()
         srv = None
         for attempt in range(3):
@@ -727,7 +727,7 @@ class RawServer:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on right now (the server refuses --port 0, cli.md §1)."""
+    """A port nothing listens on right now (the server refuses --port 0, docs/decisions.md, "Core options")."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
         s.bind((host, 0))

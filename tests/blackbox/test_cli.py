@@ -1,8 +1,8 @@
 """Command line: startup validation messages (`kilntainers: error: <message>`, exit 1) for
-cli.md §4 rows 1-3, 5-8, 13-16; parser usage errors exit 2; `--version`/`--help`; defaults passed
+docs/decisions.md, "Startup validation" rows 1-3, 5-8, 13-16; parser usage errors exit 2; `--version`/`--help`; defaults passed
 explicitly in stdio mode are accepted; `--docker-run-flag` translation (`--pids-limit=256`,
-`--tmpfs /scratch:size=10m`), `--no-network`, `--flag=value` form (cli.md §1-§4, §6;
-backends.md §2.3; testing.md §10 item 22)."""
+`--tmpfs /scratch:size=10m`), `--no-network`, `--flag=value` form (docs/decisions.md, "Core options";
+docs/decisions.md, "Docker run flags"; docs/decisions.md, "Acceptance checklist" item 22)."""
 
 from __future__ import annotations
 
@@ -103,7 +103,7 @@ def test_unsupported_docker_run_flag(kbb, flag):
 
 @pytest.mark.parametrize("flag", ["--rm", "--name=x", "--entrypoint=/bin/sh", "-d", "--detach", "-i", "-t", "--restart=always"])
 def test_managed_docker_run_flags_are_rejected(kbb, flag):
-    """backends.md §2.3: flags the product manages are rejected at startup; cli.md §4 row 15
+    """docs/decisions.md, "Docker run flags": flags the product manages are rejected at startup; docs/decisions.md, "Startup validation" row 15
     allows either the `Unsupported ...` or the `Invalid ...: <reason>.` form."""
     proc = run_cli(kbb, *BUSYBOX_ARGS, "--docker-run-flag", flag)
     assert proc.returncode == 1, (proc.returncode, proc.stderr)

@@ -1,9 +1,9 @@
-"""Crash recovery (lifecycle.md §9): a server killed with SIGKILL leaves its temporary computer
+"""Crash recovery (docs/decisions.md, "Crash recovery"): a server killed with SIGKILL leaves its temporary computer
 behind; the next server started with the same HOME removes it in the background within ~10 s,
 logs `kilntainers: removed <n> temporary computer(s) left by a previous server: <ids>` and deletes
 the dead instance's lock file.  Permanent computers, containers without an instance marker
 (Python reference) and the temporary computers of a server that is still alive are never
-touched (testing.md §10 item 13)."""
+touched (docs/decisions.md, "Acceptance checklist" item 13)."""
 
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
 """`terminal_execute` behaviour: result shape and text bytes (Python json.dumps of
 structuredContent, six keys in order), argument decoding and coercions, every validation message
-of mcp-surface.md §4.2 byte for byte and that validation failures create nothing, non-zero exit
+of docs/decisions.md, "terminal_execute validation" byte for byte and that validation failures create nothing, non-zero exit
 codes as successful results, command vs args mode, stdin round trip, working_directory, lossy
 UTF-8 decoding, the session default computer (reuse, concurrent first calls), explicit and
-invalid computer ids, and parallel execs on different computers (mcp-surface.md §3-§4, §8;
-lifecycle.md §1, §3, §7; testing.md §10 items 4-6, 9-10)."""
+invalid computer ids, and parallel execs on different computers (docs/decisions.md, "Tool arguments";
+docs/decisions.md, "Computer ids"; docs/decisions.md, "Acceptance checklist" items 4-6, 9-10)."""
 
 from __future__ import annotations
 
@@ -81,7 +81,7 @@ async def test_result_shape_and_text_bytes(kbb):
             '"exit_code": 0, "exec_duration_ms": %d}' % (s["computer_id"], s["exec_duration_ms"])
         )
         assert res.text == expected
-        # The computer is a container named and labelled per backends.md §1.4 / §2.2.
+        # The computer is a container named and labelled per docs/decisions.md, "Labels and metadata"
         cid = container_for(s["computer_id"])
         assert cid, "no container for the default computer"
         info = inspect(cid)
@@ -240,7 +240,7 @@ VALIDATION_CASES = [
     ({"command": "pwd", "working_directory": "/./proc"}, "working_directory must not be under /proc, got: /./proc"),
     # validation runs before computer resolution: an invalid id does not win
     ({"computer_id": "NOT VALID"}, NEITHER),
-    # type errors (§3): first offending property in schema order wins
+    # type errors (docs/decisions.md, "Tool arguments"): first offending property in schema order wins
     ({"command": 5}, invalid_args("command", "expected a string")),
     ({"args": "echo hi"}, invalid_args("args", "expected an array of strings")),
     ({"args": ["echo", 1]}, invalid_args("args", "expected an array of strings")),

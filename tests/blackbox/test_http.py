@@ -1,7 +1,7 @@
 """Streamable HTTP transport driven with the SDK's HTTP client against a real Docker engine:
 per-session default computers, removal on the client's DELETE, idle expiry of an abandoned
 session, bearer auth / Host / Origin refusals, the non-loopback bind refusal, and SIGTERM with
-live sessions (http.md §1-§6, lifecycle.md §2 and §8, cli.md §4 row 10, testing.md §10 items 9,
+live sessions (docs/decisions.md, "HTTP routes", docs/decisions.md, "Sessions, holders and leases", docs/decisions.md, "Startup validation" row 10, docs/decisions.md, "Acceptance checklist" items 9,
 13 and 21).  The stdio-mode rejections of --host/--port/--session-timeout are in test_cli.py."""
 
 from __future__ import annotations
@@ -330,10 +330,10 @@ def test_non_loopback_bind_without_token_is_refused(kbb, host, env):
 
 @pytest.mark.parametrize("opt", ["allow-unauthenticated", "token"])
 async def test_non_loopback_bind_starts_with_token_or_explicit_opt_out(kbb, opt):
-    # 127.0.0.2 counts as non-loopback for the rule (cli.md §4 row 10) but stays on this machine.
+    # 127.0.0.2 counts as non-loopback for the rule (docs/decisions.md, "Startup validation" row 10) but stays on this machine.
     args = ["--allow-unauthenticated-http"] if opt == "allow-unauthenticated" else ["--auth-token", TOKEN]
     async with kbb.http_server(*BUSYBOX_ARGS, *args, host="127.0.0.2") as srv:
-        # A 127.x bind allows the loopback names only (http.md §3), so send one of them.
+        # A 127.x bind allows the loopback names only (docs/decisions.md, "Host and Origin checks"), so send one of them.
         response = raw_post(srv.mcp_url, initialize_body(), {"Host": f"localhost:{srv.port}"})
         if opt == "token":
             assert response.status_code == 401, response.status_code

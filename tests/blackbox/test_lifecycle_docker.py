@@ -3,8 +3,7 @@ settings; temporary computers removed when the stdio client closes (EOF) and on 
 instance lock file deleted); permanent computers survive and are reattached by a second server
 process; adoption of containers created by the Python reference 0.2.3 (running and stopped); the
 three mode-conflict messages (the provider-side one without starting a stopped container); a
-missing shell in the image cleans up after itself (lifecycle.md §3-§4, §8; backends.md §1.2,
-§1.4, §2.2, §2.4; testing.md §10 items 11, 13, 14)."""
+missing shell in the image cleans up after itself (docs/decisions.md, "Acquiring a computer"; docs/decisions.md, "Keep-alive process"; docs/decisions.md, "Acceptance checklist" items 11, 13, 14)."""
 
 from __future__ import annotations
 
@@ -85,7 +84,7 @@ async def test_temporary_container_settings_and_removal_on_close(kbb):
         assert labels["kilntainers.temporary"] == "true"
         assert labels["kilntainers.image"] == BUSYBOX
         assert re.fullmatch(r"[0-9a-f]{16}", labels.get("kilntainers.instance", "")), labels
-        # keep-alive PID 1 and creation settings (backends.md §1.2, §2.2)
+        # keep-alive PID 1 and creation settings (docs/decisions.md, "Keep-alive process")
         assert info["Config"]["Cmd"] == ["/bin/sh", "-c", KEEPALIVE]
         assert info["Config"]["Tty"] is False and info["Config"]["OpenStdin"] is False
         host = info["HostConfig"]
@@ -182,7 +181,7 @@ async def test_sigterm_during_exec_still_cleans_up(kbb):
 def test_eof_during_exec_cleans_up_within_client_grace(kbb):
     """Clients such as the Python SDK close stdin, wait 2 s, then kill the process group: with an
     exec in flight the server must still kill it, remove its temporary computer and exit 0
-    within that grace (testing.md §6).  Raw JSON-RPC so that stdin closes mid-call."""
+    within that grace (docs/decisions.md, "Real MCP clients").  Raw JSON-RPC so that stdin closes mid-call."""
     with RawServer(kbb, *BUSYBOX_ARGS) as raw:
         first = raw.call({"command": "true"})
         assert first.get("isError") is not True, first
@@ -345,7 +344,7 @@ async def test_adopts_container_created_by_python_reference(kbb, start):
 
 
 # ---------------------------------------------------------------------------------------------
-# mode conflicts (lifecycle.md §3)
+# mode conflicts (docs/decisions.md, "Acquiring a computer")
 
 
 async def test_mode_conflict_already_attached(kbb):
@@ -447,7 +446,7 @@ async def test_missing_shell_fails_and_leaves_no_container(kbb):
 
 
 # ---------------------------------------------------------------------------------------------
-# dead computers (lifecycle.md §6, D18): never fatal to the server
+# dead computers (docs/decisions.md, "Dead computers"): never fatal to the server
 
 
 def no_longer_exists(cid: str) -> str:
@@ -515,7 +514,7 @@ async def test_removed_computer_reports_no_longer_exists(kbb):
 
 
 async def test_keepalive_stops_promptly(kbb):
-    """backends.md §1.2 / D8: the keep-alive exits at once on SIGTERM (no 10 s stop grace)."""
+    """docs/decisions.md, "Keep-alive process": the keep-alive exits at once on SIGTERM (no 10 s stop grace)."""
     cid = kbb.new_id("stopfast")
     async with kbb.server(*BUSYBOX_ARGS) as srv:
         await srv.run("true", computer_id=cid, temporary=False)

@@ -1,5 +1,4 @@
-"""The six lifecycle tools over stdio with the official Python MCP client (mcp-surface.md §2,
-§5, §7; lifecycle.md §5; testing.md §10 items 2, 15-19): the switch, the tool list and the
+"""The six lifecycle tools over stdio with the official Python MCP client (docs/decisions.md, "Tool list"; docs/decisions.md, "Lifecycle operations"; docs/decisions.md, "Acceptance checklist" items 2, 15-19): the switch, the tool list and the
 dashboard resource, create/list/restart/factory reset/delete with their payloads checked against
 the Docker engine, listing and reattaching a container labelled the way the Python reference
 labels them, error shapes, and that a slow lifecycle operation on one computer does not block
@@ -120,7 +119,7 @@ async def test_create_list_restart_reset_delete_agree_with_docker(kbb):
         }
         assert inspect(container)["State"]["StartedAt"] != started_before and is_running(container)
         assert (await srv.run("cat /root/f", computer_id=cid, temporary=False)).structured["stdout"] == "kept\n"
-        # D8: the keep-alive exits at once, so a restart is far below the reference's 5.4 s.
+        # docs/decisions.md, "Keep-alive process": the keep-alive exits at once, so a restart is far below the reference's 5.4 s.
         assert restart_seconds < 5, f"restart took {restart_seconds:.2f}s"
 
         reset = await srv.call({"computer_id": cid}, name="computer_factory_reset")

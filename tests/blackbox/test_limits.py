@@ -4,7 +4,7 @@ container killed, including backgrounded and setsid children; `--timeout` defaul
 timeout), the output limit (`--output-limit 1024`: strictly-greater rule on combined
 stdout+stderr, exact notice, output at the limit intact, flooding producers killed, server
 memory bounded), and the minimal image whose lack of `tr`/`grep` breaks the kill sweep but not
-the result (mcp-surface.md §4.2-§4.3; backends.md §1.1-§1.3; testing.md §10 items 5, 7, 8)."""
+the result (docs/decisions.md, "terminal_execute validation"; docs/decisions.md, "Execution model"; docs/decisions.md, "Acceptance checklist" items 5, 7, 8)."""
 
 from __future__ import annotations
 

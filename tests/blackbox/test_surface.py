@@ -2,7 +2,7 @@
 the tool list in default mode (exactly `terminal_execute`, exact T-DOCKER description, input and
 output schemas, annotations, `_meta`), description assembly (override, extended, generic text for
 a non-default image), the ENABLE_LIFECYCLE_TOOLS switch, empty resources/prompts, and that none
-of this creates anything provider-side (mcp-surface.md §1, §2, §4.1, §4.5, §6; testing.md §10
+of this creates anything provider-side (docs/decisions.md, "Server identity and capabilities"; docs/decisions.md, "Acceptance checklist"
 items 1-3, 23)."""
 
 from __future__ import annotations
@@ -145,7 +145,7 @@ async def test_default_mode_surface_debian(kbb):
         assert prompts.prompts == []
 
         assert srv.containers() == [], "initialize/list calls must create nothing"
-        # cli.md §6: one start line on stderr
+        # docs/decisions.md, "Exit codes and diagnostics": one start line on stderr
         start_line = f"kilntainers: mcp-sandbox-computer-vm-for-ai {crate_version()} serving stdio (backend: docker, lifecycle tools: off)"
         assert start_line in srv.stderr().splitlines(), srv.stderr()[:2000]
     assert srv.returncode() == 0
@@ -172,9 +172,9 @@ async def test_description_extended_is_appended(kbb):
 
 
 async def test_non_default_image_without_override_starts_and_names_image(kbb):
-    """mcp-surface.md §6 rule 3: never refuse a non-default image; use the generic text.
-    (testing.md §10 item 23 still says "custom image without override -> exit 1"; the
-    normative section §6 wins.)"""
+    """docs/decisions.md, "Tool descriptions" rule 3: never refuse a non-default image; use the generic text.
+    (docs/decisions.md, "Acceptance checklist" item 23 keeps the reference's "custom image without override ->
+    exit 1"; the descriptions rule wins.)"""
     async with kbb.server(*BUSYBOX_ARGS) as srv:
         tools = await srv.list_tools()
         desc = tools[0]["description"]

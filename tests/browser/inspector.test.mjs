@@ -1,5 +1,5 @@
 // The MCP Inspector CLI (a real, independent MCP client) against the real server over stdio
-// with lifecycle tools enabled by environment variable (testing.md §6).
+// with lifecycle tools enabled by environment variable (docs/decisions.md, "Real MCP clients").
 import assert from "node:assert/strict";
 import { rmSync } from "node:fs";
 import { join } from "node:path";

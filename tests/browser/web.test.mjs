@@ -1,5 +1,5 @@
 // The dashboard in web mode: GET / of the real server in HTTP mode, talking Streamable HTTP to
-// /mcp from headless Debian Chromium (dashboard.md §4, §7).
+// /mcp from headless Debian Chromium (docs/decisions.md, "Dashboard web mode").
 import assert from "node:assert/strict";
 import { randomBytes } from "node:crypto";
 import { after, before, describe, it } from "node:test";

@@ -138,7 +138,7 @@ def instance_containers(instance: str) -> list[str]:
 
 
 def lock_pid(home: Path, instance: str) -> int:
-    """The server pid recorded in its instance lock file (lifecycle.md §9)."""
+    """The server pid recorded in its instance lock file (docs/decisions.md, "Crash recovery")."""
     data = json.loads((home / bb.STATE_DIR_NAME / "instances" / f"{instance}.lock").read_text())
     return int(data["pid"])
 
@@ -163,7 +163,7 @@ def container_pids(container: str) -> dict[int, str]:
 
 
 # ---------------------------------------------------------------------------------------------
-# a minimal Streamable HTTP client (http.md): enough to open a session, run one call and drop
+# a minimal Streamable HTTP client (docs/decisions.md, "HTTP transport"): enough to open a session, run one call and drop
 # the connection without a DELETE, which the SDK's client does not let a test do at scale
 
 

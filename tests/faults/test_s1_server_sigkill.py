@@ -1,6 +1,6 @@
 """Scenario 1: the server dies by SIGKILL while it holds temporary and permanent computers.
 Nothing can run at its end, so the next server started with the same HOME must collect the dead
-server's temporary computers (crash GC, lifecycle.md §9) and attach the permanent ones again,
+server's temporary computers (crash GC, docs/decisions.md, "Crash recovery") and attach the permanent ones again,
 their files intact."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from faultkit import bb, instance_containers
 
 pytestmark = [pytest.mark.anyio, pytest.mark.scenario("1")]
 
-# Crash GC runs in the background right after startup (lifecycle.md §9 says ~10 s); the extra
+# Crash GC runs in the background right after startup (docs/decisions.md, "Crash recovery" says ~10 s); the extra
 # margin absorbs a slow engine on a loaded 2-core machine.
 GC_DEADLINE = 30.0
 # Large enough that a truncated or partly rewritten file cannot go unnoticed.

@@ -32,7 +32,7 @@ HTTP_CONCURRENCY = 16
 # Short, so abandoned sessions expire within the test; long enough that a session is not reaped
 # between its initialize and its one call on a loaded machine.
 SESSION_TIMEOUT = 10
-# Expiry is due within timeout + reaper period (http.md §5); removing 100 containers takes the
+# Expiry is due within timeout + reaper period (docs/decisions.md, "Sessions, holders and leases"); removing 100 containers takes the
 # engine a while on top.
 HTTP_CLEANUP_DEADLINE = SESSION_TIMEOUT + 15 + 60
 

@@ -5,7 +5,7 @@ every live process that was not there before the command counts as an escape.  E
 recorded per technique, then killed out of band so the next technique starts clean.
 
 The kill on timeout ends the command's process group and then every process that carries the
-command's exec tag (`KILNTAINERS_EXEC_ID` in its environment, backends.md §1.3).  Techniques
+command's exec tag (`KILNTAINERS_EXEC_ID` in its environment, docs/decisions.md, "Killing a command").  Techniques
 that keep the tag are all covered by that.  Techniques that drop the tag from the environment
 (`env -i`, `unset`, overwriting it) and leave the process group are only caught by a kill that
 does not rely on the tag (a cgroup-level kill of everything but the keep-alive and the helper);

@@ -2,7 +2,7 @@
 //! API and envd process service (`tests/blackbox/fake_e2b.py`, run as a child process). They
 //! pin our request building, Connect framing, proto3-JSON decoding, retries and lifecycle
 //! logic against our reading of E2B's definitions; they cannot show that the real service
-//! behaves that way (`testing.md` §7), hence the names.
+//! behaves that way (docs/decisions.md, "Contract tests against fakes"), hence the names.
 //!
 //! The fake backs sandboxes with local Docker containers, so tests that create sandboxes need
 //! the test environment's engine and `sandbox-busybox:full` (`KILNTAINERS_IT_DOCKER=1`); the

@@ -1,7 +1,7 @@
 //! Contract tests of the Fly backend against a local fake of the documented Machines API
 //! (`tests/blackbox/fake_fly.py`, run as a child process). They pin our request building,
 //! parsing, retries and lifecycle logic against our reading of Fly's documentation; they
-//! cannot show that the real service behaves that way (`testing.md` §7), hence the names.
+//! cannot show that the real service behaves that way (docs/decisions.md, "Contract tests against fakes"), hence the names.
 //!
 //! The fake backs Machines with local Docker containers, so tests that create Machines need
 //! the test environment's engine and `sandbox-busybox:full` (`KILNTAINERS_IT_DOCKER=1`); the

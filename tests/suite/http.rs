@@ -1,4 +1,4 @@
-//! The real binary over Streamable HTTP (`http.md`): routes, Host/Origin and bearer guards,
+//! The real binary over Streamable HTTP (docs/decisions.md, "HTTP transport"): routes, Host/Origin and bearer guards,
 //! with raw requests; sessions with the rmcp client (separate defaults, DELETE), idle expiry,
 //! the lease of a sessionless 2026-07-28 request, and SIGTERM, against the real Docker engine.
 
@@ -496,7 +496,7 @@ async fn abandoned_session_is_reaped_but_a_long_call_is_not() {
     let server = HttpServer::start("http-idle", &args).await;
     let mut session = RawSession::open(&server).await;
 
-    // A call longer than the idle timeout keeps its session (lifecycle.md §2).
+    // A call longer than the idle timeout keeps its session (docs/decisions.md, "Sessions, holders and leases").
     let long = session
         .call(json!({"command": "sleep 4; echo done", "computer_id": id}))
         .await;

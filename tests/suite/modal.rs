@@ -2,7 +2,7 @@
 //! `fake-modal` workspace crate, `fakes/modal/`, built from the same `modal_api.proto`). They pin the requests we
 //! send (fields and `x-modal-*` metadata, checked strictly) and how we handle answers, streaming
 //! exec output included; they cannot show that Modal's real service behaves like our reading of
-//! its API (`testing.md` §7), hence the names.
+//! its API (docs/decisions.md, "Contract tests against fakes"), hence the names.
 //!
 //! The fake backs sandboxes with local Docker containers of `sandbox-busybox:full`, so tests that
 //! create sandboxes need the test environment's engine (`KILNTAINERS_IT_DOCKER=1`); the

@@ -1,4 +1,4 @@
-//! Container creation (`backends.md` §2.2): pull when missing (single-flight per image, with
+//! Container creation (docs/decisions.md, "Docker and Podman"): pull when missing (single-flight per image, with
 //! progress), create with our labels and limits, start, check it stayed up, readiness. Any
 //! failure after the container exists removes it, temporary or permanent.
 
@@ -22,7 +22,7 @@ use crate::backends::{Backend, BackendError, CreateSpec, Progress, SandboxRef};
 /// 2-core host, failing most of them; queued here, they wait their turn and succeed.
 pub(super) const PARALLEL_STARTS: usize = 8;
 
-/// One lock per image reference so concurrent creates pull once (`lifecycle.md` §7).
+/// One lock per image reference so concurrent creates pull once (docs/decisions.md, "Concurrency").
 #[derive(Default)]
 pub(super) struct PullGate {
     locks: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,

@@ -1,4 +1,4 @@
-//! Docker and Podman through the Engine API (bollard), never the CLI (D12). Owns the
+//! Docker and Podman through the Engine API (bollard), never the CLI (docs/decisions.md, "Docker and Podman"). Owns the
 //! connection, container lookup, inventory, restart, removal and crash GC; creation lives in
 //! [`create`] and command execution in [`exec`].
 //!
@@ -38,7 +38,7 @@ use crate::ids::{ComputerId, ExecId, InstanceId};
 /// bollard's client timeout bounds request → response headers only; streamed bodies (exec
 /// output, pulls) are bounded by our own timers. 30 s covers a slow remote engine.
 const API_TIMEOUT: Duration = Duration::from_secs(30);
-/// Readiness exec after create/start/restart (`lifecycle.md` §10).
+/// Readiness exec after create/start/restart (docs/decisions.md, "Constants").
 const READINESS_TIMEOUT: Duration = Duration::from_secs(15);
 /// Stop grace for restart: the keep-alive exits at once on SIGTERM, so 2 s only matters for
 /// the reference's `tail -f /dev/null` containers.

@@ -1,5 +1,5 @@
 //! Maps parsed `--docker-run-flag` settings ([`RunFlags`]) onto bollard's container create body
-//! (spec `backends.md` §2.3).
+//! (spec docs/decisions.md, "Docker run flags").
 //!
 //! This file owns only the translation to Engine API fields; parsing and validation live in
 //! `config::run_flags`, and the rest of the create body (image, keep-alive command, labels, the

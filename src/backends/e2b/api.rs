@@ -1,4 +1,4 @@
-//! The E2B control plane (`backends.md` §4): the REST API under `--e2b-api-url`, authenticated
+//! The E2B control plane (docs/decisions.md, "E2B sandboxes"): the REST API under `--e2b-api-url`, authenticated
 //! with `X-API-Key` (E2B deprecates bearer access tokens for this). Wire types are written by
 //! hand from E2B's published OpenAPI definition (`NewSandbox`, `Sandbox`, `ListedSandbox`,
 //! `ConnectSandbox`, `Error`), with only the fields we use.

@@ -1,6 +1,6 @@
-//! E2B sandboxes (`backends.md` §4): the REST control plane plus envd's process RPC, hand-rolled
+//! E2B sandboxes (docs/decisions.md, "E2B sandboxes"): the REST control plane plus envd's process RPC, hand-rolled
 //! over reqwest. Both base URLs are configurable, so self-hosted E2B-compatible services work
-//! the same way as E2B's cloud. A computer is a sandbox carrying the §1.4 metadata, found again
+//! the same way as E2B's cloud. A computer is a sandbox carrying our metadata keys (docs/decisions.md, "Labels and metadata"), found again
 //! by listing with a metadata filter, so permanent computers survive a server restart — while
 //! their E2B lifetime lasts: every attach (`connect`) and, throttled, every exec extends it, so
 //! a computer in active use does not expire.
@@ -36,7 +36,7 @@ use crate::ids::{ComputerId, ExecId, InstanceId};
 use api::{Api, ApiError, Connected, KEY_HINT, NewSandbox};
 use process::{Command, Envd, RunError};
 
-/// Readiness exec after create/attach/restart (`lifecycle.md` §10: E2B 10 s).
+/// Readiness exec after create/attach/restart (docs/decisions.md, "Constants": E2B 10 s).
 const READINESS_TIMEOUT: Duration = Duration::from_secs(10);
 /// Pause between readiness attempts while envd is still coming up.
 const READINESS_RETRY: Duration = Duration::from_millis(250);
@@ -49,7 +49,7 @@ const EXEC_DEADLINE: Duration = Duration::from_secs(3600 + 30);
 const EXTEND_MIN: Duration = Duration::from_secs(1);
 const EXTEND_MAX: Duration = Duration::from_secs(300);
 
-/// T-E2B (`mcp-surface.md` §6): the reference text for the default template.
+/// T-E2B (docs/decisions.md, "Tool descriptions"): the reference text for the default template.
 const T_E2B_FIRST: &str =
     "Execute a shell command in a remote cloud sandbox (E2B). Commands run in";
 const T_E2B_REST: &str = "Each call is independent — no state (shell variables, working directory) persists between calls. Use the working_directory parameter or chain commands with && to control execution context.";
@@ -133,7 +133,7 @@ impl E2bBackend {
         );
     }
 
-    /// Validation once, cached on success (`backends.md` §4 validate row).
+    /// Validation once, cached on success (docs/decisions.md, "E2B sandboxes" validate row).
     async fn validated(&self) -> Result<(), BackendError> {
         self.validated
             .get_or_try_init(|| async {
@@ -240,7 +240,7 @@ impl E2bBackend {
     }
 
     /// Turns an envd failure into the trait's error, asking the control plane whether the
-    /// sandbox still exists (`backends.md` §4 died row).
+    /// sandbox still exists (docs/decisions.md, "E2B sandboxes" died row).
     async fn classify(&self, sandbox: &SandboxRef, error: RunError) -> BackendError {
         let (started, detail) = match error {
             RunError::Auth(text) => {
@@ -329,7 +329,7 @@ impl E2bBackend {
         }
     }
 
-    /// `<shell> -c "echo kilntainers-ready"` must print the marker (`backends.md` §4 create row).
+    /// `<shell> -c "echo kilntainers-ready"` must print the marker (docs/decisions.md, "E2B sandboxes" create row).
     async fn readiness(&self, sandbox: &SandboxRef) -> Result<(), BackendError> {
         let argv = posix::readiness_argv(&self.shell);
         let deadline = Instant::now() + READINESS_TIMEOUT;
@@ -630,7 +630,7 @@ impl Backend for E2bBackend {
     }
 
     async fn kill_exec(&self, sandbox: &SandboxRef, exec_id: &ExecId) -> Result<(), BackendError> {
-        // The native signal first (`backends.md` §1.3), then the sweep for its descendants.
+        // The native signal first (docs/decisions.md, "Killing a command"), then the sweep for its descendants.
         let known = self.pids().remove(exec_id.as_str());
         if let Some((sandbox_id, pid)) = known
             && sandbox_id == sandbox.sandbox_id

@@ -28,7 +28,7 @@ use crate::backends::rest::bounded_text;
 use crate::backends::{ExecEnd, OutputSink, SinkControl, Stream};
 use crate::config::e2b::ENVD_PORT;
 
-/// Stdin is sent in pieces of at most this size (`backends.md` §4).
+/// Stdin is sent in pieces of at most this size (docs/decisions.md, "E2B sandboxes").
 const STDIN_CHUNK: usize = 64 * 1024;
 /// The keep-alive interval we ask envd for, in seconds (the official SDKs' value): envd sends a
 /// `keepalive` event this often so proxies do not cut a quiet stream.

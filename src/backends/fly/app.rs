@@ -1,4 +1,4 @@
-//! Which Fly App owns our Machines (`backends.md` §3.2): the configured one (must be visible),
+//! Which Fly App owns our Machines (docs/decisions.md, "Fly app and organisation"): the configured one (must be visible),
 //! else the one remembered in `fly.json` (if still visible), else a new
 //! `mcp-sandbox-computers-<8 hex>` created in `--fly-org`/`FLY_ORG`, `personal`, or the first
 //! organization the token sees, and remembered atomically.

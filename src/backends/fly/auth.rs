@@ -1,4 +1,4 @@
-//! Fly API credentials (`backends.md` §3.1): the first token found in the configured order
+//! Fly API credentials (docs/decisions.md, "Fly authentication"): the first token found in the configured order
 //! (`--fly-token`, `FLY_API_TOKEN`, `FLY_TOKEN`, `FLY_ACCESS_TOKEN`, then the top-level
 //! `access_token` of flyctl's `~/.fly/config.yml`), normalised the way flyctl does into one
 //! `Authorization` header value: `FlyV1 <macaroons>` for macaroon tokens, else `Bearer <token>`.
@@ -12,7 +12,7 @@ use crate::config::fly::TokenSources;
 /// Prefixes of macaroon tokens, which Fly wants under the `FlyV1` scheme (as flyctl decides).
 const MACAROON_PREFIXES: [&str; 3] = ["fm1r_", "fm1a_", "fm2_"];
 
-/// The exact text of `backends.md` §3.1 for a missing token.
+/// The exact text of docs/decisions.md, "Fly authentication" for a missing token.
 pub(super) const NO_TOKEN_MESSAGE: &str = "No Fly API token found (checked --fly-token, FLY_API_TOKEN, FLY_TOKEN, FLY_ACCESS_TOKEN and ~/.fly/config.yml). Install flyctl (https://fly.io/docs/flyctl/install/) and run 'fly auth login' once, or set FLY_API_TOKEN (for example to the output of 'fly tokens create org'), then restart your MCP client.";
 
 /// A ready-to-send `Authorization` header value.

@@ -1,4 +1,4 @@
-//! Commands through the Machines exec endpoint (`backends.md` §3.3 exec rows).
+//! Commands through the Machines exec endpoint (docs/decisions.md, "Fly operations" exec rows).
 //!
 //! The endpoint takes an argv, an optional stdin string and a server-side timeout, and answers
 //! once, when the command has ended, with `{stdout, stderr, exit_code, exit_signal}` — HTTP 200
@@ -253,7 +253,7 @@ pub(super) struct ExitStatus {
 }
 
 impl ExitStatus {
-    /// `exit_code`, or 128+signal when only a signal ended the command (`backends.md` §3.3).
+    /// `exit_code`, or 128+signal when only a signal ended the command (docs/decisions.md, "Fly operations").
     /// A missing code is 0: Go omits zero values.
     pub(super) fn exit_code(self) -> i64 {
         match (self.exit_code, self.exit_signal) {

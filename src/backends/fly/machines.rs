@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 
 use super::api::{Api, ApiError, CALL_TIMEOUT, Call, Retry, segment};
 
-/// Longest wait Fly's proxy allows on `/wait` (`backends.md` §3 quirks: clamped to 60 s).
+/// Longest wait Fly's proxy allows on `/wait` (docs/decisions.md, "Fly Machines" quirks: clamped to 60 s).
 pub(super) const MAX_WAIT_SECS: u64 = 60;
 /// Client bound for one `/wait` call: the server-side wait plus time for the answer to travel.
 const WAIT_SLACK: Duration = Duration::from_secs(15);

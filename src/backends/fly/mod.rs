@@ -1,5 +1,5 @@
-//! Fly Machines through the Machines REST API (`backends.md` §3), never flyctl. A computer is a
-//! Machine named by its computer id and carrying the §1.4 metadata, so the Python reference's
+//! Fly Machines through the Machines REST API (docs/decisions.md, "Fly Machines"), never flyctl. A computer is a
+//! Machine named by its computer id and carrying our metadata keys (docs/decisions.md, "Labels and metadata"), so the Python reference's
 //! Machines and ours find each other. Owns lookup, creation (create → wait `started` →
 //! readiness, destroying what it made on failure), attach, restart, destroy, inventory, the
 //! lease that keeps temporary Machines alive while held, and crash GC by instance and lease.
@@ -37,28 +37,28 @@ use machines::{
     CreateConfig, CreateRequest, Guest, Init, Machine, Machines, RestartPolicy, Rootfs, Waited,
 };
 
-/// Fly's `/wait` is clamped to 60 s; a start waits at most two rounds (`backends.md` §3.3)...
+/// Fly's `/wait` is clamped to 60 s; a start waits at most two rounds (docs/decisions.md, "Fly operations")...
 const WAIT_ROUNDS: u32 = 2;
 /// ...and at most this long in all, which is what the "did not start" message reports.
 const START_DEADLINE: Duration = Duration::from_secs(120);
 /// How long a slow or unreachable Fly API may delay startup for the app check; past it the
 /// server starts and the same check runs, failing closed, before the first Machine is made.
 const STARTUP_CHECK_TIMEOUT: Duration = Duration::from_secs(15);
-/// Readiness exec after create/start/restart (`lifecycle.md` §10: Fly 20 s).
+/// Readiness exec after create/start/restart (docs/decisions.md, "Constants": Fly 20 s).
 const READINESS_TIMEOUT: Duration = Duration::from_secs(20);
 /// Pause between readiness attempts: right after `started`, the exec endpoint may still refuse.
 const READINESS_RETRY: Duration = Duration::from_millis(500);
-/// Lease TTL written on temporary Machines (`lifecycle.md` §9/§10: 900 s).
+/// Lease TTL written on temporary Machines (docs/decisions.md, "Fly leases": 900 s).
 const LEASE_TTL_SECS: u64 = 900;
-/// How often a holder renews its leases (`lifecycle.md` §10: 300 s, a third of the TTL).
+/// How often a holder renews its leases (docs/decisions.md, "Constants": 300 s, a third of the TTL).
 const LEASE_RENEWAL: Duration = Duration::from_secs(300);
-/// How often any server collects expired leases (`lifecycle.md` §10: 600 s).
+/// How often any server collects expired leases (docs/decisions.md, "Constants": 600 s).
 const LEASE_GC_PERIOD: Duration = Duration::from_secs(600);
-/// Grace after lease expiry before a Machine is collected (`lifecycle.md` §9: 60 s), so a
+/// Grace after lease expiry before a Machine is collected (docs/decisions.md, "Crash recovery": 60 s), so a
 /// holder whose renewal is merely late is not robbed.
 const LEASE_GRACE_SECS: u64 = 60;
 
-/// The reference tool text for the default image (`mcp-surface.md` §6, T-FLY).
+/// The reference tool text for the default image (docs/decisions.md, "Tool descriptions", T-FLY).
 const T_FLY: &str = "Execute shell commands in an isolated Debian Fly Machine. Pass a computer_id to reconnect to a named Machine, or omit it to create a readable random ID. Temporary Machines are destroyed with their MCP session; permanent Machines persist on Fly and can be reattached later.";
 
 pub struct FlyBackend {
@@ -105,7 +105,7 @@ impl FlyBackend {
             stop: CancellationToken::new(),
             me: me.clone(),
         });
-        // Lease GC "at startup" (`lifecycle.md` §9) needs the app; look it up in the background
+        // Lease GC "at startup" (docs/decisions.md, "Crash recovery") needs the app; look it up in the background
         // without creating one, so starting a server never has side effects on the account.
         if tokio::runtime::Handle::try_current().is_ok() {
             let weak = Arc::downgrade(&inner);
@@ -242,7 +242,7 @@ impl FlyInner {
         Ok(false)
     }
 
-    /// `<shell> -c "echo kilntainers-ready"` must print the marker (`backends.md` §1.1).
+    /// `<shell> -c "echo kilntainers-ready"` must print the marker (docs/decisions.md, "Execution model").
     async fn readiness(&self, sandbox: &SandboxRef) -> Result<(), BackendError> {
         let argv = posix::readiness_argv(&self.shell);
         let failed = |detail: &str| {

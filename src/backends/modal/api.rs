@@ -1,4 +1,4 @@
-//! The one module that speaks Modal's gRPC API (`backends.md` §5).
+//! The one module that speaks Modal's gRPC API (docs/decisions.md, "Modal sandboxes").
 //!
 //! **What this depends on:** Modal's *internal, undocumented* client API — service
 //! `modal.client.ModalClient` as declared in Modal's published `modal_proto/api.proto`, whose

@@ -1,4 +1,4 @@
-//! Modal credentials and endpoint, resolved the way Modal's own clients do (`backends.md` §5):
+//! Modal credentials and endpoint, resolved the way Modal's own clients do (docs/decisions.md, "Modal sandboxes"):
 //! `--modal-token-id/--modal-token-secret`, then `MODAL_TOKEN_ID/MODAL_TOKEN_SECRET`, then the
 //! profile of the Modal config file that `modal setup` / `modal token set` write
 //! (`MODAL_CONFIG_PATH` or `~/.modal.toml`; the profile named by `MODAL_PROFILE`, else the one

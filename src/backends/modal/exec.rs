@@ -1,4 +1,4 @@
-//! Commands in a Modal sandbox (`backends.md` §5 exec row): `ContainerExec` in the sandbox's
+//! Commands in a Modal sandbox (docs/decisions.md, "Modal sandboxes" exec row): `ContainerExec` in the sandbox's
 //! task, stdin through `ContainerExecPutInput` (then EOF; without stdin just EOF, so the process
 //! sees a closed stdin), stdout and stderr each through their own `ContainerExecGetOutput`
 //! stream (raw bytes, resumed from the last batch index when a stream ends early), the exit code

@@ -1,7 +1,7 @@
-//! Modal sandboxes over Modal's gRPC API (`backends.md` §5). A computer is a sandbox in the app
+//! Modal sandboxes over Modal's gRPC API (docs/decisions.md, "Modal sandboxes"). A computer is a sandbox in the app
 //! `--modal-app-name`, *named* by its computer id (names are unique among an app's running
 //! sandboxes, so two servers racing to create the same id cannot both succeed) and tagged with
-//! the §1.4 keys, which is how permanent computers are found again after a restart. Modal cannot
+//! our tag keys (docs/decisions.md, "Labels and metadata"), which is how permanent computers are found again after a restart. Modal cannot
 //! stop and start a sandbox, so restart is terminate + create (`state_preserved: false`), and a
 //! sandbox lives at most `--sandbox-timeout` seconds.
 //!
@@ -31,7 +31,7 @@ use crate::config::{Config, ModalConfig};
 use crate::ids::{ComputerId, ExecId, InstanceId};
 use api::{Api, ApiError, pb};
 
-/// Readiness exec after create/attach (`lifecycle.md` §10: E2B/Modal 10 s).
+/// Readiness exec after create/attach (docs/decisions.md, "Constants": E2B/Modal 10 s).
 const READINESS_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a new sandbox may take to be scheduled and started (image pull on Modal's side
 /// included); each `SandboxGetTaskId` round waits up to `TASK_POLL_SECS` server-side.
@@ -43,7 +43,7 @@ const IMAGE_POLL_SECS: f32 = 55.0;
 /// Listing pages stop after this many rounds, a guard against a server that never ends a list.
 const MAX_LIST_PAGES: usize = 100;
 
-/// T-MODAL (`mcp-surface.md` §6) without the timeout paragraph, which is appended.
+/// T-MODAL (docs/decisions.md, "Tool descriptions") without the timeout paragraph, which is appended.
 const T_MODAL_FIRST: &str = "Execute a shell command in a remote cloud sandbox (Modal). Commands run in {shell}. Each call is independent — no state (shell variables, working directory) persists between calls. Use the working_directory parameter or chain commands with && to control execution context.";
 
 pub struct ModalBackend {
@@ -58,7 +58,7 @@ pub(super) struct ModalInner {
     /// Credentials and channel, resolved at first use; retried after a failure.
     api: OnceCell<Arc<Api>>,
     app_id: OnceCell<String>,
-    /// Image name → Modal image id, once built (per process, `backends.md` §5).
+    /// Image name → Modal image id, once built (per process, docs/decisions.md, "Modal sandboxes").
     images: tokio::sync::Mutex<HashMap<String, String>>,
     /// Sandbox id → task id: `ContainerExec` addresses the task.
     tasks: Mutex<HashMap<String, String>>,
@@ -81,7 +81,7 @@ impl ModalBackend {
     }
 }
 
-/// The error texts of `backends.md` §5 for statuses that mean "cannot talk to Modal at all".
+/// The error texts of docs/decisions.md, "Modal sandboxes" for statuses that mean "cannot talk to Modal at all".
 fn connection_error(error: &ApiError) -> Option<BackendError> {
     match error.code {
         tonic::Code::Unauthenticated | tonic::Code::PermissionDenied => Some(BackendError::Unavailable(
@@ -352,7 +352,7 @@ impl ModalInner {
         ))
     }
 
-    /// `<shell> -c "echo kilntainers-ready"` must print the marker (`backends.md` §1.1).
+    /// `<shell> -c "echo kilntainers-ready"` must print the marker (docs/decisions.md, "Execution model").
     async fn readiness(&self, sandbox: &SandboxRef) -> Result<(), BackendError> {
         let argv = posix::readiness_argv(&self.shell);
         match exec::run_simple(self, sandbox, argv, READINESS_TIMEOUT).await {

@@ -1,4 +1,4 @@
-//! Obtaining go-busybox's `busybox.wasm` (`backends.md` §6.5). The module is not committed:
+//! Obtaining go-busybox's `busybox.wasm` (docs/decisions.md, "The go-busybox module"). The module is not committed:
 //! it is the one shipped in the PyPI wheel of `mcp-sandbox-computer-vm-for-ai` 0.2.3, fetched
 //! with the user's own pip (so their index, proxy and certificate settings apply), checked
 //! against the pinned size and sha256, and kept in the cache directory.
@@ -37,7 +37,7 @@ fn failure(reason: &str) -> String {
     )
 }
 
-/// The resolved module file, or the user-facing error of §6.5 step 4.
+/// The resolved module file, or the user-facing error of docs/decisions.md, "The go-busybox module".
 pub async fn resolve(options: &FetchOptions) -> Result<PathBuf, String> {
     if let Some(path) = &options.explicit {
         let bytes = std::fs::read(path)

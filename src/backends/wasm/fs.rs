@@ -1,4 +1,4 @@
-//! Paths inside a computer's root (`backends.md` §6.3): every host-side file operation on
+//! Paths inside a computer's root (docs/decisions.md, "WASM paths"): every host-side file operation on
 //! behalf of a command goes through a cap-std handle on the root, so `..`, absolute symlinks and
 //! symlinks pointing outside cannot reach the host. Guest paths are normalised lexically first
 //! (clamped at `/`), then resolved by cap-std, which refuses any escape.

@@ -1,4 +1,4 @@
-//! The WebAssembly backends (`backends.md` §6): `--backend wasm --wasm-path FILE` runs a custom
+//! The WebAssembly backends (docs/decisions.md, "WebAssembly runtime"): `--backend wasm --wasm-path FILE` runs a custom
 //! WASI preview-1 command module, `--backend go_busybox` runs go-busybox's applets and
 //! interprets `command` strings itself ([`shell`]). Both keep each computer as a directory the
 //! module sees as its root; permanent ones live under the state dir and are found again by id.
@@ -36,7 +36,7 @@ use shell::{Aborted, Host, Interpreter, Out};
 
 const TEMP_PREFIX: &str = "kilntainers-wasm-";
 
-/// `meta.json` in every computer directory (§6.2).
+/// `meta.json` in every computer directory (docs/decisions.md, "WASM computers").
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Meta {
     computer_id: String,

@@ -1,4 +1,4 @@
-//! wasmtime for both WASM backends (`backends.md` §6.1, §6.3): one engine per process with
+//! wasmtime for both WASM backends (docs/decisions.md, "WebAssembly runtime"): one engine per process with
 //! epoch interruption (ticked every 100 ms; the guest yields to the async executor on every
 //! tick, so the exec timer and cancellation can always drop it), fuel only when `--wasm-fuel`
 //! is set, a memory limit per store, and the compiled module cached on disk as `.cwasm`.

@@ -1,4 +1,4 @@
-//! What stands between the network and `/mcp` (`http.md` §3–4): the Host and Origin checks
+//! What stands between the network and `/mcp` (docs/decisions.md, "Host and Origin checks"–4): the Host and Origin checks
 //! against DNS rebinding (421 / 403), bearer-token authentication (401), and the refusal of a
 //! body declared larger than any legal request (413, before a byte of it is read). Pure decisions are
 //! plain functions over header values, unit-tested here; the axum middleware only maps them to
@@ -32,7 +32,7 @@ const ANY_HOST: &str = "*";
 /// chunked body is cut by rmcp once it passes it.
 pub const MAX_REQUEST_BODY_BYTES: usize = 8 * 1024 * 1024;
 
-/// The Host names accepted on `/mcp` and `GET /` (`http.md` §3 table).
+/// The Host names accepted on `/mcp` and `GET /` (docs/decisions.md, "Host and Origin checks" table).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct AllowedHosts {
     any: bool,
@@ -126,13 +126,13 @@ impl AllowedHosts {
     }
 }
 
-/// The configured bearer token, if any (`http.md` §4).
+/// The configured bearer token, if any (docs/decisions.md, "HTTP authentication").
 #[derive(Clone)]
 pub struct Token(Option<Secret>);
 
 impl std::fmt::Debug for Token {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Secrets get a redacting Debug (style.md habit 13).
+        // Secrets get a redacting Debug (docs/decisions.md, "Logging and secrets").
         f.write_str(if self.0.is_some() {
             "Token(<redacted>)"
         } else {

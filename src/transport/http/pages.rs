@@ -1,5 +1,5 @@
-//! The non-MCP routes (`http.md` §1): `GET /healthz`, `GET /` (the server descriptor as JSON,
-//! or for browsers the web dashboard with `dashboard.md` §3 headers, or the "dashboard is
+//! The non-MCP routes (docs/decisions.md, "HTTP routes"): `GET /healthz`, `GET /` (the server descriptor as JSON,
+//! or for browsers the web dashboard with docs/decisions.md, "Dashboard content security policy" headers, or the "dashboard is
 //! disabled" page), and the 404 for everything else.
 
 use axum::body::Body;
@@ -14,10 +14,10 @@ use serde_json::json;
 
 use crate::dashboard;
 
-/// The web-mode page policy of `dashboard.md` §3: inline code only, fetches to this origin.
+/// The web-mode page policy of docs/decisions.md, "Dashboard content security policy": inline code only, fetches to this origin.
 const WEB_CSP: &str = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:; connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'";
 
-/// Shown to browsers when lifecycle tools are off (`dashboard.md`, top).
+/// Shown to browsers when lifecycle tools are off (docs/decisions.md, "Dashboard", top).
 const DISABLED_PAGE: &str = "<!doctype html>
 <html lang=\"en\">
 <head>

@@ -1,5 +1,5 @@
 //! Who holds a request's computers, and when an HTTP session counts as idle
-//! (`lifecycle.md` §2, `http.md` §2 and §5).
+//! (docs/decisions.md, "Sessions, holders and leases", docs/decisions.md, "Streamable HTTP service").
 //!
 //! **Stateful or stateless.** rmcp builds the handler through a factory that takes no
 //! arguments, and calls it both when an `initialize` opens a session and for every
@@ -63,7 +63,7 @@ const STATELESS_PROTOCOL: &str = "2026-07-28";
 pub enum Holder {
     /// An MCP session (`initialize`): owner references, released when the session ends.
     Session,
-    /// One 2026-07-28 request: leases renewed on use (`lifecycle.md` §2).
+    /// One 2026-07-28 request: leases renewed on use (docs/decisions.md, "Sessions, holders and leases").
     Sessionless,
 }
 

@@ -20,7 +20,7 @@ export const SERVER_BIN =
   process.env.KILNTAINERS_BIN || join(REPO_ROOT, "target", "debug", "mcp-sandbox-computer-vm-for-ai");
 export const SERVER_ARGS = ["--lifecycle-tools", "--image", "sandbox-busybox:full", "--shell", "/bin/sh"];
 export const CHROMIUM = process.env.CHROMIUM_BIN || "/usr/bin/chromium";
-// Flags verified on this machine (testing.md §6); the user-data-dir is a fresh temp dir.
+// Flags verified on this machine (docs/decisions.md, "Real MCP clients"); the user-data-dir is a fresh temp dir.
 export const CHROMIUM_ARGS = [
   "--headless",
   "--no-sandbox",
@@ -32,7 +32,7 @@ export const CHROMIUM_ARGS = [
   "--disable-sync",
 ];
 export const DASHBOARD_URI = "ui://kilntainers/computers";
-// The MCP Apps default CSP for a resource declaring `_meta.ui.csp = {}` (dashboard.md §3).
+// The MCP Apps default CSP for a resource declaring `_meta.ui.csp = {}` (docs/decisions.md, "Dashboard content security policy").
 export const APP_CSP =
   "default-src 'none'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; " +
   "img-src 'self' data:; media-src 'self' data:; connect-src 'none'; object-src 'none'";

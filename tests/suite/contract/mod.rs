@@ -91,7 +91,7 @@ const KILL_SETTLE: Duration = Duration::from_secs(15);
 /// Where the backends legitimately differ; each case checks the documented behaviour.
 #[derive(Debug, Clone, Copy)]
 pub struct Differences {
-    /// A command is a tree of processes the kill sweep must end (`backends.md` §1.3). False
+    /// A command is a tree of processes the kill sweep must end (docs/decisions.md, "Killing a command"). False
     /// for WASM: a command is one guest instance inside the server process; stopping it is
     /// the whole kill, nothing can outlive it and there is no /proc to look in.
     pub process_tree: bool,

@@ -3,7 +3,7 @@
 //! containers, so `KILNTAINERS_IT_DOCKER=1`). The fake checks every call's metadata strictly.
 //!
 //! Documented difference: Modal cannot stop a sandbox, so restart terminates and recreates it
-//! and reports `state_preserved: false` (`backends.md` §5).
+//! and reports `state_preserved: false` (docs/decisions.md, "Modal sandboxes").
 
 use super::{Differences, Harness, OUTPUT_LIMIT_FLAG};
 use crate::common::enabled;

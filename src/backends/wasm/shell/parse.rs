@@ -1,4 +1,4 @@
-//! Tokenizer and parser for the command-string subset of `backends.md` §6.6.
+//! Tokenizer and parser for the command-string subset of docs/decisions.md, "The go_busybox command interpreter".
 //!
 //! Hand-written on purpose. The maintained shell parsers on crates.io (brush-parser, yash-syntax)
 //! parse all of bash/POSIX — arithmetic, here-documents, functions, case, coprocesses — and hand

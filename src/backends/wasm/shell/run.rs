@@ -1,4 +1,4 @@
-//! Executes a parsed command string (`backends.md` §6.6) by chaining applet runs through a
+//! Executes a parsed command string (docs/decisions.md, "The go_busybox command interpreter".) by chaining applet runs through a
 //! [`Host`]: lists and `&&`/`||`, pipelines buffered stage by stage, redirections, builtins,
 //! variables and globs. The host owns everything real (running the module, files, the output
 //! limit); this module only decides what runs with which input and output, so it is tested with
