@@ -550,6 +550,7 @@ class KBB:
             headers.update(server.auth())
 
         issued: list[str] = []
+        opened = False
 
         async def record(response) -> None:
             request = response.request
@@ -577,13 +578,20 @@ class KBB:
                             session, dump(init), server.home, server.errlog, server.pidfile, server.rcfile, self,
                             instance_id=server.instance_id, session_id=session_id, responses=responses,
                         )
+                        opened = True
                         yield sess
         except BaseExceptionGroup as group:
+            if not opened and (status := _refusal(responses)):
+                raise HttpRefused(status) from None
             leaves = _leaf_exceptions(group)
             if len(leaves) == 1 and not isinstance(
                 leaves[0], (asyncio.CancelledError, KeyboardInterrupt, SystemExit, GeneratorExit)
             ):
                 raise leaves[0] from None
+            raise
+        except Exception:
+            if not opened and (status := _refusal(responses)):
+                raise HttpRefused(status) from None
             raise
 
     # -- docker ---------------------------------------------------------------------------------
@@ -834,6 +842,21 @@ class HttpSession(Server):
 
     session_id: str | None = None
     responses: list = field(default_factory=list)
+
+
+class HttpRefused(Exception):
+    """The server refused the SDK's Streamable HTTP client before a session opened. Client 1.x
+    raises httpx's HTTPStatusError there and 2.x an MCPError without the status; this is the one
+    exception tests see from either."""
+
+    def __init__(self, status_code: int):
+        super().__init__(f"refused with HTTP {status_code}")
+        self.status_code = status_code
+
+
+def _refusal(responses: list[tuple[str, int, str | None]]) -> int | None:
+    """The status of the first refused request in a response log, if any."""
+    return next((status for _, status, _ in responses if status >= 400), None)
 
 
 # ---------------------------------------------------------------------------------------------
