@@ -18,7 +18,7 @@ use limits::LimitedSink;
 pub const STDIN_LIMIT: usize = 2_097_152;
 
 /// How long the kill sweep may take before we give up and still return the fixed result: the
-/// sweep walks /proc twice, which is milliseconds on a normal computer.
+/// sweep walks /proc three times, which is milliseconds on a normal computer.
 const KILL_SWEEP_LIMIT: Duration = Duration::from_secs(10);
 
 /// What to run, already validated (docs/decisions.md, "terminal_execute validation").
