@@ -52,6 +52,10 @@ const START_FAILED: &str =
 const NOT_A_DIRECTORY_HINT: &str = ": Are you trying to mount a directory onto a file (or vice-versa)? Check if the specified host path exists and is the expected type";
 
 const ENOEXEC: i32 = 8;
+/// Upper bound of kill-sweep passes; a pass that finds nothing ends the sweep earlier.
+const SWEEP_MAX_PASSES: usize = 8;
+/// How long a pass waits for what it killed to exit before the next one looks again.
+const SWEEP_PASS_WAIT: Duration = Duration::from_millis(200);
 
 fn log(message: impl Display) {
     // Never panics: with stderr gone there is nobody left to tell.
@@ -368,15 +372,41 @@ fn kill_tagged(shared: &Shared, tag: &str) {
     let Some((name, _)) = tag.split_once('=').filter(|(name, _)| !name.is_empty()) else {
         return;
     };
-    // Three passes: a process forked while a pass was listing is caught by the next, one with
-    // SIGKILL pending cannot fork any more, and a kill orphans the children of what it hit.
+    // Passes until one finds nothing left: a process forked while a pass was listing is caught
+    // by the next, one with SIGKILL pending cannot fork any more, and what a pass killed stays a
+    // root, so the children of a process still exiting (unreadable, not yet reparented) are
+    // found as its descendants. Between passes, a short wait lets the killed ones exit, which
+    // turns their children into orphans the next pass recognises.
     let mut since = None;
-    for _ in 0..3 {
+    for pass in 0..SWEEP_MAX_PASSES {
         let procs = sweep::snapshot(name, std::process::id());
-        for pid in sweep::targets(&procs, tag.as_bytes(), &roots, &mut since) {
+        let targets = sweep::targets(&procs, tag.as_bytes(), &roots, &mut since);
+        if targets.is_empty() && pass >= 2 {
+            break;
+        }
+        for &pid in &targets {
             kill_process(pid);
         }
+        wait_until_exited(&targets, SWEEP_PASS_WAIT);
+        roots.extend(targets);
     }
+}
+
+/// Waits, at most `limit`, until none of `pids` is still running (gone or a zombie).
+fn wait_until_exited(pids: &[i32], limit: Duration) {
+    let deadline = Instant::now() + limit;
+    while pids.iter().any(|&pid| is_running(pid)) && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(2));
+    }
+}
+
+/// Whether `pid` exists and is not a zombie.
+fn is_running(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rfind(')')
+            .and_then(|end| stat[end + 1..].split_ascii_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X")
+    })
 }
 
 /// Processes (other than this one) whose environment has `tag` as an entry.

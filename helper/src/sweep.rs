@@ -81,10 +81,13 @@ fn parse_stat(stat: &str) -> Option<(i32, u64)> {
 }
 
 /// The pids to kill among `procs` for `tag` (a whole `NAME=value` entry), given `roots` (the
-/// command's own processes, tagged or not). `since` carries the oldest start time seen across
-/// passes, so a later pass still recognises orphans once every tagged process is gone.
+/// command's own processes, tagged or not, and what earlier passes killed). `since` carries the
+/// oldest start time seen across passes, so a later pass still recognises orphans once every
+/// tagged process is gone. A root need not be in `procs`: a killed process that is still exiting
+/// is unreadable, and its children are not reparented yet, so they are found as its descendants.
 pub fn targets(procs: &[Proc], tag: &[u8], roots: &[i32], since: &mut Option<u64>) -> Vec<i32> {
-    let mut chosen: HashSet<i32> = HashSet::new();
+    let listed: HashSet<i32> = procs.iter().map(|proc| proc.pid).collect();
+    let mut chosen: HashSet<i32> = roots.iter().copied().collect();
     for proc in procs {
         if proc.tag.as_deref() == Some(tag) || roots.contains(&proc.pid) {
             chosen.insert(proc.pid);
@@ -121,8 +124,12 @@ pub fn targets(procs: &[Proc], tag: &[u8], roots: &[i32], since: &mut Option<u64
             break;
         }
     }
-    // Never PID 1 (the keep-alive) nor anything that would widen a kill(2) to a group.
-    let mut pids: Vec<i32> = chosen.into_iter().filter(|&pid| pid > 1).collect();
+    // Only what is listed (a root may be gone), never PID 1 (the keep-alive) nor anything that
+    // would widen a kill(2) to a group.
+    let mut pids: Vec<i32> = chosen
+        .into_iter()
+        .filter(|&pid| pid > 1 && listed.contains(&pid))
+        .collect();
     pids.sort_unstable();
     pids
 }
@@ -200,5 +207,19 @@ mod tests {
             proc(13, 1, 33, None),
         ];
         assert_eq!(targets(&procs, TAG, &[10], &mut since), vec![10, 13]);
+    }
+    #[test]
+    fn children_of_a_killed_process_still_exiting_are_chosen() {
+        const TAG: &str = "KILNTAINERS_EXEC_ID=a";
+        // 20 was killed by an earlier pass and is exiting: unlisted, its child not yet
+        // reparented. 30 belongs to someone else.
+        let procs = [proc(21, 20, 50, None), proc(30, 7, 50, None)];
+        let mut since = Some(40);
+        assert_eq!(targets(&procs, TAG.as_bytes(), &[20], &mut since), [21]);
+        // A root that is gone is never returned itself.
+        assert_eq!(
+            targets(&[], TAG.as_bytes(), &[20], &mut since),
+            Vec::<i32>::new()
+        );
     }
 }

@@ -29,19 +29,22 @@ pub enum SweepReach {
 }
 
 /// The kill sweep of docs/decisions.md, "Killing a command", widened as docs/reliability.md ("Kill tree") says:
-/// three passes over /proc, each killing the processes whose environment carries the exec
-/// tag, their descendants, and with [`SweepReach::TaggedAndOrphans`] the orphans started no
-/// earlier than the oldest tagged process whose tag no older process carries. A later pass catches what an earlier
-/// kill orphaned. Plain POSIX sh (BusyBox included).
+/// four passes over /proc, 0.1 s apart, each killing the processes whose environment carries
+/// the exec tag, their descendants, and with [`SweepReach::TaggedAndOrphans`] the orphans
+/// started no earlier than the oldest tagged process whose tag no older process carries. The
+/// kill list accumulates across passes, so the children of a process killed earlier but still
+/// exiting (not yet reparented) are its descendants; a later pass catches what an earlier kill
+/// orphaned. Plain POSIX sh (BusyBox included).
 pub fn kill_sweep_script(exec_id: &ExecId, reach: SweepReach) -> String {
     let orphans = match reach {
         SweepReach::Tagged => "0",
         SweepReach::TaggedAndOrphans => "1",
     };
     format!(
-        r#"t='{tag}'; orphans={orphans}; since=''
-for n in 1 2 3; do
-  snap=''; kill=' '
+        r#"t='{tag}'; orphans={orphans}; since=''; kill=' '
+for n in 1 2 3 4; do
+  [ "$n" = 1 ] || sleep 0.1 2>/dev/null
+  snap=''
   for d in /proc/[0-9]*; do
     p=${{d#/proc/}}
     [ "$p" = "$$" ] && continue
