@@ -22,6 +22,7 @@ use serde_json::{Map, Value};
 use tokio::process::Command;
 
 use mcp_sandbox_computer_vm_for_ai::backends::{CreateSpec, OutputSink, SinkControl, Stream};
+use mcp_sandbox_computer_vm_for_ai::exec::ExecOutcome;
 use mcp_sandbox_computer_vm_for_ai::ids::{ComputerId, InstanceId};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_mcp-sandbox-computer-vm-for-ai");
@@ -325,4 +326,22 @@ impl Drop for HttpServer {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A finished command's exit code, stdout and stderr; panics on any other outcome.
+pub fn completed(outcome: ExecOutcome) -> (i64, String, String) {
+    let ExecOutcome::Completed {
+        stdout,
+        stderr,
+        exit_code,
+        ..
+    } = outcome
+    else {
+        panic!("not completed: {outcome:?}");
+    };
+    (
+        exit_code,
+        String::from_utf8(stdout).unwrap(),
+        String::from_utf8(stderr).unwrap(),
+    )
 }

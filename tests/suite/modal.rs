@@ -26,7 +26,7 @@ use mcp_sandbox_computer_vm_for_ai::exec::{self, ExecOutcome, ExecRequest, Progr
 use mcp_sandbox_computer_vm_for_ai::ids::{ExecId, InstanceId};
 
 use crate::common::modal::{backend_with, fake, modal};
-use crate::common::{computer, create_spec, enabled};
+use crate::common::{completed, computer, create_spec, enabled};
 
 fn requests(fake: &FakeModal) -> Vec<Req> {
     fake.log().into_iter().map(|c| c.request).collect()
@@ -58,23 +58,6 @@ async fn run(
     )
     .await
     .unwrap()
-}
-
-fn completed(outcome: ExecOutcome) -> (i64, String, String) {
-    let ExecOutcome::Completed {
-        stdout,
-        stderr,
-        exit_code,
-        ..
-    } = outcome
-    else {
-        panic!("not completed: {outcome:?}");
-    };
-    (
-        exit_code,
-        String::from_utf8(stdout).unwrap(),
-        String::from_utf8(stderr).unwrap(),
-    )
 }
 
 #[tokio::test]

@@ -25,7 +25,7 @@ use mcp_sandbox_computer_vm_for_ai::backends::{Backend, NoProgress, SandboxRef};
 use mcp_sandbox_computer_vm_for_ai::exec::{self, ExecOutcome, ExecRequest, Program};
 use mcp_sandbox_computer_vm_for_ai::ids::{ComputerId, ExecId, InstanceId};
 
-use crate::common::{ContainerGuard, computer, create_spec};
+use crate::common::{ContainerGuard, completed, computer, create_spec};
 
 /// Instantiates every case for one backend. The invoking module defines
 /// `async fn harness() -> Option<Harness>` (`None`: the environment does not provide the
@@ -263,23 +263,6 @@ fn request(
         working_dir: working_dir.map(str::to_owned),
         timeout_secs,
     }
-}
-
-fn completed(outcome: ExecOutcome) -> (i64, String, String) {
-    let ExecOutcome::Completed {
-        stdout,
-        stderr,
-        exit_code,
-        ..
-    } = outcome
-    else {
-        panic!("not completed: {outcome:?}");
-    };
-    (
-        exit_code,
-        String::from_utf8(stdout).unwrap(),
-        String::from_utf8(stderr).unwrap(),
-    )
 }
 
 /// Create, then lookup and list find the computer as it was created.
