@@ -2,10 +2,7 @@
 //! as a child process, and an E2B backend pointed at it. Shared by `suite::e2b` and the contract
 //! suite.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use clap::Parser;
 use serde_json::{Value, json};
@@ -14,51 +11,30 @@ use mcp_sandbox_computer_vm_for_ai::backends::{self, Backend};
 use mcp_sandbox_computer_vm_for_ai::cli::Cli;
 use mcp_sandbox_computer_vm_for_ai::config::Config;
 
-use super::unique_id;
+use super::PythonFake;
 
 pub const KEY: &str = "e2b_test_key";
 
-/// The fake as a child process; closing its stdin makes it remove its containers and exit.
+/// The fake as a child process (see [`PythonFake`]).
 pub struct Fake {
-    child: Child,
+    _process: PythonFake,
     pub api: String,
     pub envd: String,
-    dir: PathBuf,
     http: reqwest::Client,
 }
 
 impl Fake {
     pub fn start(args: &[&str]) -> Fake {
-        let dir = std::env::temp_dir().join(format!("fake-e2b-{}", unique_id("t")));
-        std::fs::create_dir_all(&dir).unwrap();
-        let port_file = dir.join("ports");
-        let python = std::env::var("KILNTAINERS_TEST_VENV")
-            .map(|venv| format!("{venv}/bin/python"))
-            .unwrap_or_else(|_| "python3".to_owned());
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/blackbox/fake_e2b.py");
-        let child = Command::new(python)
-            .arg(script)
-            .arg("--port-file")
-            .arg(&port_file)
-            .arg("--api-key")
-            .arg(KEY)
-            .args(args)
-            .stdin(Stdio::piped())
-            .spawn()
-            .expect("start the fake E2B API");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let ports: Value = loop {
-            if let Ok(text) = std::fs::read_to_string(&port_file) {
-                break serde_json::from_str(&text).unwrap();
-            }
-            assert!(Instant::now() < deadline, "the fake did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        };
+        let args: Vec<&str> = ["--api-key", KEY]
+            .into_iter()
+            .chain(args.iter().copied())
+            .collect();
+        let (process, ports) = PythonFake::start("fake_e2b.py", &args);
+        let ports: Value = serde_json::from_str(&ports).unwrap();
         Fake {
-            child,
+            _process: process,
             api: format!("http://127.0.0.1:{}", ports["api"]),
             envd: format!("http://127.0.0.1:{}", ports["envd"]),
-            dir,
             http: reqwest::Client::new(),
         }
     }
@@ -106,23 +82,6 @@ impl Fake {
             .as_array()
             .cloned()
             .unwrap()
-    }
-}
-
-impl Drop for Fake {
-    fn drop(&mut self) {
-        drop(self.child.stdin.take());
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                let _ = std::fs::remove_dir_all(&self.dir);
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 

@@ -1,10 +1,8 @@
 //! The local fake of Fly's documented Machines API (`tests/blackbox/fake_fly.py`) as a child
 //! process, and a Fly backend pointed at it. Shared by `suite::fly` and the contract suite.
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
 use clap::Parser;
 use serde_json::{Value, json};
@@ -15,13 +13,13 @@ use mcp_sandbox_computer_vm_for_ai::config::Config;
 use mcp_sandbox_computer_vm_for_ai::config::Secret;
 use mcp_sandbox_computer_vm_for_ai::config::fly::TokenSources;
 
-use super::unique_id;
+use super::PythonFake;
 
 pub const TOKEN: &str = "test-token";
 
-/// The fake as a child process; closing its stdin makes it remove its containers and exit.
+/// The fake as a child process (see [`PythonFake`]).
 pub struct Fake {
-    child: Child,
+    _process: PythonFake,
     pub url: String,
     pub dir: PathBuf,
     http: reqwest::Client,
@@ -29,33 +27,11 @@ pub struct Fake {
 
 impl Fake {
     pub fn start(args: &[&str]) -> Fake {
-        let dir = std::env::temp_dir().join(format!("fake-fly-{}", unique_id("t")));
-        std::fs::create_dir_all(&dir).unwrap();
-        let port_file = dir.join("port");
-        let python = std::env::var("KILNTAINERS_TEST_VENV")
-            .map(|venv| format!("{venv}/bin/python"))
-            .unwrap_or_else(|_| "python3".to_owned());
-        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/blackbox/fake_fly.py");
-        let child = Command::new(python)
-            .arg(script)
-            .arg("--port-file")
-            .arg(&port_file)
-            .args(args)
-            .stdin(Stdio::piped())
-            .spawn()
-            .expect("start the fake Fly API");
-        let deadline = Instant::now() + Duration::from_secs(20);
-        let port = loop {
-            if let Ok(port) = std::fs::read_to_string(&port_file) {
-                break port;
-            }
-            assert!(Instant::now() < deadline, "the fake did not start");
-            std::thread::sleep(Duration::from_millis(20));
-        };
+        let (process, port) = PythonFake::start("fake_fly.py", args);
         Fake {
-            child,
             url: format!("http://127.0.0.1:{}", port.trim()),
-            dir,
+            dir: process.dir.clone(),
+            _process: process,
             http: reqwest::Client::new(),
         }
     }
@@ -126,23 +102,6 @@ impl Fake {
             .as_array()
             .cloned()
             .unwrap()
-    }
-}
-
-impl Drop for Fake {
-    fn drop(&mut self) {
-        drop(self.child.stdin.take());
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                let _ = std::fs::remove_dir_all(&self.dir);
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 

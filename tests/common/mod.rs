@@ -345,3 +345,69 @@ pub fn completed(outcome: ExecOutcome) -> (i64, String, String) {
         String::from_utf8(stderr).unwrap(),
     )
 }
+
+/// A stdlib-Python fake of a provider API (`tests/blackbox/<script>`) as a child process that
+/// writes where it listens into a file. Dropping it closes its stdin, which makes it remove its
+/// containers and exit; a fake that does not exit within 30 s is killed.
+pub struct PythonFake {
+    child: std::process::Child,
+    /// A private directory for the port file and whatever state the test gives the fake.
+    pub dir: std::path::PathBuf,
+}
+
+impl PythonFake {
+    /// Starts `script` with `--port-file <file>` and `args`; returns it and the file's text.
+    pub fn start(script: &str, args: &[&str]) -> (Self, String) {
+        let dir = std::env::temp_dir().join(format!(
+            "{}-{}",
+            script.trim_end_matches(".py").replace('_', "-"),
+            unique_id("t")
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let port_file = dir.join("ports");
+        let python = std::env::var("KILNTAINERS_TEST_VENV")
+            .map(|venv| format!("{venv}/bin/python"))
+            .unwrap_or_else(|_| "python3".to_owned());
+        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/blackbox")
+            .join(script);
+        let child = std::process::Command::new(python)
+            .arg(path)
+            .arg("--port-file")
+            .arg(&port_file)
+            .args(args)
+            .stdin(Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {script}: {e}"));
+        let fake = PythonFake { child, dir };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let ports = loop {
+            if let Ok(text) = std::fs::read_to_string(&port_file) {
+                break text;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{script} did not start"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        (fake, ports)
+    }
+}
+
+impl Drop for PythonFake {
+    fn drop(&mut self) {
+        drop(self.child.stdin.take());
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                let _ = std::fs::remove_dir_all(&self.dir);
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
