@@ -18,7 +18,7 @@ until 0, at most timeout + 30 s after the last session was abandoned). That numb
 
 Run it through `scripts/bench-http.sh` (release build, the test venv). Directly:
 
-    .test-env/venv/bin/python bench/http_sessions.py --bin target/release/mcp-sandbox-computer-vm-for-ai
+    .test-env/venv/bin/python -m bench.http_sessions --bin target/release/mcp-sandbox-computer-vm-for-ai
 
 Writes `bench/results/http-<date>.json` and the "HTTP: 200 sessions" section of
 `docs/benchmarks.md` (between its markers; `--no-doc` leaves the file alone). Exit status 1
@@ -34,11 +34,9 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import http.client
-import json
 import logging
+import math
 import os
-import platform
 import re
 import resource
 import shutil
@@ -62,6 +60,12 @@ import httpx
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
+from bench import common
+from bench.common import perf
+from testkit import machine, procfs
+from testkit.engine import Engine
+from testkit.stats import percentile
+
 REPO = Path(__file__).resolve().parents[1]
 TOOL = "terminal_execute"
 STATE_DIR = ".mcp-sandbox-computer-vm-for-ai"
@@ -78,103 +82,22 @@ CLOSED_GONE = 60  # DELETE'd sessions' computers: removal is immediate, this onl
 
 
 def log(msg: str) -> None:
-    print(f"[bench-http] {msg}", file=sys.stderr, flush=True)
-
-
-def perf() -> float:
-    return time.perf_counter()
-
-
-def pct(xs: list[float], p: float) -> float | None:
-    """Nearest-rank percentile (p in 0..100)."""
-    if not xs:
-        return None
-    s = sorted(xs)
-    k = max(0, min(len(s) - 1, int(-(-p * len(s) // 100)) - 1))
-    return s[k]
+    common.log(msg, prefix="bench-http")
 
 
 def dist(xs: list[float]) -> dict[str, Any]:
     return {
         "n": len(xs),
-        "p50_ms": _ms(pct(xs, 50)),
-        "p90_ms": _ms(pct(xs, 90)),
-        "p99_ms": _ms(pct(xs, 99)),
+        "p50_ms": _ms(percentile(xs, 50)),
+        "p90_ms": _ms(percentile(xs, 90)),
+        "p99_ms": _ms(percentile(xs, 99)),
         "max_ms": _ms(max(xs) if xs else None),
         "mean_ms": _ms(sum(xs) / len(xs) if xs else None),
     }
 
 
 def _ms(v: float | None) -> float | None:
-    return None if v is None else round(v * 1000, 1)
-
-
-# --- Docker Engine API over the unix socket (only to count and, at the end, remove) ---------
-
-
-class _UnixHTTPConnection(http.client.HTTPConnection):
-    def __init__(self, path: str, timeout: float) -> None:
-        super().__init__("docker", timeout=timeout)
-        self._unix_path = path
-
-    def connect(self) -> None:
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.settimeout(self.timeout)
-        s.connect(self._unix_path)
-        self.sock = s
-
-
-class Engine:
-    API = "/v1.41"
-
-    def __init__(self) -> None:
-        host = os.environ.get("DOCKER_HOST", "")
-        if host and not host.startswith("unix://"):
-            raise SystemExit(f"bench-http: DOCKER_HOST={host!r}: only unix sockets are supported")
-        self.path = host[len("unix://") :] if host else "/var/run/docker.sock"
-
-    def request(self, method: str, path: str) -> tuple[int, Any]:
-        conn = _UnixHTTPConnection(self.path, timeout=60)
-        try:
-            conn.request(method, self.API + path)
-            resp = conn.getresponse()
-            raw = resp.read()
-        finally:
-            conn.close()
-        ctype = resp.getheader("Content-Type", "") or ""
-        return resp.status, (json.loads(raw) if raw and ctype.startswith("application/json") else raw)
-
-    def containers(self, label: str) -> list[dict[str, Any]]:
-        filters = quote(json.dumps({"label": [label]}))
-        status, payload = self.request("GET", f"/containers/json?all=1&filters={filters}")
-        if status != 200:
-            raise RuntimeError(f"engine: list containers: HTTP {status}")
-        return payload
-
-    def force_remove(self, ident: str) -> None:
-        self.request("DELETE", f"/containers/{ident}?force=true")
-
-
-# --- /proc -----------------------------------------------------------------------------------
-
-
-def proc_status_kib(pid: int, key: str) -> int | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
-
-
-def proc_cpu_s(pid: int) -> float | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        fields = stat.rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError):
-        return None
+    return None if v is None or math.isnan(v) else round(v * 1000, 1)
 
 
 # --- the run ---------------------------------------------------------------------------------
@@ -212,11 +135,11 @@ class Sampler(threading.Thread):
     def run(self) -> None:
         while not self.stop.is_set():
             t = perf() - self.t0
-            kib = proc_status_kib(self.pid, "VmRSS")
+            kib = procfs.status_kib(self.pid, "VmRSS")
             if kib is not None:
                 self.rss.append((t, kib))
             try:
-                cs = self.engine.containers(self.label)
+                cs = self.engine.list_containers(self.label)
                 with self.lock:
                     self.counts.append((t, len(cs)))
                     for c in cs:
@@ -227,7 +150,7 @@ class Sampler(threading.Thread):
             self.stop.wait(SAMPLE_EVERY)
 
     def current(self) -> tuple[int, set[str]]:
-        cs = self.engine.containers(self.label)
+        cs = self.engine.list_containers(self.label)
         names = {n.lstrip("/") for c in cs for n in (c.get("Names") or [])}
         return len(cs), names
 
@@ -345,61 +268,18 @@ def healthz(port: int) -> bool:
 
 
 def machine_info(engine: Engine, binary: Path, build: str | None) -> dict[str, Any]:
-    cpu = "?"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    mem = proc_meminfo_kib("MemTotal")
-    _, ver = engine.request("GET", "/version")
-    ver = ver if isinstance(ver, dict) else {}
-
-    def cmd(args: list[str]) -> str | None:
-        try:
-            out = subprocess.run(args, capture_output=True, text=True, timeout=30, cwd=REPO).stdout.strip()
-            return out or None
-        except (OSError, subprocess.SubprocessError):
-            return None
-
-    commit = cmd(["git", "rev-parse", "--short=12", "HEAD"])
-    dirty = bool(cmd(["git", "status", "--porcelain", "--untracked-files=no", "--", "src", "Cargo.toml", "Cargo.lock"]))
-    from importlib.metadata import version
-
     st = binary.stat()
     # A binary older than the last commit that touched the sources does not show that commit.
-    src_ct = cmd(["git", "log", "-1", "--format=%ct", "--", "src", "Cargo.toml", "Cargo.lock", "build.rs"])
-    stale = bool(src_ct and src_ct.isdigit() and st.st_mtime < int(src_ct))
+    source_time = machine.last_source_commit_time()
     return {
-        "cpu_model": cpu,
-        "cores": os.cpu_count(),
-        "memory_gib": round(mem / 1024 / 1024, 1) if mem else None,
-        "kernel": platform.release(),
-        "os": cmd(["sh", "-c", ". /etc/os-release && echo $PRETTY_NAME"]),
-        "docker_engine": ver.get("Version"),
-        "docker_api": ver.get("ApiVersion"),
-        "python": platform.python_version(),
-        "mcp_client": version("mcp"),
-        "project_commit": (commit + ("+dirty" if dirty else "")) if commit else None,
+        **machine.describe(engine),
         "binary": str(binary),
-        "binary_older_than_last_source_commit": stale,
+        "binary_older_than_last_source_commit": bool(source_time and st.st_mtime < source_time),
         "binary_mtime_utc": dt.datetime.fromtimestamp(st.st_mtime, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S"),
-        "server_version": cmd([str(binary), "--version"]),
+        "server_version": machine.run([str(binary), "--version"]),
         "fd_limit": resource.getrlimit(resource.RLIMIT_NOFILE)[0],
         "build": build,
     }
-
-
-def proc_meminfo_kib(key: str) -> int | None:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith(key + ":"):
-                return int(line.split()[1])
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
 
 
 def stop_server(proc: subprocess.Popen) -> tuple[int | None, float | None]:
@@ -423,8 +303,7 @@ def run(opts: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
     """The measurement. Returns (results, problems); cleans up whatever happens."""
     engine = Engine()
     binary = Path(opts.bin).resolve()
-    status, _ = engine.request("GET", f"/images/{quote(opts.image, safe='')}/json")
-    if status != 200:
+    if not engine.image_present(quote(opts.image, safe="")):
         raise SystemExit(f"bench-http: image {opts.image} is missing (scripts/setup-test-env.sh builds it)")
     now = dt.datetime.now(dt.timezone.utc)
     res: dict[str, Any] = {
@@ -486,14 +365,14 @@ def run(opts: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
         client_log.propagate = False
         results = [SessionResult(idx=i, closes=(i % 2 == 0)) for i in range(opts.sessions)]
         t0 = perf()
-        cpu0 = proc_cpu_s(proc.pid)
+        cpu0 = procfs.cpu_seconds(proc.pid)
         ru0 = resource.getrusage(resource.RUSAGE_SELF)
         sampler = Sampler(engine, proc.pid, label, t0)
         sampler.start()
         anyio.run(run_sessions, url, auth, results, opts.commands, t0)
         t_sessions_done = perf() - t0
         ru1 = resource.getrusage(resource.RUSAGE_SELF)
-        cpu1 = proc_cpu_s(proc.pid)
+        cpu1 = procfs.cpu_seconds(proc.pid)
         res["loadavg_after_calls"] = os.getloadavg()
 
         errors = [f"session {r.idx}: {r.error}" for r in results if r.error]
@@ -566,13 +445,13 @@ def run(opts: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
         closed_gone = gone_after(True)
         abandoned_gone = gone_after(False)
 
-        hwm = proc_status_kib(proc.pid, "VmHWM")
-        rss_end = proc_status_kib(proc.pid, "VmRSS")
-        cpu_end = proc_cpu_s(proc.pid)
+        hwm = procfs.status_kib(proc.pid, "VmHWM")
+        rss_end = procfs.status_kib(proc.pid, "VmRSS")
+        cpu_end = procfs.cpu_seconds(proc.pid)
         rc, stop_s = stop_server(proc)
         if rc != 0:
             problems.append(f"server exit status after SIGTERM: {rc} (expected 0)")
-        leftovers = engine.containers(label)
+        leftovers = engine.list_containers(label)
         for c in leftovers:
             engine.force_remove(c["Id"])
         if leftovers:
@@ -660,7 +539,7 @@ def run(opts: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
             stop_server(proc)
         if label is not None:
             try:
-                for c in engine.containers(label):
+                for c in engine.list_containers(label):
                     log(f"removing leftover container {c['Id'][:12]}")
                     engine.force_remove(c["Id"])
             except Exception as e:  # noqa: BLE001
@@ -677,7 +556,7 @@ def run(opts: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
 def span_of(xs: list[float]) -> dict[str, float | None]:
     return {
         "min": round(min(xs), 1) if xs else None,
-        "p50": round(pct(xs, 50), 1) if xs else None,
+        "p50": round(percentile(xs, 50), 1) if xs else None,
         "max": round(max(xs), 1) if xs else None,
     }
 
@@ -741,20 +620,11 @@ image `{res['params']['image']}` with `{res['params']['shell']}`. Raw figures:
 | Client | CPython {m['python']}, `mcp` {m['mcp_client']}, all sessions in one process |
 | Load average (1 / 5 / 15 min) | start {la(res['loadavg_start'])}; after the calls {la(res['loadavg_after_calls'])}; end {la(res['loadavg_end'])} |
 {GEN_END}"""
-    text = doc.read_text() if doc.exists() else "# Benchmarks\n"
-    if GEN_BEGIN in text and GEN_END in text:
-        pre, rest = text.split(GEN_BEGIN, 1)
-        _, post = rest.split(GEN_END, 1)
-        text = pre + gen + post
-    else:
-        text = text.rstrip() + f"\n\n{DOC_SECTION}\n\n{gen}\n"
-    tmp = doc.with_suffix(".md.http.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, doc)
+    common.splice_generated(doc, GEN_BEGIN, GEN_END, gen, DOC_SECTION)
 
 
 def parse_args() -> argparse.Namespace:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m bench.http_sessions", description=__doc__.split("\n\n")[0])
     ap.add_argument("--bin", default=str(REPO / "target/release/mcp-sandbox-computer-vm-for-ai"), help="server binary")
     ap.add_argument("--sessions", type=int, default=200)
     ap.add_argument("--commands", type=int, default=5, help="calls per session")
@@ -803,9 +673,7 @@ def main() -> int:
         results_dir.mkdir(parents=True, exist_ok=True)
         name = f"http-{res['date'][:10]}.json"
         res["results_file"] = name
-        tmp = results_dir / (name + ".tmp")
-        tmp.write_text(json.dumps(res, indent=1) + "\n")
-        os.replace(tmp, results_dir / name)
+        common.write_json(results_dir / name, res)
         log(f"results in {results_dir / name}")
         if not opts.no_doc:
             write_doc(res, Path(opts.doc))

@@ -1,7 +1,7 @@
 """go_busybox latency: first call (server start, module load, first `echo`) and warm `echo`
 round trips, over stdio with the official MCP client. Prints figures; asserts nothing.
 
-    python bench/wasm.py [--bin target/release/mcp-sandbox-computer-vm-for-ai] [-n 50]
+    python -m bench.wasm [--bin target/release/mcp-sandbox-computer-vm-for-ai] [-n 50]
 
 Run it with a Python that has `mcp` installed (e.g. .test-env/venv or .bench-env/client). The
 module comes from the server's normal cache (fetched with pip on first use); the first run
@@ -55,7 +55,7 @@ async def measure(binary: str, n: int) -> None:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.wasm", description=__doc__.splitlines()[0])
     parser.add_argument("--bin", default=str(REPO / "target" / "release" / "mcp-sandbox-computer-vm-for-ai"))
     parser.add_argument("-n", type=int, default=50)
     args = parser.parse_args()

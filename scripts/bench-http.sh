@@ -4,7 +4,7 @@
 # DELETE, half are abandoned and must be reaped by --session-timeout (bench/http_sessions.py).
 # A measurement, not a test; idempotent.
 #
-#   scripts/bench-http.sh [harness options]    e.g. --sessions 20 --no-doc (bench/http_sessions.py --help)
+#   scripts/bench-http.sh [harness options]    e.g. --sessions 20 --no-doc (python -m bench.http_sessions --help)
 #
 # Steps:
 #   1. Docker, the sandbox-busybox:full image and .test-env/venv (mcp==1.30.0):
@@ -58,4 +58,5 @@ fi
 
 # 3. The harness (it stops its server and removes what it left, whatever happens).
 log "load average: $(cut -d' ' -f1-3 /proc/loadavg), $(nproc) cores"
-exec "$VENV_PY" "$REPO_ROOT/bench/http_sessions.py" --bin "$BIN" "${BUILD_ARGS[@]}" "$@"
+cd "$REPO_ROOT"  # where the bench and testkit packages live
+exec "$VENV_PY" -m bench.http_sessions --bin "$BIN" "${BUILD_ARGS[@]}" "$@"

@@ -3,7 +3,7 @@
 # (mcp-sandbox-computer-vm-for-ai 0.2.3), both driven over stdio by the official Python MCP
 # client. One command, idempotent:
 #
-#   scripts/bench.sh [harness options]      e.g. --quick, --no-profile, --no-doc (bench/bench.py --help)
+#   scripts/bench.sh [harness options]      e.g. --quick, --no-profile, --no-doc (python -m bench --help)
 #
 # Steps (each prints one line; a second run skips every install):
 #   1. docker: a daemon answering `docker info` (scripts/ensure-dockerd.sh when it does not)
@@ -16,7 +16,7 @@
 #   6. cargo build --release --locked --no-default-features: the Docker backend alone, which is
 #      what is measured; the cloud and WASM backends would only add compile time (steps 4 and
 #      5 run in the background meanwhile)
-#   7. bench/bench.py: table on stdout, bench/results/<date>.json, docs/benchmarks.{md,png}
+#   7. python -m bench: table on stdout, bench/results/<date>.json, docs/benchmarks.{md,png}
 #
 # Environment: PYTHON (interpreter for the venvs, default /usr/bin/python3),
 # BENCH_ENV (default .bench-env), SKIP_BUILD=1 (use the existing release binary).
@@ -170,10 +170,11 @@ main() {
     [[ "$build_rc" == 0 ]] || die "cargo build --release --locked --no-default-features failed"
     [[ "$failed" == 0 ]] || die "installing the Python side failed (see above)"
 
-    log "harness: bench/bench.py $*"
+    log "harness: python -m bench $*"
     local rc=0
-    "$BENCH_ENV/client/bin/python" "$REPO_ROOT/bench/bench.py" \
-        --rust-bin "$BIN" --python-bin "$BENCH_ENV/ref/bin/mcp-sandbox-computer-vm-for-ai" "$@" || rc=$?
+    # From the repository root, where the bench and testkit packages live.
+    (cd "$REPO_ROOT" && exec "$BENCH_ENV/client/bin/python" -m bench \
+        --rust-bin "$BIN" --python-bin "$BENCH_ENV/ref/bin/mcp-sandbox-computer-vm-for-ai" "$@") || rc=$?
     log "total $(elapsed "$T_START")"
     return "$rc"
 }

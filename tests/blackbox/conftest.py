@@ -52,6 +52,11 @@ from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
 REPO = Path(__file__).resolve().parents[2]
+# The helpers shared with the benchmarks live in the repository's `testkit` package.
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+from testkit import procfs  # noqa: E402
+
 BIN = os.environ.get("KILNTAINERS_BIN") or str(REPO / "target" / "debug" / "mcp-sandbox-computer-vm-for-ai")
 
 DEBIAN = "debian:bookworm-slim"
@@ -325,7 +330,7 @@ class Server:
         return sorted(containers_with_label(f"kilntainers.instance={self.instance_id}"))
 
     def alive(self) -> bool:
-        return _pid_alive(self.pid)
+        return procfs.alive(self.pid)
 
     async def call(self, arguments: dict | None, name: str = "terminal_execute", timeout: float | None = None) -> ToolResult:
         start = time.monotonic()
@@ -355,34 +360,6 @@ def _leaf_exceptions(group: BaseExceptionGroup) -> list[BaseException]:
         else:
             leaves.append(exc)
     return leaves
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except OSError:
-        return False
-    state = stat.rsplit(")", 1)[1].split()[0]
-    return state not in ("Z", "X")
-
-
-def _procs_with_environ(marker: str) -> list[int]:
-    """Pids of processes whose environment mentions marker (our temp base dir)."""
-    found = []
-    me = os.getpid()
-    needle = marker.encode()
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == me:
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                env = f.read()
-        except OSError:
-            continue
-        if needle in env and _pid_alive(int(entry)):
-            found.append(int(entry))
-    return found
 
 
 class KBB:
@@ -621,7 +598,7 @@ class KBB:
                 pid = int(srv.pidfile.read_text().strip())
             except (OSError, ValueError):
                 continue
-            if poll(lambda: not _pid_alive(pid), 5, 0.05) is False:
+            if poll(lambda: not procfs.alive(pid), 5, 0.05) is False:
                 problems.append(f"server pid {pid} still alive after its client closed")
                 try:
                     os.kill(pid, 9)
@@ -811,7 +788,7 @@ class HttpServer:
         os.kill(self.pid, sig)
 
     def kill(self) -> None:
-        if self.returncode() is None and _pid_alive(self.pid):
+        if self.returncode() is None and procfs.alive(self.pid):
             os.kill(self.pid, signal.SIGKILL)
         if self.proc is not None:
             self.proc.wait(timeout=10)
@@ -924,7 +901,7 @@ def suite_leak_check():
             force_remove(leftovers)
     except Exception as exc:  # pragma: no cover - docker vanished
         problems.append(f"could not list containers: {exc}")
-    procs = _procs_with_environ(str(base))
+    procs = procfs.pids_with_environ(str(base))
     if procs:
         cmdlines = []
         for pid in procs:

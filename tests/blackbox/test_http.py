@@ -26,6 +26,7 @@ from conftest import (
     inspect,
     is_running,
 )
+from testkit import mcp_http
 
 pytestmark = pytest.mark.anyio
 
@@ -36,26 +37,10 @@ NON_LOOPBACK_REFUSAL = (
     "Set KILNTAINERS_AUTH_TOKEN/--auth-token, or explicitly pass --allow-unauthenticated-http "
     "behind a trusted private network."
 )
-MCP_ACCEPT = "application/json, text/event-stream"
 
 
 def initialize_body(request_id: int = 1) -> dict:
-    return {
-        "jsonrpc": "2.0",
-        "id": request_id,
-        "method": "initialize",
-        "params": {
-            "protocolVersion": "2025-11-25",
-            "capabilities": {},
-            "clientInfo": {"name": "kbb-http-raw", "version": "0"},
-        },
-    }
-
-
-def raw_post(url: str, body: dict, headers: dict | None = None) -> httpx.Response:
-    """One POST to /mcp outside the SDK, to see status codes and bodies exactly."""
-    all_headers = {"Content-Type": "application/json", "Accept": MCP_ACCEPT, **(headers or {})}
-    return httpx.post(url, json=body, headers=all_headers, timeout=30)
+    return mcp_http.initialize_body(request_id, client_name="kbb-http-raw")
 
 
 def raw_delete(url: str, session_id: str, headers: dict | None = None) -> httpx.Response:
@@ -65,7 +50,7 @@ def raw_delete(url: str, session_id: str, headers: dict | None = None) -> httpx.
 def session_status(url: str, session_id: str, headers: dict | None = None) -> int:
     """Status of a `tools/list` POST on an existing session id (404 once the session is gone)."""
     body = {"jsonrpc": "2.0", "id": 99, "method": "tools/list"}
-    return raw_post(url, body, {"Mcp-Session-Id": session_id, **(headers or {})}).status_code
+    return mcp_http.post(url, body, {"Mcp-Session-Id": session_id, **(headers or {})}).status_code
 
 
 def deletes(sess) -> list[tuple[str, int, str | None]]:
@@ -238,7 +223,7 @@ async def test_bearer_token_is_required(kbb, source):
 
         for authorization in [None, "Bearer wrong-token", f"Bearer {TOKEN}x", f"Basic {TOKEN}", TOKEN]:
             headers = {"Authorization": authorization} if authorization else {}
-            response = raw_post(srv.mcp_url, initialize_body(), headers)
+            response = mcp_http.post(srv.mcp_url, initialize_body(), headers)
             assert response.status_code == 401, (authorization, response.status_code, response.text)
             assert response.text == UNAUTHORIZED_BODY, (authorization, response.text)
             assert response.headers.get("content-type") == "application/json", authorization
@@ -266,7 +251,7 @@ async def test_host_and_origin_are_checked(kbb):
         opened: list[str] = []
 
         def accepted(headers: dict) -> bool:
-            response = raw_post(srv.mcp_url, initialize_body(), {**auth, **headers})
+            response = mcp_http.post(srv.mcp_url, initialize_body(), {**auth, **headers})
             if response.status_code == 200 and response.headers.get("mcp-session-id"):
                 opened.append(response.headers["mcp-session-id"])
             return response.status_code == 200
@@ -278,7 +263,7 @@ async def test_host_and_origin_are_checked(kbb):
             {"Host": "evil.example"},
             {"Host": "localhost.evil.example", **auth},
         ]:
-            response = raw_post(srv.mcp_url, initialize_body(), headers)
+            response = mcp_http.post(srv.mcp_url, initialize_body(), headers)
             assert response.status_code == 421, (headers, response.status_code, response.text)
             assert response.text == "Invalid Host header", response.text
         # Origin: any foreign or `null` origin is refused, before authentication too.
@@ -289,7 +274,7 @@ async def test_host_and_origin_are_checked(kbb):
             {"Origin": "http://localhost.evil.example", **auth},
             {"Origin": "http://evil.example"},
         ]:
-            response = raw_post(srv.mcp_url, initialize_body(), headers)
+            response = mcp_http.post(srv.mcp_url, initialize_body(), headers)
             assert response.status_code == 403, (headers, response.status_code, response.text)
             assert response.text == "Invalid Origin header", response.text
         # Allowed names pass, with any port and case, including the configured one.
@@ -335,7 +320,7 @@ async def test_non_loopback_bind_starts_with_token_or_explicit_opt_out(kbb, opt)
     args = ["--allow-unauthenticated-http"] if opt == "allow-unauthenticated" else ["--auth-token", TOKEN]
     async with kbb.http_server(*BUSYBOX_ARGS, *args, host="127.0.0.2") as srv:
         # A 127.x bind allows the loopback names only (docs/decisions.md, "Host and Origin checks"), so send one of them.
-        response = raw_post(srv.mcp_url, initialize_body(), {"Host": f"localhost:{srv.port}"})
+        response = mcp_http.post(srv.mcp_url, initialize_body(), {"Host": f"localhost:{srv.port}"})
         if opt == "token":
             assert response.status_code == 401, response.status_code
         else:

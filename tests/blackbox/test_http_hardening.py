@@ -22,10 +22,10 @@ import httpx
 import pytest
 
 from conftest import BIN, BUSYBOX_ARGS, apoll, free_port
+from testkit import mcp_http, procfs
 
 pytestmark = pytest.mark.anyio
 
-MCP_ACCEPT = "application/json, text/event-stream"
 # Mirrors of the server's constants (src/transport/http/listener.rs, guard.rs).
 HEADER_READ_TIMEOUT = 15
 MAX_CONNECTIONS = 512
@@ -38,29 +38,7 @@ ANY_HOST_REFUSAL = (
 
 
 def initialize_body(request_id: int = 1) -> dict:
-    return {
-        "jsonrpc": "2.0",
-        "id": request_id,
-        "method": "initialize",
-        "params": {
-            "protocolVersion": "2025-11-25",
-            "capabilities": {},
-            "clientInfo": {"name": "kbb-http-hardening", "version": "0"},
-        },
-    }
-
-
-def post(url: str, body: dict, headers: dict | None = None) -> httpx.Response:
-    all_headers = {"Content-Type": "application/json", "Accept": MCP_ACCEPT, **(headers or {})}
-    return httpx.post(url, json=body, headers=all_headers, timeout=30)
-
-
-def vm_hwm_kib(pid: int) -> int:
-    """Peak resident set size of a process (VmHWM), in KiB."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
-            return int(line.split()[1])
-    raise AssertionError(f"no VmHWM for pid {pid}")
+    return mcp_http.initialize_body(request_id, client_name="kbb-http-hardening")
 
 
 def connect(port: int, timeout: float = 5.0) -> socket.socket:
@@ -86,7 +64,7 @@ def request_head(port: int, auth: dict, extra: list[str]) -> bytes:
         "POST /mcp HTTP/1.1",
         f"Host: 127.0.0.1:{port}",
         "Content-Type: application/json",
-        f"Accept: {MCP_ACCEPT}",
+        f"Accept: {mcp_http.ACCEPT}",
         *[f"{name}: {value}" for name, value in auth.items()],
         *extra,
     ]
@@ -100,7 +78,7 @@ def request_head(port: int, auth: dict, extra: list[str]) -> bytes:
 async def test_issue_15_loopback_without_token_generates_one_and_requires_it(kbb):
     # See: issue 15
     async with kbb.http_server(*BUSYBOX_ARGS) as srv:
-        refused = post(srv.mcp_url, initialize_body())
+        refused = mcp_http.post(srv.mcp_url, initialize_body())
         assert refused.status_code == 401, (refused.status_code, refused.text)
         assert refused.headers.get("www-authenticate") == "Bearer"
 
@@ -115,8 +93,8 @@ async def test_issue_15_loopback_without_token_generates_one_and_requires_it(kbb
         assert token not in srv.stderr(), "the token was logged"
 
         for wrong in ["Bearer " + token[:-1], "Bearer " + "0" * 64, token]:
-            assert post(srv.mcp_url, initialize_body(), {"Authorization": wrong}).status_code == 401, wrong
-        accepted = post(srv.mcp_url, initialize_body(), {"Authorization": f"Bearer {token}"})
+            assert mcp_http.post(srv.mcp_url, initialize_body(), {"Authorization": wrong}).status_code == 401, wrong
+        accepted = mcp_http.post(srv.mcp_url, initialize_body(), {"Authorization": f"Bearer {token}"})
         assert accepted.status_code == 200, (accepted.status_code, accepted.text)
         session = accepted.headers["mcp-session-id"]
         deleted = httpx.delete(srv.mcp_url, headers={"Mcp-Session-Id": session, **srv.auth()}, timeout=30)
@@ -132,7 +110,7 @@ async def test_issue_15_loopback_without_token_generates_one_and_requires_it(kbb
 async def test_issue_15_explicit_opt_out_serves_without_a_token_and_warns(kbb):
     # See: issue 15
     async with kbb.http_server(*BUSYBOX_ARGS, "--allow-unauthenticated-http") as srv:
-        opened = post(srv.mcp_url, initialize_body())
+        opened = mcp_http.post(srv.mcp_url, initialize_body())
         assert opened.status_code == 200, (opened.status_code, opened.text)
         deleted = httpx.delete(srv.mcp_url, headers={"Mcp-Session-Id": opened.headers["mcp-session-id"]}, timeout=30)
         assert deleted.status_code == 200
@@ -272,7 +250,7 @@ async def test_issue_15_declared_oversize_bodies_are_refused_before_reading(kbb)
         for line, elapsed in results:
             assert line.startswith(b"HTTP/1.1 413"), line
             assert elapsed < 5, elapsed
-        peak = vm_hwm_kib(srv.pid)
+        peak = procfs.status_kib(srv.pid, "VmHWM")
         print(f"server peak RSS after 8 concurrent 50 MB POSTs: {peak} KiB")
         assert peak < 60 * 1024, f"server peak RSS {peak} KiB after 8 oversize POSTs"
         assert srv.healthy()
@@ -378,7 +356,7 @@ async def test_issue_15_a_session_whose_call_never_ends_is_still_reaped(kbb):
                     assert "result" not in outcome, f"the call ended before the reaping: {outcome}"
                     assert elapsed >= session_timeout + call_timeout - 0.5, elapsed
                     tg.cancel_scope.cancel()
-            gone = post(srv.mcp_url, {"jsonrpc": "2.0", "id": 9, "method": "tools/list"},
+            gone = mcp_http.post(srv.mcp_url, {"jsonrpc": "2.0", "id": 9, "method": "tools/list"},
                         {**srv.auth(), "Mcp-Session-Id": sess.session_id, "MCP-Protocol-Version": "2025-11-25"})
             assert gone.status_code == 404, gone.status_code
             # Let the server's engine calls fail fast so that it can stop cleanly.

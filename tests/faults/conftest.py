@@ -10,12 +10,12 @@ from __future__ import annotations
 import datetime
 import os
 import platform
-import subprocess
 import time
 
 import pytest
 
 from faultkit import Figures, bb, write_run_info
+from testkit import machine, procfs
 
 # Re-exported so pytest finds them in this conftest (fixtures and the report hook are looked up
 # by name on the plugin module).
@@ -30,33 +30,9 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "scenario(number): the fault scenario a test belongs to (report.py)")
 
 
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.machine()
-
-
 def _mem_total_gib() -> float | None:
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemTotal:"):
-                    return round(int(line.split()[1]) / 1024 / 1024, 1)
-    except OSError:
-        pass
-    return None
-
-
-def _output(*argv: str) -> str:
-    try:
-        return subprocess.run(argv, capture_output=True, text=True, timeout=30).stdout.strip()
-    except (OSError, subprocess.TimeoutExpired):
-        return ""
+    kib = procfs.meminfo_kib("MemTotal")
+    return round(kib / 1024 / 1024, 1) if kib else None
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -70,14 +46,14 @@ def run_info():
         built_text = "missing"
     write_run_info({
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-        "cpu": _cpu_model(),
+        "cpu": procfs.cpu_model(),
         "cores": os.cpu_count(),
         "memory_gib": _mem_total_gib(),
         "kernel": platform.release(),
-        "docker": _output("docker", "version", "--format", "{{.Server.Version}}"),
+        "docker": machine.run(["docker", "version", "--format", "{{.Server.Version}}"]) or "",
         "binary": os.path.relpath(binary, bb.REPO) if binary.startswith(str(bb.REPO)) else binary,
         "binary_built": built_text,
-        "commit": _output("git", "-C", str(bb.REPO), "rev-parse", "--short", "HEAD"),
+        "commit": machine.run(["git", "rev-parse", "--short", "HEAD"]) or "",
     })
     yield
 

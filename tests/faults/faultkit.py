@@ -40,6 +40,9 @@ def _load_blackbox_helpers():
 
 bb = _load_blackbox_helpers()
 
+# Loaded after the black-box helpers, which put the repository root on sys.path.
+from testkit.mcp_http import ACCEPT  # noqa: E402
+
 RESULTS = Path(os.environ.get("KILNTAINERS_FAULTS_RESULTS") or bb.REPO / ".test-env" / "faults" / "results.json")
 TOKEN = "faults-" + bb.RUN_PREFIX + "-token"
 MIB = 1024 * 1024
@@ -107,26 +110,8 @@ class Figures:
 # measurements
 
 
-def proc_status_kib(pid: int, key: str) -> int | None:
-    """A `kB` field of /proc/<pid>/status (VmHWM = peak resident set, VmRSS = now)."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith(key + ":"):
-                    return int(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
 def mib(kib: int | None) -> float | None:
     return None if kib is None else round(kib / 1024, 1)
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
-    return ordered[index]
 
 
 def ms(seconds: float) -> float:
@@ -165,9 +150,6 @@ def container_pids(container: str) -> dict[int, str]:
 # ---------------------------------------------------------------------------------------------
 # a minimal Streamable HTTP client (docs/decisions.md, "HTTP transport"): enough to open a session, run one call and drop
 # the connection without a DELETE, which the SDK's client does not let a test do at scale
-
-
-ACCEPT = "application/json, text/event-stream"
 
 
 def _messages_from(response: httpx.Response, body: bytes) -> list[dict]:

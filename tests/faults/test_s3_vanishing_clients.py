@@ -18,7 +18,8 @@ import anyio
 import httpx
 import pytest
 
-from faultkit import HERE, TOKEN, RawHttpSession, bb, instance_containers, lock_pid, mib, proc_status_kib
+from faultkit import HERE, TOKEN, RawHttpSession, bb, instance_containers, lock_pid, mib
+from testkit.procfs import status_kib
 
 pytestmark = [pytest.mark.anyio, pytest.mark.scenario("3")]
 
@@ -143,7 +144,7 @@ async def test_hundred_http_sessions_abandoned(kbb, figures):
         figures["seconds_until_0_left"] = round(time.monotonic() - abandoned, 1)
         figures["computers_left"] = count()
         figures["most_computers_seen_after_abandon"] = peak
-        figures["server_peak_rss_mib"] = mib(proc_status_kib(srv.pid, "VmHWM"))
+        figures["server_peak_rss_mib"] = mib(status_kib(srv.pid, "VmHWM"))
         assert gone, f"{count()} computers of abandoned sessions survived {HTTP_CLEANUP_DEADLINE} s"
         assert srv.healthy(), "the server stopped answering /healthz"
     assert await bb.apoll(lambda: not instance_containers(srv.instance_id), 15, 0.2)

@@ -10,7 +10,8 @@ import threading
 
 import pytest
 
-from faultkit import bb, mib, proc_status_kib
+from faultkit import bb, mib
+from testkit.procfs import status_kib
 
 pytestmark = [pytest.mark.anyio, pytest.mark.scenario("4")]
 
@@ -42,7 +43,7 @@ class RssSampler:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            self.peak_kib = max(self.peak_kib, proc_status_kib(self.pid, "VmRSS") or 0)
+            self.peak_kib = max(self.peak_kib, status_kib(self.pid, "VmRSS") or 0)
             self._stop.wait(SAMPLE_SECONDS)
 
     def __enter__(self) -> "RssSampler":
@@ -61,7 +62,7 @@ async def test_two_gib_output_flood(kbb, figures, exec_helper):
     stays under 100 MiB."""
     async with kbb.server("--image", bb.DEBIAN, env={"KILNTAINERS_EXEC_HELPER": exec_helper}) as srv:
         await srv.run("true")
-        figures["rss_before_mib"] = mib(proc_status_kib(srv.pid, "VmRSS"))
+        figures["rss_before_mib"] = mib(status_kib(srv.pid, "VmRSS"))
         seconds = {}
         with RssSampler(srv.pid) as sampler:
             for name, arguments in FLOODS:
@@ -70,7 +71,7 @@ async def test_two_gib_output_flood(kbb, figures, exec_helper):
                 assert res.structured["stderr"] == bb.limit_notice(DEFAULT_OUTPUT_LIMIT), f"{name}: {res!r}"
                 assert res.structured["stdout"] == "" and res.structured["exit_code"] == 1, f"{name}: {res!r}"
                 seconds[name] = round(res.elapsed, 2)
-        hwm = proc_status_kib(srv.pid, "VmHWM")
+        hwm = status_kib(srv.pid, "VmHWM")
         figures.update(
             floods=len(FLOODS),
             slowest_flood_seconds=max(seconds.values()),

@@ -13,7 +13,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from faultkit import bb, ms, percentile
+from faultkit import bb, ms
+from testkit.stats import percentile
 
 pytestmark = [pytest.mark.anyio, pytest.mark.scenario("6")]
 
@@ -75,7 +76,7 @@ async def sample_echo(srv, computer_id: str) -> list[float]:
 def latency_figures(prefix: str, latencies: list[float]) -> dict:
     return {
         f"{prefix}_answered": f"{len(latencies)}/{SAMPLES}",
-        f"{prefix}_p50_ms": ms(percentile(latencies, 0.5)),
+        f"{prefix}_p50_ms": ms(percentile(latencies, 50)),
         f"{prefix}_max_ms": ms(max(latencies)),
     }
 

@@ -7,7 +7,6 @@ this machine).  Requests are written with plain httpx or raw sockets, never the 
 
 from __future__ import annotations
 
-import json
 import select
 import socket
 import subprocess
@@ -16,7 +15,10 @@ import time
 import httpx
 import pytest
 
-from faultkit import ACCEPT, MIB, TOKEN, bb, mib, proc_status_kib
+from faultkit import MIB, TOKEN, bb, mib
+from testkit import mcp_http
+from testkit.mcp_http import ACCEPT
+from testkit.procfs import status_kib
 
 pytestmark = [pytest.mark.anyio, pytest.mark.scenario("8")]
 
@@ -24,15 +26,10 @@ pytestmark = [pytest.mark.anyio, pytest.mark.scenario("8")]
 BIG_BODY_BYTES = 50 * MIB
 CHUNK = 64 * 1024
 BIG_BODY_DEADLINE = 60.0
-INITIALIZE = {
-    "jsonrpc": "2.0", "id": 1, "method": "initialize",
-    "params": {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "faults-http", "version": "0"}},
-}
 
 
 def post(url: str, headers: dict) -> httpx.Response:
-    return httpx.post(url, content=json.dumps(INITIALIZE), timeout=30,
-                      headers={"Content-Type": "application/json", "Accept": ACCEPT, **headers})
+    return mcp_http.post(url, mcp_http.initialize_body(client_name="faults-http"), headers)
 
 
 def big_post(port: int, *, chunked: bool) -> tuple[int | None, int, float]:
@@ -104,7 +101,7 @@ async def test_http_refusals_with_a_token(kbb, figures):
         statuses["right token (control)"] = control.status_code
         if control.status_code == 200 and control.headers.get("mcp-session-id"):
             httpx.delete(url, headers={**good, "Mcp-Session-Id": control.headers["mcp-session-id"]}, timeout=30)
-        rss_before = proc_status_kib(srv.pid, "VmRSS")
+        rss_before = status_kib(srv.pid, "VmRSS")
         big = {}
         for chunked in (False, True):
             status, sent, seconds = big_post(srv.port, chunked=chunked)
@@ -115,8 +112,8 @@ async def test_http_refusals_with_a_token(kbb, figures):
             statuses=statuses,
             mib_sent_before_413={k: v["sent_mib"] for k, v in big.items()},
             rss_before_big_bodies_mib=mib(rss_before),
-            peak_rss_mib=mib(proc_status_kib(srv.pid, "VmHWM")),
-            rss_after_big_bodies_mib=mib(proc_status_kib(srv.pid, "VmRSS")),
+            peak_rss_mib=mib(status_kib(srv.pid, "VmHWM")),
+            rss_after_big_bodies_mib=mib(status_kib(srv.pid, "VmRSS")),
         )
         assert statuses == {
             "no token": 401,

@@ -1,0 +1,8 @@
+"""Python helpers shared by the test suites (`tests/blackbox`, `tests/faults`) and the
+benchmarks (`bench/`): the Docker Engine API over its unix socket, readings from `/proc`,
+percentiles, a description of the machine, and raw Streamable HTTP requests.
+
+Both sides import it from the repository root (`python -m bench`, and the conftests put the
+root on `sys.path`), so one fix reaches every caller. Standard library only, apart from
+`httpx` in `mcp_http`, which every venv of the project has.
+"""
