@@ -90,7 +90,7 @@ step "black-box core tests again, with the exec helper off (one Docker exec per 
 KILNTAINERS_EXEC_HELPER=off "$KILNTAINERS_TEST_VENV/bin/python" -m pytest -q -p no:cacheprovider \
     tests/blackbox/test_cli.py tests/blackbox/test_surface.py tests/blackbox/test_exec.py \
     tests/blackbox/test_limits.py tests/blackbox/test_lifecycle_docker.py \
-    tests/blackbox/test_crash_gc.py
+    tests/blackbox/test_crash_gc.py tests/blackbox/test_jobs.py
 
 step "MCP conformance suite (server scenarios over Streamable HTTP)"
 bash scripts/conformance-test.sh

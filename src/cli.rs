@@ -147,6 +147,41 @@ pub struct Cli {
     )]
     pub lifecycle_tools: bool,
 
+    // ---- jobs (docs/jobs.md) ----
+    #[arg(
+        long,
+        help = "Expose job_output, job_write, job_kill and job_list, and yield_after on terminal_execute, for commands that outlive a tool call (also: ENABLE_JOB_TOOLS=true)",
+        help_heading = "job options"
+    )]
+    pub job_tools: bool,
+    #[arg(
+        long,
+        env = "KILNTAINERS_MAX_JOBS",
+        default_value_t = 16,
+        allow_negative_numbers = true,
+        help = "Running jobs allowed per computer (default: 16)",
+        help_heading = "job options"
+    )]
+    pub max_jobs: i64,
+    #[arg(
+        long,
+        env = "KILNTAINERS_JOB_TIMEOUT",
+        default_value_t = 0,
+        allow_negative_numbers = true,
+        help = "Wall-clock limit in seconds of a job started without timeout; 0 = none (default: 0)",
+        help_heading = "job options"
+    )]
+    pub job_timeout: i64,
+    #[arg(
+        long,
+        env = "KILNTAINERS_JOB_LOG_LIMIT",
+        default_value_t = 67_108_864,
+        allow_negative_numbers = true,
+        help = "Output bytes kept per stream of a job, inside its computer; further output is counted, not kept (default: 67108864 = 64 MiB)",
+        help_heading = "job options"
+    )]
+    pub job_log_limit: i64,
+
     // ---- tool description ----
     #[arg(
         long,

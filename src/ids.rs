@@ -1,5 +1,6 @@
 //! Validated identifiers: [`ComputerId`] (the user-facing slug), [`InstanceId`] (one server
-//! process) and [`ExecId`] (the tag carried by every command's process tree).
+//! process), [`ExecId`] (the tag carried by every command's process tree) and [`JobId`] (a
+//! command that outlives its tool call).
 //!
 //! Everything past the MCP argument layer takes these types, never `&str`, so the slug rule of
 //! docs/decisions.md, "Computer ids" is checked exactly once. This module knows nothing about providers.
@@ -117,6 +118,47 @@ impl ExecId {
     pub fn env_entry(&self) -> String {
         format!("{}={}", Self::ENV_NAME, self.0)
     }
+
+    /// The tag values of jobs start with this, so that kill sweeps of other commands leave a
+    /// job's orphans alone (docs/jobs.md, "Inside the computer").
+    pub const JOB_PREFIX: &'static str = "job";
+
+    /// The tag of a job's command and everything it starts.
+    pub fn for_job(job: &JobId) -> Self {
+        Self(format!("job-{job}"))
+    }
+}
+
+/// A job: `j-` and 8 lowercase hex digits, unique per computer (docs/jobs.md, "Job ids").
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct JobId(String);
+
+impl JobId {
+    pub fn random() -> Self {
+        let value: u32 = rand::rng().random();
+        Self(format!("j-{value:08x}"))
+    }
+
+    /// Accepts only the shape [`JobId::random`] produces: the id becomes a path in the computer.
+    pub fn parse(raw: &str) -> Option<Self> {
+        let raw = raw.trim();
+        let ok = raw.len() == 10
+            && raw.starts_with("j-")
+            && raw[2..]
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b));
+        ok.then(|| Self(raw.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for JobId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
 }
 
 #[cfg(test)]
@@ -158,6 +200,16 @@ mod tests {
             let id = ComputerId::random();
             assert!(ComputerId::parse(id.as_str()).is_ok(), "{id}");
             assert_eq!(id.as_str().split('-').count(), 3);
+        }
+    }
+
+    #[test]
+    fn job_ids_round_trip_and_reject_paths() {
+        let id = JobId::random();
+        assert_eq!(JobId::parse(id.as_str()), Some(id.clone()));
+        assert_eq!(ExecId::for_job(&id).as_str(), format!("job-{id}"));
+        for bad in ["j-../../x", "j-ABCDEF12", "j-1234567", "x-12345678", ""] {
+            assert_eq!(JobId::parse(bad), None, "{bad}");
         }
     }
 

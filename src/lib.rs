@@ -9,6 +9,7 @@ pub mod config;
 pub mod dashboard;
 pub mod exec;
 pub mod ids;
+pub mod jobs;
 pub mod mcp;
 pub mod registry;
 pub mod shutdown;

@@ -7,8 +7,9 @@ use tracing_subscriber::EnvFilter;
 
 use mcp_sandbox_computer_vm_for_ai::backends;
 use mcp_sandbox_computer_vm_for_ai::cli::Cli;
-use mcp_sandbox_computer_vm_for_ai::config::{Config, Transport};
+use mcp_sandbox_computer_vm_for_ai::config::{self, Config, Transport};
 use mcp_sandbox_computer_vm_for_ai::ids::InstanceId;
+use mcp_sandbox_computer_vm_for_ai::jobs::{JobSettings, Jobs};
 use mcp_sandbox_computer_vm_for_ai::mcp::{Surface, description};
 use mcp_sandbox_computer_vm_for_ai::registry::{Registry, orphans};
 use mcp_sandbox_computer_vm_for_ai::state::{self, InstanceLock};
@@ -25,10 +26,11 @@ fn main() -> ExitCode {
         eprintln!("kilntainers: warning: {warning}");
     }
     let lifecycle_env = std::env::var("ENABLE_LIFECYCLE_TOOLS").ok();
-    let config = match Config::from_cli(&cli, lifecycle_env.as_deref()) {
+    let mut config = match Config::from_cli(&cli, lifecycle_env.as_deref()) {
         Ok(config) => config,
         Err(error) => return fail(error),
     };
+    config.jobs.enabled |= config::switch_on(std::env::var("ENABLE_JOB_TOOLS").ok().as_deref());
     let filter = EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| EnvFilter::new("warn,mcp_sandbox_computer_vm_for_ai=info"));
     tracing_subscriber::fmt()
@@ -83,7 +85,19 @@ async fn run(config: Config) -> i32 {
         config.shell.clone(),
         config.limits,
     );
-    let surface = Surface::new(registry, &description, config.lifecycle_tools);
+    let jobs = config.jobs.enabled.then(|| {
+        Jobs::new(
+            backend.clone(),
+            config.shell.clone(),
+            JobSettings {
+                max_jobs: config.jobs.max_jobs,
+                default_timeout_secs: config.jobs.default_timeout_secs,
+                log_limit: config.jobs.log_limit,
+                output_limit: config.limits.output_limit,
+            },
+        )
+    });
+    let surface = Surface::new(registry, &description, config.lifecycle_tools, jobs);
 
     let state_dir_for_token = state_dir.clone();
     // Crash GC (and the eager backend check) never delays MCP traffic.
@@ -97,10 +111,16 @@ async fn run(config: Config) -> i32 {
         None => {}
     }
     let lifecycle = if config.lifecycle_tools { "on" } else { "off" };
+    // The line stays the reference's when the job switch is off.
+    let job_tools = if config.jobs.enabled {
+        ", job tools: on"
+    } else {
+        ""
+    };
     let code = match &config.transport {
         Transport::Stdio => {
             eprintln!(
-                "kilntainers: mcp-sandbox-computer-vm-for-ai {} serving stdio (backend: {}, lifecycle tools: {lifecycle})",
+                "kilntainers: mcp-sandbox-computer-vm-for-ai {} serving stdio (backend: {}, lifecycle tools: {lifecycle}{job_tools})",
                 env!("CARGO_PKG_VERSION"),
                 config.backend.name()
             );

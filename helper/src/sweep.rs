@@ -69,6 +69,11 @@ pub fn snapshot(tag_name: &str, own: u32) -> Vec<Proc> {
     found
 }
 
+/// `NAME` of a whole `NAME=value` tag.
+fn tag_name(tag: &[u8]) -> &[u8] {
+    tag.split(|&b| b == b'=').next().unwrap_or(tag)
+}
+
 /// The parent pid and start time of a `/proc/<pid>/stat` line. The command name may hold
 /// spaces and parentheses, so fields are counted from the last `)`.
 fn parse_stat(stat: &str) -> Option<(i32, u64)> {
@@ -102,11 +107,14 @@ pub fn targets(procs: &[Proc], tag: &[u8], roots: &[i32], since: &mut Option<u64
             .filter(|proc| proc.start < since)
             .filter_map(|proc| proc.tag.as_deref())
             .collect();
+        // A job's processes are meant to outlive the call that started them; the job's own
+        // sweep finds them by their exact tag.
+        let job_tag = [tag_name(tag), b"=job"].concat();
         for proc in procs {
             let foreign = proc
                 .tag
                 .as_deref()
-                .is_some_and(|tag| older_tags.contains(tag));
+                .is_some_and(|tag| older_tags.contains(tag) || tag.starts_with(&job_tag));
             if proc.ppid == 1 && proc.start >= since && !foreign {
                 chosen.insert(proc.pid);
             }
@@ -178,6 +186,32 @@ mod tests {
             vec![10, 11, 12, 13, 15]
         );
         assert_eq!(since, Some(30));
+    }
+
+    #[test]
+    fn orphans_of_jobs_are_left_to_their_own_sweep() {
+        let procs = vec![
+            proc(10, 3, 30, Some("KILNTAINERS_EXEC_ID=c")), // the command
+            proc(11, 1, 31, Some("KILNTAINERS_EXEC_ID=jobsup-j-0000000a")), // a job started later
+            proc(12, 11, 32, Some("KILNTAINERS_EXEC_ID=job-j-0000000a")), // its command
+            proc(13, 1, 33, Some("KILNTAINERS_EXEC_ID=job-j-0000000a")), // its daemon
+            proc(14, 1, 34, None),                          // a tag-dropping orphan
+        ];
+        let mut since = None;
+        assert_eq!(
+            targets(&procs, b"KILNTAINERS_EXEC_ID=c", &[], &mut since),
+            vec![10, 14]
+        );
+        let mut since = None;
+        assert_eq!(
+            targets(
+                &procs,
+                b"KILNTAINERS_EXEC_ID=job-j-0000000a",
+                &[],
+                &mut since
+            ),
+            vec![12, 13, 14]
+        );
     }
 
     #[test]

@@ -169,6 +169,12 @@ pub trait Backend: Send + Sync {
         Ok(())
     }
 
+    /// Whether jobs run inside the server process instead of in the computer (docs/jobs.md,
+    /// "Backends"): backends without a POSIX shell in the computer.
+    fn runs_jobs_in_server(&self) -> bool {
+        false
+    }
+
     /// Checks reachability once; callers cache success.
     async fn validate(&self) -> Result<(), BackendError>;
 

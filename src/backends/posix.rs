@@ -34,7 +34,8 @@ pub enum SweepReach {
 /// started no earlier than the oldest tagged process whose tag no older process carries. The
 /// kill list accumulates across passes, so the children of a process killed earlier but still
 /// exiting (not yet reparented) are its descendants; a later pass catches what an earlier kill
-/// orphaned. Plain POSIX sh (BusyBox included).
+/// orphaned. Orphans tagged as a job's are never taken for a command's leftovers: jobs are
+/// meant to outlive calls (docs/jobs.md, "Inside the computer"). Plain POSIX sh (BusyBox included).
 pub fn kill_sweep_script(exec_id: &ExecId, reach: SweepReach) -> String {
     let orphans = match reach {
         SweepReach::Tagged => "0",
@@ -69,6 +70,7 @@ SNAP
     while read -r p pp st e; do
       [ -n "$p" ] && [ "$pp" = 1 ] && [ "$st" -ge "$since" ] || continue
       case "$older" in *" $e "*) [ -n "$e" ] && continue ;; esac
+      case "$e" in {name}={job}*) continue ;; esac
       kill="$kill$p "
     done <<SNAP
 $snap
@@ -91,6 +93,7 @@ true
 "#,
         tag = exec_id.env_entry(),
         name = ExecId::ENV_NAME,
+        job = ExecId::JOB_PREFIX,
     )
 }
 

@@ -102,6 +102,7 @@ pub struct Config {
     pub shell: String,
     pub network: bool,
     pub lifecycle_tools: bool,
+    pub jobs: JobsConfig,
     pub description: DescriptionConfig,
     pub docker: DockerConfig,
     pub fly: FlyConfig,
@@ -126,6 +127,21 @@ pub struct HttpConfig {
     /// instead of generating a token.
     pub allow_unauthenticated: bool,
     pub extra_allowed_hosts: Vec<String>,
+}
+
+/// The job switch and settings (docs/jobs.md, "Settings").
+#[derive(Debug, Clone, Copy)]
+pub struct JobsConfig {
+    /// `--job-tools` or `ENABLE_JOB_TOOLS=true`.
+    pub enabled: bool,
+    pub max_jobs: u32,
+    pub default_timeout_secs: u64,
+    pub log_limit: u64,
+}
+
+/// Whether an `ENABLE_*_TOOLS` value turns its switch on: `true`, trimmed, any case.
+pub fn switch_on(value: Option<&str>) -> bool {
+    value.is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
 }
 
 /// Server-wide exec limits; a call may override only the timeout.
@@ -215,6 +231,17 @@ impl Config {
         if cli.session_timeout < 1 {
             return fail("--session-timeout must be at least 1 second.");
         }
+        if cli.max_jobs < 1 {
+            return fail("--max-jobs must be at least 1.");
+        }
+        if cli.job_timeout < 0 || cli.job_timeout.unsigned_abs() > MAX_TIMEOUT_SECS {
+            return fail(format!(
+                "--job-timeout must be between 0 (no limit) and {MAX_TIMEOUT_SECS} seconds."
+            ));
+        }
+        if cli.job_log_limit < 1024 * 1024 {
+            return fail("--job-log-limit must be at least 1048576 bytes (1 MiB).");
+        }
         let Ok(port) = u16::try_from(cli.port)
             .map_err(drop)
             .and_then(|p| if p == 0 { Err(()) } else { Ok(p) })
@@ -286,8 +313,13 @@ impl Config {
             },
             shell: cli.shell.clone(),
             network: !cli.no_network,
-            lifecycle_tools: cli.lifecycle_tools
-                || lifecycle_env.is_some_and(|v| v.trim().eq_ignore_ascii_case("true")),
+            lifecycle_tools: cli.lifecycle_tools || switch_on(lifecycle_env),
+            jobs: JobsConfig {
+                enabled: cli.job_tools,
+                max_jobs: u32::try_from(cli.max_jobs).unwrap_or(u32::MAX),
+                default_timeout_secs: cli.job_timeout.unsigned_abs(),
+                log_limit: cli.job_log_limit.unsigned_abs(),
+            },
             description: DescriptionConfig {
                 override_text: cli.tool_instruction_override.clone(),
                 extended_text: cli.extended_tool_instruction.clone(),

@@ -4,13 +4,14 @@
 //! (docs/decisions.md, "Killing a command" and "Command results"). Knows no provider: everything goes through `dyn Backend`.
 
 pub mod limits;
+mod progress;
 
 use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
-use crate::backends::{Backend, BackendError, ExecEnd, ExecSpec, SandboxRef};
+use crate::backends::{Backend, BackendError, ExecEnd, ExecSpec, Progress, SandboxRef};
 use crate::ids::ExecId;
 use limits::LimitedSink;
 
@@ -88,7 +89,10 @@ impl ExecOutcome {
 }
 
 /// Runs `request` in `sandbox` under `timeout_secs` and `output_limit`, killing the command's
-/// process tree when it times out, overflows or is cancelled.
+/// process tree when it times out, overflows or is cancelled. While it runs, `progress` hears
+/// once a second how long it has run and its last complete output line (docs/jobs.md,
+/// "Progress of foreground calls").
+#[allow(clippy::too_many_arguments)]
 pub async fn run(
     backend: &dyn Backend,
     sandbox: &SandboxRef,
@@ -96,6 +100,7 @@ pub async fn run(
     request: &ExecRequest,
     exec_id: ExecId,
     output_limit: u64,
+    progress: &dyn Progress,
     cancel: &CancellationToken,
 ) -> Result<ExecOutcome, ExecError> {
     let argv = match &request.program {
@@ -121,12 +126,24 @@ pub async fn run(
         Timeout,
         Cancelled,
     }
+    let last_line = progress::LastLine::default();
     let ended = {
-        let exec = backend.exec(sandbox, &spec, &mut sink, &exec_cancel);
-        tokio::select! {
-            result = exec => Ok(result),
-            () = tokio::time::sleep(timeout) => Err(Early::Timeout),
-            () = cancel.cancelled() => Err(Early::Cancelled),
+        let mut tap = progress::LineTap::new(&mut sink, &last_line);
+        let exec = backend.exec(sandbox, &spec, &mut tap, &exec_cancel);
+        tokio::pin!(exec);
+        let deadline = tokio::time::sleep(timeout);
+        tokio::pin!(deadline);
+        let mut ticks = tokio::time::interval_at(
+            tokio::time::Instant::now() + progress::EVERY,
+            progress::EVERY,
+        );
+        loop {
+            tokio::select! {
+                result = &mut exec => break Ok(result),
+                () = &mut deadline => break Err(Early::Timeout),
+                () = cancel.cancelled() => break Err(Early::Cancelled),
+                _ = ticks.tick() => last_line.report(progress, started.elapsed()),
+            }
         }
     };
     // Stop any backend-side reading that may still be in flight.

@@ -48,6 +48,7 @@ async fn run_once(
         &request(timeout_secs),
         exec_id.clone(),
         LIMIT,
+        &crate::backends::NoProgress,
         cancel,
     ))
     .await;

@@ -38,7 +38,11 @@ fn meta(value: Value) -> MetaObject {
 }
 
 /// `{type: object, properties, required, anyOf: [success keys | error]}`.
-fn output_schema(properties: Value, success: &[&str], defs: Option<Value>) -> Arc<JsonObject> {
+pub(super) fn output_schema(
+    properties: Value,
+    success: &[&str],
+    defs: Option<Value>,
+) -> Arc<JsonObject> {
     let mut properties = properties.as_object().cloned().unwrap_or_default();
     properties.insert("error".into(), json!({"type": "string"}));
     let mut schema = json!({

@@ -7,6 +7,7 @@
 pub mod args;
 pub mod description;
 pub mod format;
+mod jobs;
 mod lifecycle;
 mod progress;
 pub mod tools;
@@ -25,6 +26,7 @@ use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde_json::json;
 
 use crate::dashboard;
+use crate::jobs::Jobs;
 use crate::registry::{Registry, Session};
 
 /// Sent to every client that initialises (docs/decisions.md, "Server identity and capabilities").
@@ -33,9 +35,12 @@ const INSTRUCTIONS: &str = "This server provides isolated Linux sandbox computer
 /// What every session of this process shares.
 pub struct Surface {
     pub registry: Arc<Registry>,
+    /// The job service, when the job switch is on (docs/jobs.md, "Switch").
+    pub jobs: Option<Arc<Jobs>>,
     tools: Vec<Tool>,
     /// Lifecycle tools, the dashboard resource and the UI extension (docs/decisions.md, "Tool list").
     lifecycle_tools: bool,
+    instructions: String,
 }
 
 impl Surface {
@@ -43,15 +48,26 @@ impl Surface {
         registry: Arc<Registry>,
         tool_description: &str,
         lifecycle_tools: bool,
+        jobs: Option<Arc<Jobs>>,
     ) -> Arc<Self> {
-        let mut tools = vec![tools::terminal_execute_tool(tool_description)];
+        let mut tools = vec![tools::terminal_execute_tool(
+            tool_description,
+            jobs.is_some(),
+        )];
+        let mut instructions = INSTRUCTIONS.to_owned();
+        if jobs.is_some() {
+            tools.extend(jobs::tools(registry.backend().runs_jobs_in_server()));
+            instructions.push_str(jobs::INSTRUCTIONS);
+        }
         if lifecycle_tools {
             tools.extend(lifecycle::tools());
         }
         Arc::new(Self {
             registry,
+            jobs,
             tools,
             lifecycle_tools,
+            instructions,
         })
     }
 
@@ -96,6 +112,7 @@ impl SessionHandler {
     fn with_session(surface: Arc<Surface>, session: Arc<Session>) -> Self {
         let release = ReleaseOnDrop {
             registry: surface.registry.clone(),
+            jobs: surface.jobs.clone(),
             session: session.clone(),
         };
         Self {
@@ -110,11 +127,15 @@ impl SessionHandler {
 /// runtime; the shutdown sweep covers anything a dying runtime no longer runs.
 struct ReleaseOnDrop {
     registry: Arc<Registry>,
+    jobs: Option<Arc<Jobs>>,
     session: Arc<Session>,
 }
 
 impl Drop for ReleaseOnDrop {
     fn drop(&mut self) {
+        if let Some(jobs) = &self.jobs {
+            jobs.close_session(self.session.id());
+        }
         let (registry, session) = (self.registry.clone(), self.session.clone());
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move { registry.close_session(&session).await });
@@ -151,7 +172,7 @@ impl ServerHandler for SessionHandler {
                 Implementation::new("Kilntainers", env!("CARGO_PKG_VERSION"))
                     .with_title("MCP Sandbox Computer VM for AI"),
             )
-            .with_instructions(INSTRUCTIONS)
+            .with_instructions(self.surface.instructions.clone())
     }
 
     async fn list_tools(
@@ -222,40 +243,51 @@ impl ServerHandler for SessionHandler {
     ) -> Result<CallToolResponse, ErrorData> {
         let registry = &self.surface.registry;
         let progress = progress::McpProgress::start(&context);
-        let result = match request.name.as_ref() {
-            tools::TERMINAL_EXECUTE => {
-                tools::terminal_execute(
-                    registry,
-                    &self.session,
-                    request.arguments.as_ref(),
-                    &progress,
-                    &context.ct,
-                )
-                .await
+        let jobs = self.surface.jobs.as_deref();
+        let session = &self.session;
+        let arguments = request.arguments.as_ref();
+        let result = match (request.name.as_ref(), jobs) {
+            (tools::TERMINAL_EXECUTE, _) => {
+                tools::terminal_execute(registry, jobs, session, arguments, &progress, &context.ct)
+                    .await
             }
-            name if !self.surface.lifecycle_tools || self.get_tool(name).is_none() => {
+            (jobs::OUTPUT, Some(jobs)) => {
+                jobs::output(registry, jobs, session, arguments, &context.ct).await
+            }
+            (jobs::WRITE, Some(jobs)) => {
+                jobs::write(registry, jobs, session, arguments, &context.ct).await
+            }
+            (jobs::KILL, Some(jobs)) => {
+                jobs::kill(registry, jobs, session, arguments, &context.ct).await
+            }
+            (jobs::LIST, Some(jobs)) => {
+                jobs::list(registry, jobs, session, arguments, &context.ct).await
+            }
+            (name, _) if !self.surface.lifecycle_tools || self.get_tool(name).is_none() => {
                 return Err(ErrorData::invalid_params("tool not found", None));
             }
-            lifecycle::DASHBOARD | lifecycle::LIST => Some(lifecycle::list(registry).await),
-            lifecycle::CREATE => Some(
-                lifecycle::create(
-                    registry,
-                    &self.session,
-                    request.arguments.as_ref(),
-                    &progress,
-                )
-                .await,
-            ),
-            lifecycle::RESTART => {
-                Some(lifecycle::restart(registry, request.arguments.as_ref()).await)
-            }
-            lifecycle::FACTORY_RESET => Some(
-                lifecycle::factory_reset(registry, request.arguments.as_ref(), &progress).await,
-            ),
-            lifecycle::DELETE => {
-                Some(lifecycle::delete(registry, request.arguments.as_ref()).await)
-            }
-            _ => return Err(ErrorData::invalid_params("tool not found", None)),
+            (name, _) => match name {
+                lifecycle::DASHBOARD | lifecycle::LIST => Some(lifecycle::list(registry).await),
+                lifecycle::CREATE => Some(
+                    lifecycle::create(
+                        registry,
+                        &self.session,
+                        request.arguments.as_ref(),
+                        &progress,
+                    )
+                    .await,
+                ),
+                lifecycle::RESTART => {
+                    Some(lifecycle::restart(registry, request.arguments.as_ref()).await)
+                }
+                lifecycle::FACTORY_RESET => Some(
+                    lifecycle::factory_reset(registry, request.arguments.as_ref(), &progress).await,
+                ),
+                lifecycle::DELETE => {
+                    Some(lifecycle::delete(registry, request.arguments.as_ref()).await)
+                }
+                _ => return Err(ErrorData::invalid_params("tool not found", None)),
+            },
         };
         progress.finish().await;
         match result {

@@ -14,6 +14,7 @@ use crate::backends::{BackendError, Progress};
 use crate::config::MAX_TIMEOUT_SECS;
 use crate::exec::{ExecOutcome, ExecRequest, Program, STDIN_LIMIT};
 use crate::ids::ComputerId;
+use crate::jobs::{Jobs, StartRequest};
 use crate::registry::{Registry, RegistryError, Session};
 
 pub const TERMINAL_EXECUTE: &str = "terminal_execute";
@@ -29,9 +30,10 @@ fn ui_meta() -> MetaObject {
     meta
 }
 
-/// `terminal_execute` with the description assembled at startup.
-pub fn terminal_execute_tool(description: &str) -> Tool {
-    let input = json!({
+/// `terminal_execute` with the description assembled at startup; with the job switch on it
+/// gains `yield_after` and `keep_stdin_open`, and its result may be a running job.
+pub fn terminal_execute_tool(description: &str, job_tools: bool) -> Tool {
+    let mut input = json!({
         "type": "object",
         "properties": {
             "command": {"type": "string", "title": "Command", "description": "Shell command string (mutually exclusive with args)."},
@@ -43,7 +45,7 @@ pub fn terminal_execute_tool(description: &str) -> Tool {
             "temporary": {"type": "boolean", "default": true, "title": "Temporary", "description": "Remove the computer when its MCP session shuts down. Set false to keep it provider-side and reconnect by computer_id."}
         }
     });
-    let output = json!({
+    let mut output = json!({
         "type": "object",
         "properties": {
             "computer_id": {"type": "string"},
@@ -59,6 +61,19 @@ pub fn terminal_execute_tool(description: &str) -> Tool {
             {"required": ["error"]}
         ]
     });
+    if job_tools {
+        if let (Some(properties), Value::Object(extra)) = (
+            input["properties"].as_object_mut(),
+            super::jobs::execute_properties(),
+        ) {
+            properties.extend(extra);
+        }
+        if let Some(properties) = output["properties"].as_object_mut() {
+            properties.insert("exit_code".into(), json!({"type": ["integer", "null"]}));
+            properties.insert("job_id".into(), json!({"type": "string"}));
+            properties.insert("running".into(), json!({"type": "boolean"}));
+        }
+    }
     let mut annotations = ToolAnnotations::new();
     annotations.open_world_hint = Some(true);
     Tool::new(TERMINAL_EXECUTE, description.to_owned(), object(input))
@@ -72,6 +87,10 @@ struct ExecuteCall {
     request: ExecRequest,
     computer_id: Option<ComputerId>,
     temporary: bool,
+    /// Set only with the job switch on.
+    job: Option<super::jobs::YieldArgs>,
+    /// Whether `timeout` was given (a job has no limit by default).
+    timeout_given: bool,
 }
 
 /// Whether `dir`, normalised lexically (`.`, `..`, repeated slashes), names `/proc` or
@@ -95,6 +114,7 @@ fn is_under_proc(dir: &str) -> bool {
 fn decode_execute(
     arguments: Option<&JsonObject>,
     default_timeout: u64,
+    job_tools: bool,
 ) -> Result<ExecuteCall, String> {
     let args = Args::new(TERMINAL_EXECUTE, arguments);
     let decode = || -> Result<_, ArgError> {
@@ -137,6 +157,11 @@ fn decode_execute(
             "working_directory must not be under /proc, got: {dir}"
         ));
     }
+    let job = if job_tools {
+        Some(super::jobs::decode_yield(&args)?)
+    } else {
+        None
+    };
     let timeout_secs = match timeout {
         Some(t) if t < 1 => return Err("timeout must be at least 1 second.".to_owned()),
         Some(t) if t.unsigned_abs() > MAX_TIMEOUT_SECS => {
@@ -168,21 +193,52 @@ fn decode_execute(
         },
         computer_id,
         temporary: temporary.unwrap_or(true),
+        job,
+        timeout_given: timeout.is_some(),
     })
 }
 
 /// `terminal_execute`: `Ok(None)` when the client cancelled (no result is sent).
 pub async fn terminal_execute(
     registry: &Registry,
+    jobs: Option<&Jobs>,
     session: &Session,
     arguments: Option<&JsonObject>,
     progress: &dyn Progress,
     cancel: &CancellationToken,
 ) -> Option<CallToolResult> {
-    let call = match decode_execute(arguments, registry.limits().default_timeout_secs) {
+    let call = match decode_execute(
+        arguments,
+        registry.limits().default_timeout_secs,
+        jobs.is_some(),
+    ) {
         Ok(call) => call,
         Err(message) => return Some(format::error(message)),
     };
+    if let (Some(jobs), Some(job)) = (jobs, &call.job)
+        && let Some(yield_after) = job.yield_after
+    {
+        let request = StartRequest {
+            // A job's limit is its own: `timeout` only when given (docs/jobs.md).
+            timeout_secs: call.timeout_given.then_some(call.request.timeout_secs),
+            program: call.request.program,
+            stdin: call.request.stdin,
+            working_dir: call.request.working_dir,
+            keep_stdin_open: job.keep_stdin_open,
+        };
+        return super::jobs::execute(
+            registry,
+            jobs,
+            session,
+            call.computer_id,
+            call.temporary,
+            request,
+            yield_after,
+            progress,
+            cancel,
+        )
+        .await;
+    }
     let executed = registry
         .execute(
             session,
@@ -263,7 +319,7 @@ mod tests {
     use super::*;
 
     fn decode(value: Value) -> Result<ExecuteCall, String> {
-        decode_execute(value.as_object(), 120)
+        decode_execute(value.as_object(), 120, false)
     }
 
     #[test]

@@ -62,6 +62,32 @@ impl Registry {
         Ok(sandbox)
     }
 
+    /// An existing computer for a call that must not create one (the job tools): this
+    /// process's record, else the provider's, attached in the mode it was created with.
+    pub async fn attach_existing(
+        &self,
+        session: &Session,
+        id: &ComputerId,
+    ) -> Result<SandboxRef, RegistryError> {
+        if let Some(sandbox) = self
+            .existing_slot(id)
+            .and_then(|s| lock(&s.state).record.clone())
+        {
+            return Ok(sandbox);
+        }
+        let Some(found) = self.backend.lookup(id).await? else {
+            return Err(RegistryError::NotFound(id.clone()));
+        };
+        self.acquire_for(
+            session,
+            id,
+            found.sandbox.temporary,
+            Origin::Named,
+            &crate::backends::NoProgress,
+        )
+        .await
+    }
+
     /// A random id checked free by one provider lookup; creating it needs no second one.
     async fn unused_random_id(&self) -> Result<ComputerId, RegistryError> {
         for _ in 0..RANDOM_ID_TRIES {

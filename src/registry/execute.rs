@@ -51,6 +51,7 @@ impl Registry {
                 request,
                 exec_id,
                 self.limits.output_limit,
+                progress,
                 &exec_cancel,
             )
             .await;

@@ -31,6 +31,16 @@ impl Session {
         }
     }
 
+    /// Unique among the sessions of this process.
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// The computers this session holds.
+    pub fn held(&self) -> Vec<ComputerId> {
+        lock(&self.owned).keys().cloned().collect()
+    }
+
     pub fn default_id(&self) -> Option<ComputerId> {
         lock(&self.default_id).clone()
     }

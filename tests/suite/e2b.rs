@@ -220,6 +220,7 @@ async fn contract_timeout_kills_through_send_signal_against_fake() {
         &request("sleep 97 & sleep 98; echo never", 2),
         ExecId::random(),
         1_000_000,
+        &mcp_sandbox_computer_vm_for_ai::backends::NoProgress,
         &cancel,
     )
     .await
@@ -249,6 +250,7 @@ async fn contract_timeout_kills_through_send_signal_against_fake() {
         &request("yes | head -c 300000000", 60),
         ExecId::random(),
         1000,
+        &mcp_sandbox_computer_vm_for_ai::backends::NoProgress,
         &cancel,
     )
     .await
@@ -272,6 +274,7 @@ async fn contract_timeout_kills_through_send_signal_against_fake() {
         &long,
         ExecId::random(),
         1000,
+        &mcp_sandbox_computer_vm_for_ai::backends::NoProgress,
         &cancel,
     );
     let killer = async {

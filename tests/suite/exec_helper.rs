@@ -144,6 +144,7 @@ impl Computer {
                 &request,
                 exec_id,
                 output_limit,
+                &mcp_sandbox_computer_vm_for_ai::backends::NoProgress,
                 &CancellationToken::new(),
             ),
         )

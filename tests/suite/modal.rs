@@ -54,6 +54,7 @@ async fn run(
         &request,
         ExecId::random(),
         limit,
+        &mcp_sandbox_computer_vm_for_ai::backends::NoProgress,
         &CancellationToken::new(),
     )
     .await
@@ -557,6 +558,7 @@ async fn contract_image_not_found_and_lifetime_expiry_against_fake() {
             &request,
             ExecId::random(),
             1024,
+            &mcp_sandbox_computer_vm_for_ai::backends::NoProgress,
             &CancellationToken::new(),
         )
         .await

@@ -59,6 +59,7 @@ async fn run(
         &request,
         ExecId::random(),
         10_000,
+        &mcp_sandbox_computer_vm_for_ai::backends::NoProgress,
         &CancellationToken::new(),
     )
     .await

@@ -199,6 +199,7 @@ impl Harness {
             request,
             exec_id,
             limit,
+            &mcp_sandbox_computer_vm_for_ai::backends::NoProgress,
             &CancellationToken::new(),
         )
         .await
