@@ -6,11 +6,12 @@
 //!
 //! The same scripts serve every backend with a POSIX shell (Docker and Podman with or without
 //! the exec helper, Fly, E2B, Modal); only the WASM backends, which have none, keep jobs in
-//! the server ([`crate::backends::Backend::runs_jobs_in_server`]).
+//! the server ([`in_server`], chosen by [`crate::backends::Backend::runs_jobs_in_server`]).
 //!
 //! **Architecture invariant:** no MCP types, no registry locks: job execs never wait for the
 //! computer's FIFO exec turn, so a running job never blocks foreground calls.
 
+mod in_server;
 mod parse;
 pub mod script;
 #[cfg(test)]
@@ -151,6 +152,8 @@ pub struct Jobs {
     cursors: Mutex<HashMap<(u64, JobId), u64>>,
     /// One start at a time per computer, so counting running jobs and starting one is a step.
     starting: Mutex<HashMap<ComputerId, Arc<tokio::sync::Mutex<()>>>>,
+    /// Jobs kept in this process, for backends without a shell in the computer.
+    in_server: Option<in_server::InServerJobs>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -180,6 +183,9 @@ pub fn command_preview(command: &str) -> String {
 
 impl Jobs {
     pub fn new(backend: Arc<dyn Backend>, shell: String, settings: JobSettings) -> Arc<Self> {
+        let in_server = backend
+            .runs_jobs_in_server()
+            .then(in_server::InServerJobs::default);
         Arc::new(Self {
             backend,
             shell,
@@ -187,6 +193,7 @@ impl Jobs {
             index: Mutex::new(HashMap::new()),
             cursors: Mutex::new(HashMap::new()),
             starting: Mutex::new(HashMap::new()),
+            in_server,
         })
     }
 
@@ -207,6 +214,9 @@ impl Jobs {
     /// Forgets the jobs of a computer that was reset or deleted (its directory went with it).
     pub fn forget_computer(&self, computer: &ComputerId) {
         lock(&self.index).retain(|_, on| on != computer);
+        if let Some(local) = &self.in_server {
+            local.forget_computer(computer);
+        }
     }
 
     pub fn cursor(&self, session: u64, job: &JobId) -> u64 {
@@ -301,6 +311,19 @@ impl Jobs {
         let timeout = request
             .timeout_secs
             .unwrap_or(self.settings.default_timeout_secs);
+        if let Some(local) = &self.in_server {
+            let job = local.start(
+                self.backend.clone(),
+                sandbox,
+                &self.shell,
+                request,
+                command,
+                timeout,
+                self.settings,
+            )?;
+            lock(&self.index).insert(job.clone(), computer);
+            return Ok(job);
+        }
         let started_ms = now_ms();
         let started_at = crate::clock::rfc3339_utc(i64::try_from(started_ms / 1000).unwrap_or(0));
         for _ in 0..ID_TRIES {
@@ -393,6 +416,11 @@ impl Jobs {
         cancel: &CancellationToken,
     ) -> Result<Snapshot, JobError> {
         let cap = self.settings.output_limit;
+        if let Some(local) = &self.in_server {
+            return local
+                .read(&sandbox.computer_id, job, since, wait, until, cap, cancel)
+                .await;
+        }
         let args = vec![
             job.to_string(),
             since.to_string(),
@@ -432,6 +460,9 @@ impl Jobs {
         close: bool,
         cancel: &CancellationToken,
     ) -> Result<(), JobError> {
+        if let Some(local) = &self.in_server {
+            return local.write(&sandbox.computer_id, job);
+        }
         let args = vec![
             job.to_string(),
             u8::from(data.is_some()).to_string(),
@@ -467,6 +498,20 @@ impl Jobs {
         signal: Signal,
         cancel: &CancellationToken,
     ) -> Result<(), JobError> {
+        if let Some(local) = &self.in_server {
+            local.kill(&sandbox.computer_id, job)?;
+            // The task records the end as soon as the guest is dropped.
+            self.read(
+                sandbox,
+                job,
+                u64::MAX,
+                Duration::from_secs(KILL_GRACE_SECS),
+                WaitFor::End,
+                cancel,
+            )
+            .await?;
+            return Ok(());
+        }
         let grace = if signal == Signal::Kill {
             0
         } else {
@@ -529,6 +574,15 @@ impl Jobs {
         sandbox: &SandboxRef,
         cancel: &CancellationToken,
     ) -> Result<Vec<JobSummary>, JobError> {
+        if let Some(local) = &self.in_server {
+            let mut jobs = local.list(&sandbox.computer_id);
+            jobs.sort_by(|a, b| {
+                b.started_ms
+                    .cmp(&a.started_ms)
+                    .then_with(|| b.job_id.cmp(&a.job_id))
+            });
+            return Ok(jobs);
+        }
         let (stdout, _) = self
             .run_script(
                 sandbox,

@@ -586,6 +586,10 @@ impl Backend for WasmBackend {
         }
     }
 
+    fn runs_jobs_in_server(&self) -> bool {
+        true
+    }
+
     async fn exec(
         &self,
         sandbox: &SandboxRef,

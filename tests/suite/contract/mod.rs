@@ -24,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 use mcp_sandbox_computer_vm_for_ai::backends::{Backend, NoProgress, SandboxRef};
 use mcp_sandbox_computer_vm_for_ai::exec::{self, ExecOutcome, ExecRequest, Program};
 use mcp_sandbox_computer_vm_for_ai::ids::{ComputerId, ExecId, InstanceId};
+use mcp_sandbox_computer_vm_for_ai::jobs::{JobSettings, Jobs, Signal, StartRequest, WaitFor};
 
 use crate::common::{ContainerGuard, completed, computer, create_spec};
 
@@ -42,6 +43,8 @@ macro_rules! contract_tests {
             remove_then_lookup_finds_nothing, remove_then_lookup_finds_nothing_against_fake;
             collect_orphans_takes_only_temporaries_of_dead_instances,
                 collect_orphans_takes_only_temporaries_of_dead_instances_against_fake;
+            job_outlives_its_start_and_is_read_whole, job_outlives_its_start_and_is_read_whole_against_fake;
+            job_takes_stdin_and_is_killed_whole, job_takes_stdin_and_is_killed_whole_against_fake;
         );
     };
     (@each real; $($case:ident, $fake:ident;)*) => {
@@ -102,6 +105,10 @@ pub struct Differences {
     /// answers once, when the command has ended (`backends::fly::exec`): the limit then applies
     /// to that answer, and a command that floods and keeps running is ended by its timeout.
     pub output_while_running: bool,
+    /// A job can take stdin after it started (`keep_stdin_open` and `job_write`). False for
+    /// WASM, whose guest takes its whole stdin when it starts: the job is given it up front,
+    /// and a later write is refused.
+    pub job_stdin_after_start: bool,
 }
 
 impl Differences {
@@ -109,6 +116,7 @@ impl Differences {
         process_tree: true,
         restart_keeps_files: true,
         output_while_running: true,
+        job_stdin_after_start: true,
     };
 }
 
@@ -233,6 +241,20 @@ impl Harness {
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
+    }
+
+    /// The job service over this backend, as the server builds it with `--job-tools`.
+    fn jobs(&self) -> Arc<Jobs> {
+        Jobs::new(
+            self.backend.clone(),
+            self.shell.to_owned(),
+            JobSettings {
+                max_jobs: 16,
+                default_timeout_secs: 0,
+                log_limit: 64 * 1024 * 1024,
+                output_limit: LIMIT,
+            },
+        )
     }
 
     /// Ends the case: the fake saw no request outside its reading of the API.
@@ -501,5 +523,187 @@ pub async fn collect_orphans_takes_only_temporaries_of_dead_instances(h: Harness
     // The new server cleans up (the Modal fake honours only the newest auth token it issued).
     h.collector.remove(&kept_sandbox).await.unwrap();
     h.collector.remove(&permanent_sandbox).await.unwrap();
+    h.finish().await;
+}
+
+fn job(command: &str, keep_stdin_open: bool) -> StartRequest {
+    StartRequest {
+        program: Program::Shell(command.to_owned()),
+        stdin: None,
+        working_dir: None,
+        timeout_secs: None,
+        keep_stdin_open,
+    }
+}
+
+/// A job keeps running after its start returned; it is read whole, in order, from any offset
+/// of its combined output, with its exit code once it ended, and it is listed.
+pub async fn job_outlives_its_start_and_is_read_whole(h: Harness) {
+    let id = h.computer("ct-job");
+    let sandbox = h.create(&id, true, &InstanceId::random()).await;
+    let jobs = h.jobs();
+    let cancel = CancellationToken::new();
+    let command = "echo out 1; echo err 1 >&2; sleep 1; echo out 2; echo err 2 >&2; exit 4";
+    let started = Instant::now();
+    let job_id = jobs
+        .start(&sandbox, &job(command, false), &cancel)
+        .await
+        .unwrap();
+    let first = jobs
+        .read(
+            &sandbox,
+            &job_id,
+            0,
+            Duration::ZERO,
+            WaitFor::Output,
+            &cancel,
+        )
+        .await
+        .unwrap();
+    assert!(first.running, "{first:?}");
+    assert!(started.elapsed() < Duration::from_secs(30));
+    let done = jobs
+        .read(
+            &sandbox,
+            &job_id,
+            0,
+            Duration::from_secs(30),
+            WaitFor::End,
+            &cancel,
+        )
+        .await
+        .unwrap();
+    assert!(!done.running, "{done:?}");
+    assert_eq!(done.exit_code, Some(4));
+    assert_eq!(String::from_utf8_lossy(&done.stdout), "out 1\nout 2\n");
+    assert_eq!(String::from_utf8_lossy(&done.stderr), "err 1\nerr 2\n");
+    assert_eq!((done.next_since, done.more), (24, false));
+    // From an offset: what follows it, nothing before.
+    let tail = jobs
+        .read(
+            &sandbox,
+            &job_id,
+            12,
+            Duration::ZERO,
+            WaitFor::Output,
+            &cancel,
+        )
+        .await
+        .unwrap();
+    assert_eq!(tail.stdout.len() + tail.stderr.len(), 12);
+    assert_eq!(tail.next_since, 24);
+    let listed = jobs.list(&sandbox, &cancel).await.unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0].job_id, job_id);
+    assert_eq!(
+        (
+            listed[0].running,
+            listed[0].exit_code,
+            listed[0].output_bytes
+        ),
+        (false, Some(4), 24)
+    );
+    assert_eq!(listed[0].command, command);
+    h.backend.remove(&sandbox).await.unwrap();
+    h.finish().await;
+}
+
+/// A job started with stdin kept open reads what is written to it later; a kill ends it and
+/// everything it started, and a second kill just finds it ended.
+pub async fn job_takes_stdin_and_is_killed_whole(h: Harness) {
+    let id = h.computer("ct-jobin");
+    let sandbox = h.create(&id, true, &InstanceId::random()).await;
+    let jobs = h.jobs();
+    let cancel = CancellationToken::new();
+    let command = if h.differences.process_tree {
+        "read line; echo got $line; sleep 300 & sleep 301"
+    } else {
+        // go-busybox's shell has no `read`, and a guest's output may come only when it ends.
+        "head -n 1 | sed 's/^/got /'"
+    };
+    let job_id = if h.differences.job_stdin_after_start {
+        let job_id = jobs
+            .start(&sandbox, &job(command, true), &cancel)
+            .await
+            .unwrap();
+        jobs.write(
+            &sandbox,
+            &job_id,
+            Some("hello\n".to_owned()),
+            false,
+            &cancel,
+        )
+        .await
+        .unwrap();
+        job_id
+    } else {
+        let mut request = job(command, false);
+        request.stdin = Some("hello\n".to_owned());
+        let job_id = jobs.start(&sandbox, &request, &cancel).await.unwrap();
+        let refused = jobs.write(&sandbox, &job_id, Some("more\n".to_owned()), false, &cancel);
+        assert!(refused.await.is_err());
+        job_id
+    };
+    let deadline = Instant::now() + PROMPT;
+    let mut since = 0;
+    let mut seen = String::new();
+    while !seen.contains("got hello\n") {
+        assert!(Instant::now() < deadline, "no answer to stdin: {seen:?}");
+        let read = jobs
+            .read(
+                &sandbox,
+                &job_id,
+                since,
+                Duration::from_secs(5),
+                WaitFor::Output,
+                &cancel,
+            )
+            .await
+            .unwrap();
+        seen.push_str(&String::from_utf8_lossy(&read.stdout));
+        since = read.next_since;
+    }
+    // Where the answer came only with the job's end, a second job is the one killed.
+    let job_id = if h.differences.job_stdin_after_start {
+        job_id
+    } else {
+        since = 0;
+        jobs.start(&sandbox, &job("sleep 300", false), &cancel)
+            .await
+            .unwrap()
+    };
+    let started = Instant::now();
+    jobs.kill(&sandbox, &job_id, Signal::Term, &cancel)
+        .await
+        .unwrap();
+    assert!(started.elapsed() < PROMPT);
+    let ended = jobs
+        .read(
+            &sandbox,
+            &job_id,
+            since,
+            Duration::ZERO,
+            WaitFor::Output,
+            &cancel,
+        )
+        .await
+        .unwrap();
+    assert!(!ended.running, "{ended:?}");
+    if h.differences.process_tree {
+        let left = h
+            .tagged_after_kill(&sandbox, &ExecId::for_job(&job_id))
+            .await;
+        assert_eq!(left.trim(), "", "processes of the job remain");
+    }
+    // Ended: no more input, and killing again is not an error.
+    assert!(
+        jobs.write(&sandbox, &job_id, Some("x\n".to_owned()), false, &cancel)
+            .await
+            .is_err()
+    );
+    jobs.kill(&sandbox, &job_id, Signal::Kill, &cancel)
+        .await
+        .unwrap();
+    h.backend.remove(&sandbox).await.unwrap();
     h.finish().await;
 }

@@ -18,6 +18,7 @@ async fn harness() -> Option<Harness> {
     Some(
         Harness::new(backend, collector, "/bin/sh", place).with_differences(Differences {
             process_tree: false,
+            job_stdin_after_start: false,
             ..Differences::CONTAINER
         }),
     )
