@@ -1,3 +1,7 @@
+//! Unit tests of the job service: what the scripts answer is parsed and distrusted as it
+//! should be. The scripts themselves run for real in the backend contract suite and the
+//! black-box tests.
+
 use super::parse::{listing, snapshot};
 use super::*;
 
