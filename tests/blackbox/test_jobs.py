@@ -283,3 +283,20 @@ async def test_progress_notifications_for_foreground_calls(kbb):
         assert all(b[0] >= a[0] for a, b in zip(seen, seen[1:])), seen
         data = json.loads(raw["content"][0]["text"])
         assert data["stdout"].count("step") == 4
+
+
+async def test_restart_ends_jobs_and_delete_removes_them(kbb):
+    cid = kbb.new_id("jobs-restart")
+    async with kbb.server(*JOBS_ARGS, "--lifecycle-tools") as srv:
+        res = (await srv.call({"command": "sleep 300", "yield_after": 0, "computer_id": cid})).ok().structured
+        job = res["job_id"]
+        (await srv.call({"computer_id": cid}, name="computer_restart")).ok()
+        listed = (await srv.call({"computer_id": cid}, name="job_list")).ok().structured
+        (row,) = listed["jobs"]
+        assert row["job_id"] == job and row["running"] is False
+        assert row["exit_code"] is None and row["ended_at"]
+        got = (await srv.call({"job_id": job}, name="job_output")).ok().structured
+        assert got["running"] is False and got["exit_code"] is None
+        (await srv.call({"computer_id": cid}, name="computer_delete")).ok()
+        gone = await srv.call({"job_id": job}, name="job_output")
+        assert gone.is_error and gone.text == f"Job {job} not found."
