@@ -46,4 +46,11 @@ mod tests {
             );
         }
     }
+
+    #[test]
+    fn strips_the_job_output_marker_the_server_sends() {
+        // The page removes this exact line from job output before showing it.
+        let marker = format!("\"\\n{}\"", crate::jobs::MORE_WAITING);
+        assert!(INDEX.contains(&marker), "index.html lacks {marker}");
+    }
 }

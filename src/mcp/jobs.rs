@@ -364,12 +364,15 @@ fn wait_secs(args: &Args<'_>, default: i64) -> Result<Duration, String> {
     }
 }
 
-/// Decodes, finds the job's computer and runs `step` on it; errors become results.
+/// Finds the job's computer and runs `step` on it; errors become results. The session's
+/// cursor moves to what `step` returned unless the caller read from an explicit offset (a
+/// dashboard sharing the model's session must not move the model's place).
 async fn with_job<F, Fut>(
     registry: &Registry,
     jobs: &Jobs,
     session: &Session,
     job: JobId,
+    advance_cursor: bool,
     cancel: &CancellationToken,
     step: F,
 ) -> Option<CallToolResult>
@@ -384,7 +387,9 @@ where
     let computer = sandbox.computer_id.clone();
     match step(sandbox).await {
         Ok(snapshot) => {
-            jobs.set_cursor(session.id(), &job, snapshot.next_since);
+            if advance_cursor {
+                jobs.set_cursor(session.id(), &job, snapshot.next_since);
+            }
             Some(job_payload(&job, &computer, &snapshot))
         }
         Err(error) => job_error(&error),
@@ -412,12 +417,21 @@ pub async fn output(
         Ok(decoded) => decoded,
         Err(message) => return Some(format::error(message)),
     };
+    let advance_cursor = since.is_none();
     let since = since.unwrap_or_else(|| jobs.cursor(session.id(), &job));
     let read_job = job.clone();
-    with_job(registry, jobs, session, job, cancel, |sandbox| async move {
-        jobs.read(&sandbox, &read_job, since, wait, WaitFor::Output, cancel)
-            .await
-    })
+    with_job(
+        registry,
+        jobs,
+        session,
+        job,
+        advance_cursor,
+        cancel,
+        |sandbox| async move {
+            jobs.read(&sandbox, &read_job, since, wait, WaitFor::Output, cancel)
+                .await
+        },
+    )
     .await
 }
 
@@ -446,19 +460,27 @@ pub async fn write(
     let since = jobs.cursor(session.id(), &job);
     let data = (!stdin.is_empty()).then_some(stdin);
     let job_for_step = job.clone();
-    with_job(registry, jobs, session, job, cancel, |sandbox| async move {
-        jobs.write(&sandbox, &job_for_step, data, close, cancel)
-            .await?;
-        jobs.read(
-            &sandbox,
-            &job_for_step,
-            since,
-            wait,
-            WaitFor::Output,
-            cancel,
-        )
-        .await
-    })
+    with_job(
+        registry,
+        jobs,
+        session,
+        job,
+        true,
+        cancel,
+        |sandbox| async move {
+            jobs.write(&sandbox, &job_for_step, data, close, cancel)
+                .await?;
+            jobs.read(
+                &sandbox,
+                &job_for_step,
+                since,
+                wait,
+                WaitFor::Output,
+                cancel,
+            )
+            .await
+        },
+    )
     .await
 }
 
@@ -485,18 +507,26 @@ pub async fn kill(
     };
     let since = jobs.cursor(session.id(), &job);
     let job_for_step = job.clone();
-    with_job(registry, jobs, session, job, cancel, |sandbox| async move {
-        jobs.kill(&sandbox, &job_for_step, signal, cancel).await?;
-        jobs.read(
-            &sandbox,
-            &job_for_step,
-            since,
-            Duration::ZERO,
-            WaitFor::Output,
-            cancel,
-        )
-        .await
-    })
+    with_job(
+        registry,
+        jobs,
+        session,
+        job,
+        true,
+        cancel,
+        |sandbox| async move {
+            jobs.kill(&sandbox, &job_for_step, signal, cancel).await?;
+            jobs.read(
+                &sandbox,
+                &job_for_step,
+                since,
+                Duration::ZERO,
+                WaitFor::Output,
+                cancel,
+            )
+            .await
+        },
+    )
     .await
 }
 

@@ -101,6 +101,10 @@ async def test_a_job_is_followed_to_its_exit_code_with_no_byte_lost_or_repeated(
         again = (await srv.call({"job_id": data["job_id"], "since": 0}, name="job_output")).ok().structured
         assert again["stdout"] == out and again["stderr"] == err
         assert again["next_since"] == len(out) + len(err)
+        # Reading from an explicit offset leaves the session's own place alone.
+        (await srv.call({"job_id": data["job_id"], "since": 5}, name="job_output")).ok()
+        after = (await srv.call({"job_id": data["job_id"]}, name="job_output")).ok().structured
+        assert (after["stdout"], after["stderr"], after["next_since"]) == ("", "", len(out) + len(err))
 
 
 async def test_wait_returns_early_when_output_arrives(kbb):

@@ -7,6 +7,7 @@ import { after, before, describe, it } from "node:test";
 import {
   DASHBOARD_URI,
   OUTPUT_DIR,
+  SERVER_ARGS,
   assertPrerequisites,
   bundleHost,
   containerListed,
@@ -20,6 +21,7 @@ import {
   uniqueId,
   waitFor,
 } from "./lib/harness.mjs";
+import { HOSTILE, TICK, jobSteps, startJob } from "./lib/jobs.mjs";
 
 const ID = uniqueId("dash");
 const TEMP_ID = uniqueId("dash-tmp");
@@ -86,19 +88,19 @@ async function runCommand(command) {
 }
 
 /** Wait until the host has sized the iframe to the dashboard's content (size-changed applied). */
-async function settleFrame() {
+async function settleFrame(hostPage = page, frame = app) {
   let previous = -1;
   await waitFor(
     async () => {
-      const content = await app.locator("html").evaluate((el) => {
+      const content = await frame.locator("html").evaluate((el) => {
         const prev = el.style.height;
         el.style.height = "max-content";
         const h = Math.ceil(el.getBoundingClientRect().height);
         el.style.height = prev;
         return h;
       });
-      const frame = await page.locator("#app").evaluate((el) => el.clientHeight);
-      const stable = content === previous && Math.abs(frame - content) <= 1;
+      const height = await hostPage.locator("#app").evaluate((el) => el.clientHeight);
+      const stable = content === previous && Math.abs(height - content) <= 1;
       previous = content;
       return stable;
     },
@@ -165,7 +167,7 @@ describe("dashboard in headless Chromium via the ext-apps AppBridge", () => {
       assert.ok(!appHtml.includes(forbidden), `resource contains ${forbidden}`);
     }
     assert.match(appHtml, /<meta name="kilntainers-mode" content="app">/);
-    assert.ok(Buffer.byteLength(appHtml) < 40 * 1024, `resource is ${Buffer.byteLength(appHtml)} bytes`);
+    assert.ok(Buffer.byteLength(appHtml) < 64 * 1024, `resource is ${Buffer.byteLength(appHtml)} bytes`);
   });
 
   step("completes the ui/initialize handshake and shows Connected", async () => {
@@ -245,6 +247,17 @@ describe("dashboard in headless Chromium via the ext-apps AppBridge", () => {
     const meta = await text(row(ID).locator(".meta"));
     assert.match(meta, /^docker · running · sandbox-busybox:full · /);
     assert.equal(await rowButton(ID, "restart").getAttribute("aria-label"), `Restart ${ID}`);
+  });
+
+  step("has no Jobs section without --job-tools", async () => {
+    // The host does not pass tools/list on, so the page asks job_list once; the server refuses it.
+    await waitFor(() => toolCalls("job_list").some((c) => c.error), 10_000, "the refused job_list");
+    // Once, for the first computer opened (the temporary one), not again for this one.
+    assert.deepEqual(toolCalls("job_list").map((c) => c.arguments), [{ computer_id: TEMP_ID }]);
+    assert.match(toolCalls("job_list")[0].error, /tool not found/);
+    assert.equal(await app.locator("#jobs").isVisible(), false);
+    assert.equal(await app.locator("#jobs").getAttribute("hidden"), "");
+    assert.equal(await text(status()), `Computer ${ID} is ready.`);
   });
 
   step("moves the selection with the arrow keys in the listbox", async () => {
@@ -418,5 +431,79 @@ describe("dashboard in headless Chromium via the ext-apps AppBridge", () => {
   step("sent ui/notifications/size-changed after renders", async () => {
     const sizes = (await page.evaluate(() => window.__host.events())).filter((e) => e.kind === "size-changed");
     assert.ok(sizes.length >= 2, `only ${sizes.length} size-changed notifications`);
+  });
+
+  step("never showed Jobs nor asked job_list again without --job-tools", async () => {
+    assert.equal(toolCalls("job_list").length, 1);
+    assert.equal(toolCalls("job_output").length, 0);
+    assert.equal(await app.locator("#jobs").isVisible(), false);
+  });
+});
+
+describe("jobs of a computer in the dashboard (app mode, --job-tools)", () => {
+  const JOBS_ID = uniqueId("dash-jobs");
+  const jobCalls = [];
+  const ids = {};
+  let jobServer;
+  let jobHost;
+  let jobBrowser;
+  let jobPage;
+  let frame;
+
+  let stepFailed = null;
+  const jobStep = (name, fn) =>
+    it(name, async (t) => {
+      if (stepFailed) return t.skip(`an earlier step failed: ${stepFailed}`);
+      try {
+        await fn(t);
+      } catch (error) {
+        stepFailed = name;
+        throw error;
+      }
+    });
+
+  before(async () => {
+    assertPrerequisites();
+    ensureOutputDir();
+    removeComputers([JOBS_ID]);
+    jobServer = await startServer({ args: [...SERVER_ARGS, "--job-tools"] });
+    ids.tick = (await startJob(jobServer.client, JOBS_ID, TICK)).job_id;
+    ids.hostile = (await startJob(jobServer.client, JOBS_ID, HOSTILE)).job_id;
+    const read = await jobServer.client.readResource({ uri: DASHBOARD_URI });
+    jobHost = await startHostServer({ appHtml: read.contents[0].text, hostJs: await bundleHost() });
+    // Tall enough for the whole app: a full-page capture of a taller page repaints the frame partly.
+    jobBrowser = await launchBrowser({ viewport: { width: 1100, height: 1300 } });
+    jobPage = jobBrowser.page;
+    jobPage.on("pageerror", (e) => console.error(`[host page error] ${e.message}`));
+    await jobPage.exposeFunction("__mcpRelay", makeRelay(jobServer.client, jobCalls));
+    await jobPage.goto(jobHost.url);
+    await jobPage.waitForFunction(() => window.__host !== undefined);
+    await jobPage.evaluate((opts) => window.__host.start(opts), {
+      appUrl: "/app",
+      hostContext: HOST_CONTEXT,
+      toolName: "computer_dashboard",
+    });
+    frame = jobPage.frameLocator("#app");
+    await waitFor(async () => /^\d+ computers?$/.test((await frame.locator("#status").textContent()) ?? ""), 20_000, "the inventory");
+  });
+
+  after(async () => {
+    removeComputers([JOBS_ID]);
+    await jobBrowser?.close();
+    await jobHost?.close();
+    await jobServer?.close();
+  });
+
+  jobSteps(jobStep, {
+    root: () => frame,
+    client: { callTool: (req) => jobServer.client.callTool(req) },
+    computerId: JOBS_ID,
+    tick: () => ids.tick,
+    hostile: () => ids.hostile,
+    toolArgs: (name) => jobCalls.filter((c) => c.method === "tools/call" && c.name === name).map((c) => c.arguments),
+    screenshot: async (name) => {
+      await settleFrame(jobPage, frame);
+      await jobPage.screenshot({ path: join(OUTPUT_DIR, `dashboard-${name}`), fullPage: true });
+    },
   });
 });

@@ -6,6 +6,8 @@ import { after, before, describe, it } from "node:test";
 
 import { join } from "node:path";
 
+import { Client, StreamableHTTPClientTransport } from "@modelcontextprotocol/client";
+
 import {
   OUTPUT_DIR,
   assertPrerequisites,
@@ -14,8 +16,10 @@ import {
   launchBrowser,
   removeComputers,
   startHttpServer,
+  uniqueId,
   waitFor,
 } from "./lib/harness.mjs";
+import { HOSTILE, TICK, jobSteps, startJob } from "./lib/jobs.mjs";
 
 const TOKEN = randomBytes(12).toString("hex");
 const created = new Set();
@@ -140,6 +144,15 @@ describe("dashboard in web mode over Streamable HTTP", () => {
     await page.emulateMedia({ colorScheme: "light" });
   });
 
+  step("has no Jobs section without --job-tools (tools/list says so)", async () => {
+    const lists = mcpRequests((r) => rpc(r)?.method === "tools/list");
+    assert.equal(lists.length, 1, "the page did not ask tools/list once");
+    assert.ok(lists[0].headers["mcp-session-id"], "tools/list before the session existed");
+    assert.equal(await page.locator("#jobs").isVisible(), false);
+    assert.equal(await page.locator("#jobs").getAttribute("hidden"), "");
+    assert.equal(mcpRequests((r) => /^job_/.test(rpc(r)?.params?.name ?? "")).length, 0, "the page called a job tool");
+  });
+
   step("creates a second computer, runs a command in it and deletes it (container gone)", async () => {
     await page.getByRole("button", { name: "Create computer" }).click();
     await waitStatus(/^Computer [a-z0-9-]+ is ready\.$/, 60_000);
@@ -216,5 +229,75 @@ describe("dashboard in web mode over Streamable HTTP", () => {
     const init = requests.slice(before).filter((r) => rpc(r)?.method === "initialize");
     assert.equal(init.length, 1);
     assert.equal(init[0].headers.authorization, `Bearer ${TOKEN}`);
+  });
+});
+
+describe("jobs of a computer in the web dashboard (--job-tools)", () => {
+  const JOBS_ID = uniqueId("web-jobs");
+  const pageRequests = [];
+  const ids = {};
+  let jobServer;
+  let client;
+  let jobBrowser;
+  let jobPage;
+
+  let stepFailed = null;
+  const jobStep = (name, fn) =>
+    it(name, async (t) => {
+      if (stepFailed) return t.skip(`an earlier step failed: ${stepFailed}`);
+      try {
+        await fn(t);
+      } catch (error) {
+        stepFailed = name;
+        throw error;
+      }
+    });
+
+  before(async () => {
+    assertPrerequisites();
+    ensureOutputDir();
+    removeComputers([JOBS_ID]);
+    jobServer = await startHttpServer({ token: TOKEN, extraArgs: ["--job-tools"] });
+    // The test's own session: it starts the jobs the page then follows in a session of its own.
+    client = new Client({ name: "kilntainers-browser-tests", version: "1.0.0" }, { capabilities: {} });
+    await client.connect(
+      new StreamableHTTPClientTransport(new URL(`${jobServer.url}/mcp`), {
+        requestInit: { headers: { Authorization: `Bearer ${TOKEN}` } },
+      }),
+    );
+    ids.tick = (await startJob(client, JOBS_ID, TICK)).job_id;
+    ids.hostile = (await startJob(client, JOBS_ID, HOSTILE)).job_id;
+    jobBrowser = await launchBrowser({ viewport: { width: 1100, height: 900 } });
+    jobPage = jobBrowser.page;
+    jobPage.on("pageerror", (e) => console.error(`[page error] ${e.message}`));
+    jobPage.on("request", (req) => {
+      if (new URL(req.url()).pathname === "/mcp") pageRequests.push(rpc({ body: req.postData() }));
+    });
+    await jobPage.goto(`${jobServer.url}/#token=${TOKEN}`);
+    await waitFor(async () => /^(Connected|\d+ computers?)$/.test((await jobPage.locator("#status").textContent()) ?? ""), 20_000, "connected");
+  });
+
+  after(async () => {
+    removeComputers([JOBS_ID]);
+    await jobBrowser?.close();
+    await client?.close().catch(() => {});
+    await jobServer?.close();
+  });
+
+  jobStep("learns the job tools from tools/list", () => {
+    assert.equal(pageRequests.filter((m) => m?.method === "tools/list").length, 1);
+  });
+
+  jobSteps(jobStep, {
+    root: () => jobPage,
+    get client() {
+      return client;
+    },
+    computerId: JOBS_ID,
+    tick: () => ids.tick,
+    hostile: () => ids.hostile,
+    toolArgs: (name) =>
+      pageRequests.filter((m) => m?.method === "tools/call" && m.params?.name === name).map((m) => m.params.arguments),
+    screenshot: (name) => jobPage.screenshot({ path: join(OUTPUT_DIR, `web-${name}`), fullPage: true }),
   });
 });
