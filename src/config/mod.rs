@@ -553,6 +553,36 @@ mod tests {
     }
 
     #[test]
+    fn job_settings_default_and_are_checked() {
+        let c = config(&[]).unwrap();
+        assert!(!c.jobs.enabled);
+        assert_eq!(
+            (
+                c.jobs.max_jobs,
+                c.jobs.default_timeout_secs,
+                c.jobs.log_limit
+            ),
+            (16, 0, 67_108_864)
+        );
+        let c = config(&["--job-tools", "--max-jobs", "3", "--job-timeout", "60"]).unwrap();
+        assert!(c.jobs.enabled);
+        assert_eq!((c.jobs.max_jobs, c.jobs.default_timeout_secs), (3, 60));
+        assert_eq!(
+            config(&["--max-jobs", "0"]).unwrap_err(),
+            "--max-jobs must be at least 1."
+        );
+        assert_eq!(
+            config(&["--job-timeout", "-1"]).unwrap_err(),
+            "--job-timeout must be between 0 (no limit) and 604800 seconds."
+        );
+        assert_eq!(
+            config(&["--job-log-limit", "1000"]).unwrap_err(),
+            "--job-log-limit must be at least 1048576 bytes (1 MiB)."
+        );
+        assert!(switch_on(Some(" TRUE ")) && !switch_on(Some("1")) && !switch_on(None));
+    }
+
+    #[test]
     fn any_host_needs_authentication() {
         let refused = "--allowed-host '*' turns off the Host check, so /mcp needs authentication. Set KILNTAINERS_AUTH_TOKEN/--auth-token, or drop --allow-unauthenticated-http to use a generated token.";
         assert_eq!(
