@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from faultkit import HERE, TOKEN, RawHttpSession, bb, instance_containers, lock_pid, mib
+from testkit import procfs
 from testkit.procfs import status_kib
 
 pytestmark = [pytest.mark.anyio, pytest.mark.scenario("3")]
@@ -74,7 +75,7 @@ async def test_stdio_client_killed_with_its_process_group(kbb, figures):
         killed = time.monotonic()
         os.killpg(client.pid, signal.SIGKILL)
         client.wait(timeout=10)
-        exited = await bb.apoll(lambda: not bb._pid_alive(server_pid), STDIO_CLEANUP_DEADLINE, 0.05)
+        exited = await bb.apoll(lambda: not procfs.alive(server_pid), STDIO_CLEANUP_DEADLINE, 0.05)
         figures["server_exit_seconds_after_eof"] = round(time.monotonic() - killed, 1)
         assert exited, f"the server (pid {server_pid}) is still running after its client vanished"
         gone = await bb.apoll(lambda: not instance_containers(instance), STDIO_CLEANUP_DEADLINE, 0.2)
@@ -89,7 +90,7 @@ async def test_stdio_client_killed_with_its_process_group(kbb, figures):
             client.wait(timeout=10)
         if client.stdout:
             client.stdout.close()
-        if server_pid and bb._pid_alive(server_pid):
+        if server_pid and procfs.alive(server_pid):
             os.kill(server_pid, signal.SIGKILL)
 
 
