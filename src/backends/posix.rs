@@ -15,6 +15,11 @@ pub fn shell_basename(shell: &str) -> &str {
     shell.rsplit('/').next().unwrap_or(shell)
 }
 
+/// POSIX single-quoting: safe for any string a shell may see.
+pub fn quote(word: &str) -> String {
+    format!("'{}'", word.replace('\'', r"'\''"))
+}
+
 /// Which processes the kill sweep ends besides those carrying the exec tag.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SweepReach {

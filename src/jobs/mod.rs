@@ -24,7 +24,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use crate::backends::{Backend, BackendError, SandboxRef};
+use crate::backends::{Backend, BackendError, SandboxRef, posix};
 use crate::exec::{self, ExecOutcome, ExecRequest, Program};
 use crate::ids::{ComputerId, ExecId, JobId};
 pub use parse::{JobSummary, Snapshot};
@@ -171,7 +171,7 @@ fn now_ms() -> u64 {
 /// `argv` as one shell command line, each word single-quoted.
 fn shell_words(argv: &[String]) -> String {
     argv.iter()
-        .map(|word| format!("'{}'", word.replace('\'', r"'\''")))
+        .map(|word| posix::quote(word))
         .collect::<Vec<_>>()
         .join(" ")
 }

@@ -364,33 +364,48 @@ fn wait_secs(args: &Args<'_>, default: i64) -> Result<Duration, String> {
     }
 }
 
-/// Finds the job's computer and runs `step` on it; errors become results. The session's
-/// cursor moves to what `step` returned unless the caller read from an explicit offset (a
-/// dashboard sharing the model's session must not move the model's place).
-async fn with_job<F, Fut>(
+/// Where a tool's answer reads the job from: an explicit offset, or (`None`) the session's place,
+/// and how long it waits for output.
+struct ReadFrom {
+    since: Option<u64>,
+    wait: Duration,
+}
+
+/// Finds the job's computer, runs `act` on it (a write, a kill, or nothing), then answers with
+/// the job's output from `from`. The session's place moves to what was returned unless the
+/// caller read from an explicit offset (a dashboard sharing the model's session must not move
+/// the model's place). Errors become results.
+async fn act_then_read<F, Fut>(
     registry: &Registry,
     jobs: &Jobs,
     session: &Session,
     job: JobId,
-    advance_cursor: bool,
+    from: ReadFrom,
     cancel: &CancellationToken,
-    step: F,
+    act: F,
 ) -> Option<CallToolResult>
 where
     F: FnOnce(SandboxRef) -> Fut,
-    Fut: std::future::Future<Output = Result<Snapshot, JobError>>,
+    Fut: std::future::Future<Output = Result<(), JobError>>,
 {
     let sandbox = match locate(registry, jobs, session, &job, cancel).await {
         Ok(sandbox) => sandbox,
         Err(error) => return job_error(&error),
     };
-    let computer = sandbox.computer_id.clone();
-    match step(sandbox).await {
+    let since = from
+        .since
+        .unwrap_or_else(|| jobs.cursor(session.id(), &job));
+    let read = async {
+        act(sandbox.clone()).await?;
+        jobs.read(&sandbox, &job, since, from.wait, WaitFor::Output, cancel)
+            .await
+    };
+    match read.await {
         Ok(snapshot) => {
-            if advance_cursor {
+            if from.since.is_none() {
                 jobs.set_cursor(session.id(), &job, snapshot.next_since);
             }
-            Some(job_payload(&job, &computer, &snapshot))
+            Some(job_payload(&job, &sandbox.computer_id, &snapshot))
         }
         Err(error) => job_error(&error),
     }
@@ -417,21 +432,10 @@ pub async fn output(
         Ok(decoded) => decoded,
         Err(message) => return Some(format::error(message)),
     };
-    let advance_cursor = since.is_none();
-    let since = since.unwrap_or_else(|| jobs.cursor(session.id(), &job));
-    let read_job = job.clone();
-    with_job(
-        registry,
-        jobs,
-        session,
-        job,
-        advance_cursor,
-        cancel,
-        |sandbox| async move {
-            jobs.read(&sandbox, &read_job, since, wait, WaitFor::Output, cancel)
-                .await
-        },
-    )
+    let from = ReadFrom { since, wait };
+    act_then_read(registry, jobs, session, job, from, cancel, |_| async {
+        Ok(())
+    })
     .await
 }
 
@@ -457,29 +461,17 @@ pub async fn write(
         Ok(decoded) => decoded,
         Err(message) => return Some(format::error(message)),
     };
-    let since = jobs.cursor(session.id(), &job);
     let data = (!stdin.is_empty()).then_some(stdin);
-    let job_for_step = job.clone();
-    with_job(
+    let from = ReadFrom { since: None, wait };
+    let target = job.clone();
+    act_then_read(
         registry,
         jobs,
         session,
         job,
-        true,
+        from,
         cancel,
-        |sandbox| async move {
-            jobs.write(&sandbox, &job_for_step, data, close, cancel)
-                .await?;
-            jobs.read(
-                &sandbox,
-                &job_for_step,
-                since,
-                wait,
-                WaitFor::Output,
-                cancel,
-            )
-            .await
-        },
+        |sandbox| async move { jobs.write(&sandbox, &target, data, close, cancel).await },
     )
     .await
 }
@@ -505,27 +497,19 @@ pub async fn kill(
         Ok(decoded) => decoded,
         Err(message) => return Some(format::error(message)),
     };
-    let since = jobs.cursor(session.id(), &job);
-    let job_for_step = job.clone();
-    with_job(
+    let from = ReadFrom {
+        since: None,
+        wait: Duration::ZERO,
+    };
+    let target = job.clone();
+    act_then_read(
         registry,
         jobs,
         session,
         job,
-        true,
+        from,
         cancel,
-        |sandbox| async move {
-            jobs.kill(&sandbox, &job_for_step, signal, cancel).await?;
-            jobs.read(
-                &sandbox,
-                &job_for_step,
-                since,
-                Duration::ZERO,
-                WaitFor::Output,
-                cancel,
-            )
-            .await
-        },
+        |sandbox| async move { jobs.kill(&sandbox, &target, signal, cancel).await },
     )
     .await
 }

@@ -20,6 +20,7 @@ import {
   startServer,
   uniqueId,
   waitFor,
+  stepsInOrder,
 } from "./lib/harness.mjs";
 import { HOSTILE, TICK, jobSteps, startJob } from "./lib/jobs.mjs";
 
@@ -44,19 +45,8 @@ const HOST_CONTEXT = {
   containerDimensions: { maxHeight: 6000 },
 };
 
-let failed = null;
-/** `it`, but skipped once an earlier step failed (later steps depend on its state). */
-function step(name, fn) {
-  it(name, async (t) => {
-    if (failed) return t.skip(`an earlier step failed: ${failed}`);
-    try {
-      await fn(t);
-    } catch (error) {
-      failed = name;
-      throw error;
-    }
-  });
-}
+/** Steps of this file depend on each other's state. */
+const step = stepsInOrder();
 
 const toolCalls = (name) => calls.filter((c) => c.method === "tools/call" && (!name || c.name === name));
 const status = () => app.locator("#status");
@@ -450,17 +440,7 @@ describe("jobs of a computer in the dashboard (app mode, --job-tools)", () => {
   let jobPage;
   let frame;
 
-  let stepFailed = null;
-  const jobStep = (name, fn) =>
-    it(name, async (t) => {
-      if (stepFailed) return t.skip(`an earlier step failed: ${stepFailed}`);
-      try {
-        await fn(t);
-      } catch (error) {
-        stepFailed = name;
-        throw error;
-      }
-    });
+  const jobStep = stepsInOrder();
 
   before(async () => {
     assertPrerequisites();

@@ -18,6 +18,7 @@ import {
   startHttpServer,
   uniqueId,
   waitFor,
+  stepsInOrder,
 } from "./lib/harness.mjs";
 import { HOSTILE, TICK, jobSteps, startJob } from "./lib/jobs.mjs";
 
@@ -28,18 +29,8 @@ let server;
 let browser;
 let page;
 
-let failed = null;
-function step(name, fn) {
-  it(name, async (t) => {
-    if (failed) return t.skip(`an earlier step failed: ${failed}`);
-    try {
-      await fn(t);
-    } catch (error) {
-      failed = name;
-      throw error;
-    }
-  });
-}
+/** Steps of this file depend on each other's state. */
+const step = stepsInOrder();
 
 const text = async (selector) => (await page.locator(selector).textContent()) ?? "";
 async function waitStatus(expected, timeoutMs = 30_000) {
@@ -241,17 +232,7 @@ describe("jobs of a computer in the web dashboard (--job-tools)", () => {
   let jobBrowser;
   let jobPage;
 
-  let stepFailed = null;
-  const jobStep = (name, fn) =>
-    it(name, async (t) => {
-      if (stepFailed) return t.skip(`an earlier step failed: ${stepFailed}`);
-      try {
-        await fn(t);
-      } catch (error) {
-        stepFailed = name;
-        throw error;
-      }
-    });
+  const jobStep = stepsInOrder();
 
   before(async () => {
     assertPrerequisites();

@@ -19,6 +19,7 @@ use tokio_util::sync::CancellationToken;
 use super::FlyInner;
 use super::api::ApiError;
 use super::machines::Machines;
+use crate::backends::posix::quote;
 use crate::backends::{
     BackendError, ExecEnd, ExecSpec, OutputSink, SandboxRef, SinkControl, Stream,
 };
@@ -29,11 +30,6 @@ use crate::backends::{
 pub(super) const EXEC_SERVER_TIMEOUT_SECS: u64 = 3600;
 /// How much decoded output is gathered before it is handed to the sink in one push.
 const PUSH_CHUNK: usize = 64 * 1024;
-
-/// POSIX single-quoting: safe for any byte string a shell may see.
-pub(super) fn quote(word: &str) -> String {
-    format!("'{}'", word.replace('\'', r"'\''"))
-}
 
 /// The wrapper script run by `<shell> -lc` (see the module text).
 pub(super) fn wrapper_script(spec: &ExecSpec) -> String {

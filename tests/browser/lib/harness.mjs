@@ -10,6 +10,8 @@ import { fileURLToPath } from "node:url";
 
 import { Client } from "@modelcontextprotocol/client";
 import { StdioClientTransport } from "@modelcontextprotocol/client/stdio";
+import { it } from "node:test";
+
 import * as esbuild from "esbuild";
 import { chromium } from "playwright-core";
 
@@ -36,6 +38,24 @@ export const DASHBOARD_URI = "ui://kilntainers/computers";
 export const APP_CSP =
   "default-src 'none'; script-src 'self' 'unsafe-inline'; style-src 'self' 'unsafe-inline'; " +
   "img-src 'self' data:; media-src 'self' data:; connect-src 'none'; object-src 'none'";
+
+/**
+ * A `step(name, fn)` for one sequence of dependent tests: `it`, but skipped once an earlier
+ * step of the same sequence failed (later steps depend on its state).
+ */
+export function stepsInOrder() {
+  let failed = null;
+  return (name, fn) =>
+    it(name, async (t) => {
+      if (failed) return t.skip(`an earlier step failed: ${failed}`);
+      try {
+        await fn(t);
+      } catch (error) {
+        failed = name;
+        throw error;
+      }
+    });
+}
 
 export function uniqueId(prefix) {
   const rand = Math.random().toString(16).slice(2, 6);
