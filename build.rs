@@ -10,6 +10,12 @@
 //!   (`fakes/modal/`), whose build script generates the server half from the same file.
 //!
 //! Nothing generated is committed; it all lands in `OUT_DIR`.
+//!
+//! Two environment variables serve release builds (scripts/build-wheel.sh, README "Releasing"):
+//! `KILNTAINERS_HELPER_BINARY` embeds a helper built elsewhere (a macOS build cannot link a
+//! Linux binary itself, and the helper must match the containers' architecture, not the
+//! host's), and `KILNTAINERS_REQUIRE_HELPER=1` turns "no helper" into a build failure, so a
+//! published artifact never silently lacks it.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -25,12 +31,23 @@ const HELPER_OUT: &str = "kilntainers-helper";
 
 fn exec_helper() {
     println!("cargo:rerun-if-changed=helper/src");
+    println!("cargo:rerun-if-env-changed=KILNTAINERS_HELPER_BINARY");
+    println!("cargo:rerun-if-env-changed=KILNTAINERS_REQUIRE_HELPER");
     let out_dir = PathBuf::from(std::env::var_os("OUT_DIR").unwrap_or_default());
     let target = std::env::var("TARGET").unwrap_or_default();
     let rustc = std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
     let binary = out_dir.join(HELPER_OUT);
     let work = out_dir.join("helper-build");
-    let outcome = if target.contains("linux") {
+    let prebuilt = std::env::var_os("KILNTAINERS_HELPER_BINARY").filter(|p| !p.is_empty());
+    let outcome = if let Some(prebuilt) = prebuilt {
+        println!("cargo:rerun-if-changed={}", Path::new(&prebuilt).display());
+        std::fs::copy(&prebuilt, &binary).map(drop).map_err(|e| {
+            format!(
+                "cannot copy KILNTAINERS_HELPER_BINARY {}: {e}",
+                Path::new(&prebuilt).display()
+            )
+        })
+    } else if target.contains("linux") {
         build_static_helper(&rustc, &target, &work, &binary)
     } else {
         Err(format!(
@@ -38,6 +55,9 @@ fn exec_helper() {
         ))
     };
     if let Err(reason) = outcome {
+        if std::env::var_os("KILNTAINERS_REQUIRE_HELPER").is_some_and(|v| v == "1") {
+            panic!("KILNTAINERS_REQUIRE_HELPER=1 and the exec helper could not be built: {reason}");
+        }
         println!(
             "cargo:warning=exec helper not built ({reason}); commands will use plain Docker exec"
         );

@@ -14,7 +14,7 @@
 #   4. images: scripts/build-test-images.sh
 #   5. podman service: `podman system service --time=0 unix:///run/podman/podman.sock`
 #   6. smoke tests: docker run (busybox, debian), runsc, podman through its socket
-#   7. venvs: .test-env/venv with mcp==1.30.0, pytest and ruff (the Python linter), and
+#   7. venvs: .test-env/venv with mcp==1.30.0, pytest, ruff (the Python linter), auditwheel and uv, and
 #      .test-env/venv-mcp2 with mcp==2.3.0, pytest and httpx: the black-box suite runs with both
 #      generations of the official Python client (newest of the same major if a pin is
 #      unavailable)
@@ -308,7 +308,8 @@ ensure_venv() {
 step_venv() {
     step_begin "venvs"
     local one two
-    one="$(ensure_venv "$VENV" "$MCP_VERSION" pytest ruff)"
+    # auditwheel and uv: the install tests (tests/install) check and install the wheel.
+    one="$(ensure_venv "$VENV" "$MCP_VERSION" pytest ruff auditwheel uv)"
     # httpx: the tests' own raw HTTP requests (the 2.x SDK itself uses httpx2).
     two="$(ensure_venv "$VENV2" "$MCP2_VERSION" pytest httpx)"
     step_end "$one in $VENV; $two in $VENV2"

@@ -171,9 +171,12 @@ async fn ensure_image(
     }
     let pull_failed = |detail: String| {
         BackendError::Provider(format!(
-            "Failed to pull image '{image}'. Check that the image name is correct and the registry is reachable.\n{detail}"
+            "Failed to pull image '{image}'. Check that the image name is correct and the registry is reachable.\n{detail}\n\
+             To use another image, start the server with --image <name> (any image with a POSIX shell; one already on the engine is used without a pull)."
         ))
     };
+    eprintln!("kilntainers: image {image} is not on the engine yet; pulling it (first use only)");
+    let started = std::time::Instant::now();
     let options = CreateImageOptionsBuilder::default()
         .from_image(image)
         .build();
@@ -207,6 +210,11 @@ async fn ensure_image(
             format!("Pulling {image}: {done}/{} layers complete", layers.len()),
         );
     }
+    eprintln!(
+        "kilntainers: pulled {image} ({} layers) in {:.1} s",
+        layers.len(),
+        started.elapsed().as_secs_f64()
+    );
     info!(image, "pulled");
     docker
         .inspect_image(image)
