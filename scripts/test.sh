@@ -3,7 +3,8 @@
 # installs and starts what the tests need (idempotent), checks formatting and lints (Rust,
 # every cargo feature on its own, shell scripts, Python tests), builds, then runs the Rust
 # tests, the black-box MCP tests against a real Docker engine with both generations of the
-# official Python MCP client, the MCP conformance suite, the browser tests and the fault suite
+# official Python MCP client, the install paths (tests/install: the PyPI wheel, serve.sh as a
+# normal user), the MCP conformance suite, the browser tests and the fault suite
 # (last: it restarts the Docker daemon this script's setup started, and rewrites
 # docs/reliability.md from its figures).
 #
@@ -91,6 +92,10 @@ KILNTAINERS_EXEC_HELPER=off "$KILNTAINERS_TEST_VENV/bin/python" -m pytest -q -p 
     tests/blackbox/test_cli.py tests/blackbox/test_surface.py tests/blackbox/test_exec.py \
     tests/blackbox/test_limits.py tests/blackbox/test_lifecycle_docker.py \
     tests/blackbox/test_crash_gc.py tests/blackbox/test_jobs.py
+
+step "install paths: the PyPI wheel (built, audited, installed without Rust) and serve.sh as a normal user"
+wheel="$(bash scripts/build-wheel.sh)"
+KILNTAINERS_WHEEL="$wheel" "$KILNTAINERS_TEST_VENV/bin/python" -m pytest tests/install -q -p no:cacheprovider
 
 step "MCP conformance suite (server scenarios over Streamable HTTP)"
 bash scripts/conformance-test.sh

@@ -64,7 +64,7 @@ async def test_first_use_pulls_the_image_with_progress_on_stderr_and_to_the_clie
 async def test_a_failed_pull_names_the_image_and_suggests_the_image_flag(kbb, registry):
     missing = f"127.0.0.1:{registry.port}/{registry.repository}:no-such-tag"
     async with kbb.server("--image", missing, "--shell", "/bin/sh") as srv:
-        res = await srv.run("true")
+        res = await srv.call({"command": "true"})
         assert res.is_error, res
         lines = res.text.splitlines()
         assert lines[0] == (
@@ -74,5 +74,5 @@ async def test_a_failed_pull_names_the_image_and_suggests_the_image_flag(kbb, re
         assert lines[-1].startswith("To use another image, start the server with --image <name>"), res.text
         # Nothing was half made, and the server is still there for the next call.
         assert srv.containers() == []
-        again = await srv.run("true")
+        again = await srv.call({"command": "true"})
         assert again.is_error and again.text.startswith("Failed to pull image"), again

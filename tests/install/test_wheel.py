@@ -34,18 +34,18 @@ def wheel() -> Path:
 
 
 def test_the_wheel_is_manylinux2014_and_auditwheel_accepts_it(wheel):
-    assert re.fullmatch(
-        rf"mcp_sandbox_computer_vm_for_ai-{re.escape(VERSION)}-py3-none-"
-        r"manylinux_2_17_x86_64\.manylinux2014_x86_64\.whl",
-        wheel.name,
-    ), wheel.name
+    platforms = re.fullmatch(
+        rf"mcp_sandbox_computer_vm_for_ai-{re.escape(VERSION)}-py3-none-(?P<platforms>[a-z0-9_.]+)\.whl", wheel.name,
+    )
+    assert platforms, wheel.name
+    assert set(platforms["platforms"].split(".")) == {"manylinux2014_x86_64", "manylinux_2_17_x86_64"}, wheel.name
     with zipfile.ZipFile(wheel) as archive:
         names = archive.namelist()
         meta = archive.read(f"mcp_sandbox_computer_vm_for_ai-{VERSION}.dist-info/METADATA").decode()
         tags = archive.read(f"mcp_sandbox_computer_vm_for_ai-{VERSION}.dist-info/WHEEL").decode()
     assert f"mcp_sandbox_computer_vm_for_ai-{VERSION}.data/scripts/{BINARY_NAME}" in names, names
     assert "Name: mcp-sandbox-computer-vm-for-ai\n" in meta and f"Version: {VERSION}\n" in meta, meta
-    assert "Tag: py3-none-manylinux_2_17_x86_64\n" in tags, tags
+    assert "Tag: py3-none-manylinux_2_17_x86_64\n" in tags and "Tag: py3-none-manylinux2014_x86_64\n" in tags, tags
     shown = subprocess.run(
         [sys.executable, "-m", "auditwheel", "show", str(wheel)], capture_output=True, text=True, timeout=120,
     )

@@ -190,6 +190,10 @@ async fn ensure_image(
         let (Some(layer_id), Some(status)) = (info.id, info.status) else {
             continue;
         };
+        // "Pulling from <repository>" carries the tag as its id: not a layer.
+        if status.starts_with("Pulling from") {
+            continue;
+        }
         let layer = layers.entry(layer_id.clone()).or_default();
         if let Some(detail) = info.progress_detail {
             layer.current = detail.current.unwrap_or(layer.current);
