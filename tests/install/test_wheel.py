@@ -74,6 +74,10 @@ def installs(tmp_path: Path, wheel: Path) -> dict[str, Path]:
     }
     subprocess.run([uv, "tool", "install", "--offline", "--python", sys.executable, str(wheel)],
                    env=env, check=True, capture_output=True, timeout=120)
+    # `uvx` (`uv tool run`), the Python server's usual launcher, from the same wheel.
+    ran = subprocess.run([uv, "tool", "run", "--offline", "--python", sys.executable, "--from", str(wheel),
+                          BINARY_NAME, "--version"], env=env, capture_output=True, text=True, timeout=120)
+    assert ran.returncode == 0 and ran.stdout.strip() == f"{BINARY_NAME} {VERSION}", ran
     return {"pip": venv / "bin" / BINARY_NAME, "uv tool": tools / "bin" / BINARY_NAME}
 
 
