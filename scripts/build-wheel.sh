@@ -24,7 +24,7 @@ TOOLS="$REPO_ROOT/target/wheel-tools"
 OUT="$REPO_ROOT/target/wheels"
 
 {
-    if [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; then
+    if root_on_debian; then
         apt_ensure libc6-dev python3-venv
     fi
     if [[ ! -x "$TOOLS/bin/maturin" ]] || ! "$TOOLS/bin/maturin" --version | grep -qF "$MATURIN_VERSION" ||

@@ -4,7 +4,8 @@
 #   source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 #
 # Provides: REPO_ROOT, TEST_ENV_DIR, RUN_DIR, CACHE_DIR, log/warn/die, step timing,
-# apt_ensure (apt-get update at most once per setup run, install only what is missing),
+# root_on_debian, apt_ensure (apt-get update at most once per setup run, install only what is
+# missing),
 # wait_until (poll with a deadline) and pidfile helpers that let a teardown stop exactly
 # the processes these scripts started.
 
@@ -40,6 +41,9 @@ elapsed() {
 
 # ---------------------------------------------------------------------------
 # apt
+
+# Only root on Debian provisions packages; everyone else is told what to install.
+root_on_debian() { [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; }
 
 pkg_installed() {
     [[ "$(dpkg-query -W -f='${db:Status-Status}' "$1" 2>/dev/null)" == "installed" ]]

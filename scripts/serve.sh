@@ -39,8 +39,6 @@ for ((i = 0; i < ${#args[@]}; i++)); do
     esac
 done
 
-root_on_debian() { [[ "$(id -u)" == 0 ]] && command -v apt-get >/dev/null 2>&1; }
-
 # The engine's API endpoint, chosen as the server chooses it (src/backends/docker/mod.rs).
 engine_endpoint() {
     if [[ -n "$docker_host" ]]; then

@@ -1,13 +1,13 @@
 """Shared pieces of the install-path tests (docs/install.md): a stdio MCP session with the
 official Python client against a server started by any command, and the computer's container
-checks. Nothing here knows the server's internals; containers are read with the docker CLI.
+checks. Nothing here knows the server's internals; containers are read through the Engine API
+(`testkit.engine`).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import time
 from contextlib import asynccontextmanager
@@ -23,7 +23,10 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
+from testkit.engine import Engine  # noqa: E402
+
 BINARY_NAME = "mcp-sandbox-computer-vm-for-ai"
+ENGINE = Engine()
 REQUIRE_ALL = os.environ.get("KILNTAINERS_REQUIRE_ALL") == "1"
 # A PATH with the system's tools and none of the Rust toolchain (rustup puts it in ~/.cargo/bin).
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -48,11 +51,7 @@ def skip_or_fail(reason: str) -> None:
 
 
 def containers_of(computer_id: str) -> list[str]:
-    out = subprocess.run(
-        ["docker", "ps", "-aq", "--filter", f"label=kilntainers.computer-id={computer_id}"],
-        capture_output=True, text=True, check=True,
-    ).stdout
-    return out.split()
+    return [c["Id"] for c in ENGINE.list_containers(f"kilntainers.computer-id={computer_id}")]
 
 
 def wait_no_containers(computer_id: str, timeout: float = 15) -> list[str]:
@@ -63,9 +62,8 @@ def wait_no_containers(computer_id: str, timeout: float = 15) -> list[str]:
 
 
 def force_remove(computer_id: str) -> None:
-    ids = containers_of(computer_id)
-    if ids:
-        subprocess.run(["docker", "rm", "-f", *ids], capture_output=True, check=False)
+    for container in containers_of(computer_id):
+        ENGINE.force_remove(container)
 
 
 @asynccontextmanager
