@@ -178,6 +178,10 @@ struct Cmd {
     id: u32,
     /// The child's pid, which is also its process group's id.
     pgid: i32,
+    /// When the child started (clock ticks since boot), read right after the spawn. It dates
+    /// the command for the orphan rule of [`sweep::targets`] even when every process of the
+    /// command is already reaped by the time a `Kill` lists /proc.
+    started: Option<u64>,
     /// The `NAME=value` entries it was started with, for `Kill`.
     env: Vec<String>,
     state: Mutex<CmdState>,
@@ -361,10 +365,14 @@ fn handle(shared: &Arc<Shared>, request: Request) -> Result<(), WireError> {
 /// orphans started since).
 fn kill_tagged(shared: &Shared, tag: &str) {
     let mut roots = Vec::new();
+    let mut since: Option<u64> = None;
     for entry in lock(&shared.commands).values() {
         if entry.cmd.env.iter().any(|e| e == tag) {
             entry.cmd.kill_if_running();
             roots.push(entry.cmd.pgid);
+            if let Some(started) = entry.cmd.started {
+                since = Some(since.map_or(started, |s| s.min(started)));
+            }
         }
     }
     // Anything but a `NAME=value` entry would match environments at random (every environ
@@ -377,7 +385,6 @@ fn kill_tagged(shared: &Shared, tag: &str) {
     // root, so the children of a process still exiting (unreadable, not yet reparented) are
     // found as its descendants. Between passes, a short wait lets the killed ones exit, which
     // turns their children into orphans the next pass recognises.
-    let mut since = None;
     for pass in 0..SWEEP_MAX_PASSES {
         let procs = sweep::snapshot(name, std::process::id());
         let targets = sweep::targets(&procs, tag.as_bytes(), &roots, &mut since);
@@ -685,6 +692,8 @@ fn start_command(shared: &Arc<Shared>, start: Start) -> Result<(), WireError> {
     let cmd = Arc::new(Cmd {
         id,
         pgid: i32::try_from(child.id()).unwrap_or(0),
+        // Not reaped before the output thread gets it, so the pid is still the child's.
+        started: i32::try_from(child.id()).ok().and_then(sweep::start_time),
         env: start.env,
         state: Mutex::new(CmdState {
             credit: u64::from(wire::WINDOW),

@@ -69,6 +69,12 @@ pub fn snapshot(tag_name: &str, own: u32) -> Vec<Proc> {
     found
 }
 
+/// When `pid` started, in clock ticks since boot, while it can still be read.
+pub fn start_time(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_stat(&stat).map(|(_, start)| start)
+}
+
 /// `NAME` of a whole `NAME=value` tag.
 fn tag_name(tag: &[u8]) -> &[u8] {
     tag.split(|&b| b == b'=').next().unwrap_or(tag)
@@ -223,6 +229,18 @@ mod tests {
             proc(7, 1, 22, None),
         ];
         assert_eq!(targets(&procs, TAG, &[], &mut since), vec![13]);
+    }
+
+    #[test]
+    fn a_forged_tag_orphan_is_chosen_after_the_whole_command_was_reaped() {
+        // The helper seeds `since` with the command's recorded start: the shell and its
+        // tagged children may all be gone before the first pass lists /proc.
+        let mut since = Some(30);
+        let procs = [
+            proc(1, 0, 0, None),
+            proc(15, 1, 41, Some("KILNTAINERS_EXEC_ID=x")),
+        ];
+        assert_eq!(targets(&procs, TAG, &[10], &mut since), vec![15]);
     }
 
     #[test]
