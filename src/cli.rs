@@ -147,6 +147,13 @@ pub struct Cli {
     )]
     pub lifecycle_tools: bool,
 
+    #[arg(
+        long,
+        help = "Expose file_read, file_write and file_list, and the computer:// file resources (also: ENABLE_FILE_TOOLS=true)",
+        help_heading = "core options"
+    )]
+    pub file_tools: bool,
+
     // ---- jobs (docs/jobs.md) ----
     #[arg(
         long,

@@ -8,6 +8,7 @@ pub mod clock;
 pub mod config;
 pub mod dashboard;
 pub mod exec;
+pub mod files;
 pub mod ids;
 pub mod jobs;
 pub mod mcp;

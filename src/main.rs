@@ -31,6 +31,7 @@ fn main() -> ExitCode {
         Err(error) => return fail(error),
     };
     config.jobs.enabled |= config::switch_on(std::env::var("ENABLE_JOB_TOOLS").ok().as_deref());
+    config.file_tools |= config::switch_on(std::env::var("ENABLE_FILE_TOOLS").ok().as_deref());
     let filter = EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| EnvFilter::new("warn,mcp_sandbox_computer_vm_for_ai=info"));
     tracing_subscriber::fmt()
@@ -97,7 +98,13 @@ async fn run(config: Config) -> i32 {
             },
         )
     });
-    let surface = Surface::new(registry, &description, config.lifecycle_tools, jobs);
+    let surface = Surface::new(
+        registry,
+        &description,
+        config.lifecycle_tools,
+        jobs,
+        config.file_tools,
+    );
 
     let state_dir_for_token = state_dir.clone();
     // Crash GC (and the eager backend check) never delays MCP traffic.
@@ -117,10 +124,15 @@ async fn run(config: Config) -> i32 {
     } else {
         ""
     };
+    let file_tools = if config.file_tools {
+        ", file tools: on"
+    } else {
+        ""
+    };
     let code = match &config.transport {
         Transport::Stdio => {
             eprintln!(
-                "kilntainers: mcp-sandbox-computer-vm-for-ai {} serving stdio (backend: {}, lifecycle tools: {lifecycle}{job_tools})",
+                "kilntainers: mcp-sandbox-computer-vm-for-ai {} serving stdio (backend: {}, lifecycle tools: {lifecycle}{job_tools}{file_tools})",
                 env!("CARGO_PKG_VERSION"),
                 config.backend.name()
             );

@@ -175,6 +175,12 @@ pub trait Backend: Send + Sync {
         false
     }
 
+    /// Whether the computer has a POSIX `sh` with the usual tools, which the file tools' programs
+    /// need (docs/files.md, "Backends").
+    fn has_posix_shell(&self) -> bool {
+        !self.runs_jobs_in_server()
+    }
+
     /// Checks reachability once; callers cache success.
     async fn validate(&self) -> Result<(), BackendError>;
 

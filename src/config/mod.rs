@@ -103,6 +103,8 @@ pub struct Config {
     pub network: bool,
     pub lifecycle_tools: bool,
     pub jobs: JobsConfig,
+    /// `--file-tools` or `ENABLE_FILE_TOOLS=true` (docs/files.md).
+    pub file_tools: bool,
     pub description: DescriptionConfig,
     pub docker: DockerConfig,
     pub fly: FlyConfig,
@@ -314,6 +316,7 @@ impl Config {
             shell: cli.shell.clone(),
             network: !cli.no_network,
             lifecycle_tools: cli.lifecycle_tools || switch_on(lifecycle_env),
+            file_tools: cli.file_tools,
             jobs: JobsConfig {
                 enabled: cli.job_tools,
                 max_jobs: u32::try_from(cli.max_jobs).unwrap_or(u32::MAX),

@@ -6,6 +6,7 @@
 
 pub mod args;
 pub mod description;
+mod files;
 pub mod format;
 mod jobs;
 mod lifecycle;
@@ -38,6 +39,8 @@ pub struct Surface {
     /// The job service, when the job switch is on (docs/jobs.md, "Switch").
     pub jobs: Option<Arc<Jobs>>,
     tools: Vec<Tool>,
+    /// The file tools and the `computer://` resource template (docs/files.md).
+    file_tools: bool,
     /// Lifecycle tools, the dashboard resource and the UI extension (docs/decisions.md, "Tool list").
     lifecycle_tools: bool,
     instructions: String,
@@ -49,6 +52,7 @@ impl Surface {
         tool_description: &str,
         lifecycle_tools: bool,
         jobs: Option<Arc<Jobs>>,
+        file_tools: bool,
     ) -> Arc<Self> {
         let mut tools = vec![tools::terminal_execute_tool(
             tool_description,
@@ -59,6 +63,10 @@ impl Surface {
             tools.extend(jobs::tools(registry.backend().runs_jobs_in_server()));
             instructions.push_str(jobs::INSTRUCTIONS);
         }
+        if file_tools {
+            tools.extend(files::tools(registry.limits().output_limit));
+            instructions.push_str(files::INSTRUCTIONS);
+        }
         if lifecycle_tools {
             tools.extend(lifecycle::tools());
         }
@@ -66,6 +74,7 @@ impl Surface {
             registry,
             jobs,
             tools,
+            file_tools,
             lifecycle_tools,
             instructions,
         })
@@ -203,8 +212,24 @@ impl ServerHandler for SessionHandler {
     async fn read_resource(
         &self,
         request: ReadResourceRequestParams,
-        _context: RequestContext<RoleServer>,
+        context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, ErrorData> {
+        if self.surface.file_tools
+            && let Some(target) = files::parse_uri(&request.uri)
+        {
+            let (id, path) = target.map_err(|message| ErrorData::invalid_params(message, None))?;
+            let registry = &self.surface.registry;
+            return files::read_resource(
+                registry,
+                &self.session,
+                &request.uri,
+                id,
+                path,
+                &context.ct,
+            )
+            .await
+            .map(Into::into);
+        }
         if !self.surface.lifecycle_tools || request.uri != dashboard::RESOURCE_URI {
             return Err(ErrorData::resource_not_found(
                 format!("Resource not found: {}", request.uri),
@@ -225,7 +250,12 @@ impl ServerHandler for SessionHandler {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListResourceTemplatesResult, ErrorData> {
-        Ok(ListResourceTemplatesResult::with_all_items(Vec::new()))
+        let templates = if self.surface.file_tools {
+            vec![files::resource_template()]
+        } else {
+            Vec::new()
+        };
+        Ok(ListResourceTemplatesResult::with_all_items(templates))
     }
 
     async fn list_prompts(
@@ -262,6 +292,13 @@ impl ServerHandler for SessionHandler {
             }
             (jobs::LIST, Some(jobs)) => {
                 jobs::list(registry, jobs, session, arguments, &context.ct).await
+            }
+            (files::READ | files::WRITE | files::LIST, _) if self.surface.file_tools => {
+                match request.name.as_ref() {
+                    files::READ => files::read(registry, session, arguments, &context.ct).await,
+                    files::WRITE => files::write(registry, session, arguments, &context.ct).await,
+                    _ => files::list(registry, session, arguments, &context.ct).await,
+                }
             }
             (name, _) if !self.surface.lifecycle_tools || self.get_tool(name).is_none() => {
                 return Err(ErrorData::invalid_params("tool not found", None));

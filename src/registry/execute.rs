@@ -20,6 +20,32 @@ impl Registry {
         progress: &dyn Progress,
         cancel: &CancellationToken,
     ) -> Result<Executed, RegistryError> {
+        let limit = self.limits.output_limit;
+        self.execute_limited(
+            session,
+            computer_id,
+            temporary,
+            request,
+            limit,
+            progress,
+            cancel,
+        )
+        .await
+    }
+
+    /// [`Self::execute`] with an output limit of its own: the file tools' programs answer with
+    /// a page of data plus a status line.
+    #[allow(clippy::too_many_arguments)]
+    pub async fn execute_limited(
+        &self,
+        session: &Session,
+        computer_id: Option<ComputerId>,
+        temporary: bool,
+        request: &ExecRequest,
+        output_limit: u64,
+        progress: &dyn Progress,
+        cancel: &CancellationToken,
+    ) -> Result<Executed, RegistryError> {
         let acquired = self
             .acquire(session, computer_id, temporary, true, progress)
             .await?;
@@ -50,7 +76,7 @@ impl Registry {
                 &self.shell,
                 request,
                 exec_id,
-                self.limits.output_limit,
+                output_limit,
                 progress,
                 &exec_cancel,
             )

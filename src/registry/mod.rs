@@ -130,6 +130,11 @@ impl Registry {
         self.limits
     }
 
+    /// The shell commands run under (`--shell`).
+    pub fn shell(&self) -> &str {
+        &self.shell
+    }
+
     /// Opens a session; call [`Registry::close_session`] when it ends.
     pub fn open_session(&self) -> Arc<Session> {
         let id = self

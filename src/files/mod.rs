@@ -1,0 +1,304 @@
+//! Files in a computer without the user's shell (docs/files.md): the POSIX `sh` programs that
+//! read, write and list, and the strict reading of what they answer. Every value reaches a
+//! program as a positional argument, never spliced into its text; data goes in as base64 on
+//! stdin and comes out raw on stdout, with one status line on stderr. What a computer answers
+//! is hostile: anything that does not parse is an error, never a panic, and nothing is trusted
+//! to be shorter than asked for. Knows no provider and no MCP.
+
+#[cfg(test)]
+mod tests;
+
+use std::fmt;
+
+/// The most bytes one `file_write` call takes, decoded (docs/files.md, "file_write").
+pub const WRITE_LIMIT: usize = 16 * 1024 * 1024;
+
+/// Decoded bytes sent per exec of a write: keeps each exec's stdin (base64, 4/3 larger) under
+/// the 2 MiB that every backend's exec accepts.
+pub const WRITE_CHUNK: usize = 1536 * 1024;
+
+/// The most entries `file_list` returns.
+pub const LIST_LIMIT: usize = 1000;
+
+/// The deepest `file_list` goes.
+pub const MAX_DEPTH: u8 = 5;
+
+/// Room for a program's status line on top of the data it returns.
+pub const STATUS_ROOM: u64 = 4096;
+
+/// What `file_list` may answer with at most: 1,001 lines of a status and a path each.
+pub const LIST_ANSWER_LIMIT: u64 = 8 * 1024 * 1024;
+
+/// Why a file operation did not happen, in the words the caller sees.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum FileError {
+    #[error("File not found: {0}")]
+    NotFound(String),
+    #[error("{0} is a directory; use file_list.")]
+    IsDirectory(String),
+    #[error("{0} is a directory; give the path of a file to write.")]
+    WriteToDirectory(String),
+    #[error("{0} is not a regular file.")]
+    NotRegular(String),
+    #[error("Permission denied: {0}")]
+    PermissionDenied(String),
+    #[error("Could not write {path}: {reason}")]
+    WriteFailed { path: String, reason: String },
+    /// The computer answered something the program never prints.
+    #[error("The computer gave an unreadable answer about {0}.")]
+    Garbled(String),
+}
+
+/// Reads at most `$3` bytes of `$1` from offset `$2`. Status on stderr: `ok <size>`,
+/// `missing`, `dir`, `other` or `denied`; the bytes on stdout.
+pub const READ: &str = r#"p=$1; o=$2; n=$3
+if [ -d "$p" ]; then echo dir >&2; exit 0; fi
+if [ ! -e "$p" ]; then echo missing >&2; exit 0; fi
+if [ ! -f "$p" ]; then echo other >&2; exit 0; fi
+if [ ! -r "$p" ]; then echo denied >&2; exit 0; fi
+s=$(wc -c < "$p" 2>/dev/null) || { echo denied >&2; exit 0; }
+s=$((s))
+printf 'ok %s\n' "$s" >&2
+if [ "$o" -lt "$s" ]; then tail -c +$((o + 1)) "$p" | head -c "$n"; fi
+exit 0
+"#;
+
+/// Writes base64 from stdin into `$2` for the file `$1`. `$3` = 1 on the first chunk (make the
+/// parent directories, start `$2` empty unless it is the file itself, as for an append), `$4` =
+/// 1 on the last (give the temporary file the mode, `$5` or the old file's, and rename it over
+/// `$1`). Prints `ok` or `ok <size>` after the last chunk, `dir`, or `failed <reason>`; a
+/// failure removes the temporary file. (It starts the file with `true >`, not `: >`: a failed
+/// redirection on a special builtin ends the whole program.)
+pub const WRITE: &str = r#"p=$1; t=$2; first=$3; last=$4; m=$5
+fail() { [ "$t" != "$p" ] && rm -f "$t"; printf 'failed %s\n' "$1"; exit 0; }
+if [ "$first" = 1 ]; then
+  if [ -d "$p" ]; then echo dir; exit 0; fi
+  d=${p%/*}; [ -n "$d" ] || d=/
+  [ -d "$d" ] || mkdir -p "$d" 2>/dev/null || fail "cannot create the directory $d"
+  if [ "$t" != "$p" ]; then true > "$t" 2>/dev/null || fail "cannot create a file in $d"; fi
+fi
+base64 -d >> "$t" 2>/dev/null || fail "writing failed (disk full or not writable)"
+if [ "$last" != 1 ]; then echo ok; exit 0; fi
+if [ "$t" != "$p" ]; then
+  if [ -n "$m" ]; then chmod "$m" "$t" 2>/dev/null || fail "cannot set mode $m"
+  elif [ -e "$p" ]; then chmod "$(stat -c %a "$p" 2>/dev/null || echo 644)" "$t" 2>/dev/null
+  fi
+  mv -f "$t" "$p" 2>/dev/null || fail "cannot replace $p"
+elif [ -n "$m" ]; then chmod "$m" "$p" 2>/dev/null || fail "cannot set mode $m"
+fi
+printf 'ok %s\n' "$(($(wc -c < "$p")))"
+"#;
+
+/// Removes a temporary file a cancelled write left: `$1`.
+pub const DISCARD: &str = r#"rm -f "$1"; exit 0
+"#;
+
+/// Lists `$1` to depth `$2`: `missing`, `denied`, or `ok` and then one line per entry, at most
+/// [`LIST_LIMIT`] + 1, `<raw mode in hex> <size> <mtime> <path>` (a file lists itself).
+pub const LIST: &str = r#"p=$1; k=$2
+if [ ! -e "$p" ] && [ ! -L "$p" ]; then echo missing; exit 0; fi
+if [ -d "$p" ] && [ ! -r "$p" ]; then echo denied; exit 0; fi
+echo ok
+if [ -d "$p" ]; then
+  find "$p" -mindepth 1 -maxdepth "$k" -exec stat -c '%f %s %Y %n' {} + 2>/dev/null | head -n 1001
+else
+  stat -c '%f %s %Y %n' "$p" 2>/dev/null
+fi
+exit 0
+"#;
+
+/// What [`READ`] answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReadAnswer {
+    pub size: u64,
+    pub bytes: Vec<u8>,
+}
+
+/// Reads [`READ`]'s answer for `path`, keeping at most `length` bytes whatever came.
+pub fn parse_read(
+    path: &str,
+    stdout: Vec<u8>,
+    stderr: &[u8],
+    length: u64,
+) -> Result<ReadAnswer, FileError> {
+    let status = first_line(stderr);
+    let mut bytes = stdout;
+    bytes.truncate(usize::try_from(length).unwrap_or(usize::MAX));
+    match status.split_once(' ') {
+        Some(("ok", size)) => size
+            .parse()
+            .map(|size| ReadAnswer { size, bytes })
+            .map_err(|_| FileError::Garbled(path.to_owned())),
+        _ => Err(status_error(status, path)),
+    }
+}
+
+/// Reads [`WRITE`]'s answer: the file's size after the last chunk.
+pub fn parse_write(path: &str, stdout: &[u8]) -> Result<Option<u64>, FileError> {
+    let status = first_line(stdout);
+    match status.split_once(' ') {
+        None if status == "ok" => Ok(None),
+        None if status == "dir" => Err(FileError::WriteToDirectory(path.to_owned())),
+        Some(("ok", size)) => size
+            .parse()
+            .map(Some)
+            .map_err(|_| FileError::Garbled(path.to_owned())),
+        Some(("failed", reason)) => Err(FileError::WriteFailed {
+            path: path.to_owned(),
+            reason: reason.chars().take(300).collect(),
+        }),
+        _ => Err(FileError::Garbled(path.to_owned())),
+    }
+}
+
+/// One `file_list` entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Entry {
+    pub path: String,
+    pub kind: EntryKind,
+    pub size: u64,
+    /// Permission bits, as `0755`.
+    pub mode: String,
+    /// Seconds since the epoch.
+    pub modified: i64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EntryKind {
+    File,
+    Dir,
+    Symlink,
+    Other,
+}
+
+impl fmt::Display for EntryKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::File => "file",
+            Self::Dir => "dir",
+            Self::Symlink => "symlink",
+            Self::Other => "other",
+        })
+    }
+}
+
+/// A listing: the entries sorted by path, and whether more were there than [`LIST_LIMIT`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listing {
+    pub entries: Vec<Entry>,
+    pub truncated: bool,
+}
+
+/// Reads [`LIST`]'s answer. Lines that do not parse (a name with a newline splits into two)
+/// are skipped; paths are taken as bytes and shown lossily.
+pub fn parse_list(path: &str, stdout: &[u8], truncated_answer: bool) -> Result<Listing, FileError> {
+    let mut lines = stdout.split(|&b| b == b'\n');
+    let status = String::from_utf8_lossy(lines.next().unwrap_or_default());
+    if status != "ok" {
+        return Err(status_error(&status, path));
+    }
+    let mut entries: Vec<Entry> = lines.filter_map(parse_entry).collect();
+    let truncated = truncated_answer || entries.len() > LIST_LIMIT;
+    entries.sort_by(|a, b| a.path.cmp(&b.path));
+    entries.truncate(LIST_LIMIT);
+    Ok(Listing { entries, truncated })
+}
+
+fn parse_entry(line: &[u8]) -> Option<Entry> {
+    let mut fields = line.splitn(4, |&b| b == b' ');
+    let raw_mode = u32::from_str_radix(std::str::from_utf8(fields.next()?).ok()?, 16).ok()?;
+    let size = std::str::from_utf8(fields.next()?).ok()?.parse().ok()?;
+    let modified = std::str::from_utf8(fields.next()?).ok()?.parse().ok()?;
+    let path = String::from_utf8_lossy(fields.next()?).into_owned();
+    if !path.starts_with('/') {
+        return None;
+    }
+    let kind = match raw_mode & 0o170_000 {
+        0o100_000 => EntryKind::File,
+        0o040_000 => EntryKind::Dir,
+        0o120_000 => EntryKind::Symlink,
+        _ => EntryKind::Other,
+    };
+    Some(Entry {
+        path,
+        kind,
+        size,
+        mode: format!("{:04o}", raw_mode & 0o7777),
+        modified,
+    })
+}
+
+fn first_line(bytes: &[u8]) -> &str {
+    let line = bytes.split(|&b| b == b'\n').next().unwrap_or_default();
+    std::str::from_utf8(line).unwrap_or("").trim_end()
+}
+
+fn status_error(status: &str, path: &str) -> FileError {
+    match status {
+        "missing" => FileError::NotFound(path.to_owned()),
+        "dir" => FileError::IsDirectory(path.to_owned()),
+        "other" => FileError::NotRegular(path.to_owned()),
+        "denied" => FileError::PermissionDenied(path.to_owned()),
+        _ => FileError::Garbled(path.to_owned()),
+    }
+}
+
+/// `mode` as given to `file_write`: 3 or 4 octal digits.
+pub fn valid_mode(mode: &str) -> bool {
+    (3..=4).contains(&mode.len()) && mode.bytes().all(|b| (b'0'..=b'7').contains(&b))
+}
+
+/// The temporary file a non-appending write fills before renaming it over `path`: beside it,
+/// so the rename stays on one file system, hidden, and unique per call.
+pub fn temporary_path(path: &str, nonce: u32) -> String {
+    let (dir, name) = path.rsplit_once('/').unwrap_or(("", path));
+    format!("{dir}/.{name}.kilntainers-{nonce:08x}")
+}
+
+/// How much of `bytes` to return as text: all of it when it is UTF-8; when only a character
+/// cut by the end of the page is incomplete and the file goes on, the page up to it (the next
+/// page starts there). `None` when the bytes are not text.
+pub fn utf8_prefix(bytes: &[u8], at_end_of_file: bool) -> Option<usize> {
+    match std::str::from_utf8(bytes) {
+        Ok(_) => Some(bytes.len()),
+        Err(e) if e.error_len().is_none() && !at_end_of_file && e.valid_up_to() > 0 => {
+            Some(e.valid_up_to())
+        }
+        Err(_) => None,
+    }
+}
+
+/// The MIME type of an image the model can be shown, from its first bytes.
+pub fn image_type(bytes: &[u8]) -> Option<&'static str> {
+    if bytes.starts_with(b"\x89PNG\r\n\x1a\n") {
+        Some("image/png")
+    } else if bytes.starts_with(b"\xff\xd8\xff") {
+        Some("image/jpeg")
+    } else if bytes.starts_with(b"GIF87a") || bytes.starts_with(b"GIF89a") {
+        Some("image/gif")
+    } else if bytes.len() >= 12 && &bytes[..4] == b"RIFF" && &bytes[8..12] == b"WEBP" {
+        Some("image/webp")
+    } else {
+        None
+    }
+}
+
+/// The MIME type a text file is served with as a resource, from its extension.
+pub fn text_type(path: &str) -> &'static str {
+    let extension = path
+        .rsplit_once('.')
+        .map(|(_, e)| e.to_ascii_lowercase())
+        .unwrap_or_default();
+    match extension.as_str() {
+        "md" => "text/markdown",
+        "html" | "htm" => "text/html",
+        "css" => "text/css",
+        "csv" => "text/csv",
+        "js" | "mjs" => "text/javascript",
+        "json" => "application/json",
+        "xml" => "application/xml",
+        "svg" => "image/svg+xml",
+        "yaml" | "yml" => "application/yaml",
+        _ => "text/plain",
+    }
+}

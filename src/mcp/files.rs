@@ -1,0 +1,660 @@
+//! The file tools (docs/files.md): `file_read`, `file_write`, `file_list`, and the resource
+//! template `computer://{computer_id}/{+path}`. Argument decoding with the exact messages,
+//! the programs' runs through the registry (the same computer, lock and attach rules as
+//! `terminal_execute`), and the result payloads. The programs themselves are
+//! [`crate::files`]'s.
+
+use std::sync::Arc;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use rmcp::ErrorData;
+use rmcp::model::{
+    CallToolResult, ContentBlock, JsonObject, ReadResourceResult, ResourceContents,
+    ResourceTemplate, Tool, ToolAnnotations,
+};
+use serde_json::{Map, Value, json};
+use tokio_util::sync::CancellationToken;
+
+use super::args::Args;
+use super::format;
+use super::lifecycle::output_schema;
+use super::tools::user_message;
+use crate::backends::{NoProgress, Progress, SandboxRef};
+use crate::exec::{ExecOutcome, ExecRequest, Program};
+use crate::files::{self, FileError};
+use crate::ids::ComputerId;
+use crate::registry::{Registry, RegistryError, Session};
+
+pub const READ: &str = "file_read";
+pub const WRITE: &str = "file_write";
+pub const LIST: &str = "file_list";
+
+/// The sentence the server's instructions gain with the switch on.
+pub const INSTRUCTIONS: &str = " To move files in or out of a computer, use file_read, file_write and file_list rather than cat and stdin: they keep binary data intact, and file_read shows images.";
+
+pub const RESOURCE_TEMPLATE: &str = "computer://{computer_id}/{+path}";
+const RESOURCE_SCHEME: &str = "computer://";
+
+fn object(value: Value) -> Arc<JsonObject> {
+    Arc::new(value.as_object().cloned().unwrap_or_default())
+}
+
+fn annotations(read_only: bool) -> ToolAnnotations {
+    let mut annotations = ToolAnnotations::new();
+    annotations.read_only_hint = Some(read_only);
+    annotations.destructive_hint = Some(!read_only);
+    annotations.open_world_hint = Some(true);
+    annotations
+}
+
+fn path_property(what: &str) -> Value {
+    json!({"type": "string", "title": "Path", "description": format!("Absolute path of the {what} in the computer.")})
+}
+
+fn computer_id_property() -> Value {
+    json!({"type": "string", "title": "Computer Id", "description": "The computer; omit for this session's default computer (created on first use, like terminal_execute)."})
+}
+
+/// The three file tools, in the order they are listed.
+pub fn tools(output_limit: u64) -> Vec<Tool> {
+    let read = Tool::new(
+        READ,
+        "Read a file from a computer. Returns UTF-8 text as is and anything else as base64 (see `encoding`); PNG, JPEG, GIF and WebP images read whole also come back as an image you can see. Large files: page with `offset` and `length` until `eof` is true.",
+        object(json!({
+            "type": "object",
+            "properties": {
+                "path": path_property("file"),
+                "computer_id": computer_id_property(),
+                "offset": {"type": "integer", "minimum": 0, "default": 0, "title": "Offset", "description": "Byte offset to start reading at."},
+                "length": {"type": "integer", "minimum": 1, "maximum": output_limit, "title": "Length", "description": format!("Most bytes to read (default and maximum {output_limit}).")}
+            },
+            "required": ["path"]
+        })),
+    )
+    .with_raw_output_schema(output_schema(
+        json!({
+            "computer_id": {"type": "string"},
+            "path": {"type": "string"},
+            "size": {"type": "integer"},
+            "offset": {"type": "integer"},
+            "length": {"type": "integer"},
+            "encoding": {"type": "string", "enum": ["utf-8", "base64"]},
+            "content": {"type": "string"},
+            "eof": {"type": "boolean"}
+        }),
+        &["computer_id", "path", "size", "offset", "length", "encoding", "content", "eof"],
+        None,
+    ))
+    .with_annotations(annotations(true));
+    let write = Tool::new(
+        WRITE,
+        "Write a file in a computer, creating parent directories. Replaces the file atomically unless `append` is true. `content` is UTF-8 text, or base64 with encoding \"base64\" (binary files); up to 16 MiB per call, append for more.",
+        object(json!({
+            "type": "object",
+            "properties": {
+                "path": path_property("file"),
+                "content": {"type": "string", "title": "Content", "description": "The file's content: text, or base64 with encoding \"base64\"."},
+                "computer_id": computer_id_property(),
+                "encoding": {"type": "string", "enum": ["utf-8", "base64"], "default": "utf-8", "title": "Encoding"},
+                "append": {"type": "boolean", "default": false, "title": "Append", "description": "Add to the end of the file instead of replacing it."},
+                "mode": {"type": "string", "title": "Mode", "description": "Permission bits in octal, like \"0755\"; a replaced file keeps its mode otherwise."}
+            },
+            "required": ["path", "content"]
+        })),
+    )
+    .with_raw_output_schema(output_schema(
+        json!({
+            "computer_id": {"type": "string"},
+            "path": {"type": "string"},
+            "size": {"type": "integer"},
+            "bytes_written": {"type": "integer"}
+        }),
+        &["computer_id", "path", "size", "bytes_written"],
+        None,
+    ))
+    .with_annotations(annotations(false));
+    let list = Tool::new(
+        LIST,
+        "List a directory in a computer, to `depth` levels (1-5): each entry's path, type (file, dir, symlink, other), size, mode and modification time, sorted by path, at most 1,000.",
+        object(json!({
+            "type": "object",
+            "properties": {
+                "path": path_property("directory"),
+                "computer_id": computer_id_property(),
+                "depth": {"type": "integer", "minimum": 1, "maximum": files::MAX_DEPTH, "default": 1, "title": "Depth"}
+            },
+            "required": ["path"]
+        })),
+    )
+    .with_raw_output_schema(output_schema(
+        json!({
+            "entries": {"type": "array", "items": {"type": "object", "properties": {
+                "path": {"type": "string"},
+                "type": {"type": "string", "enum": ["file", "dir", "symlink", "other"]},
+                "size": {"type": "integer"},
+                "mode": {"type": "string"},
+                "modified": {"type": "string"}
+            }}},
+            "count": {"type": "integer"},
+            "truncated": {"type": "boolean"}
+        }),
+        &["entries", "count", "truncated"],
+        None,
+    ))
+    .with_annotations(annotations(true));
+    vec![read, write, list]
+}
+
+pub fn resource_template() -> ResourceTemplate {
+    ResourceTemplate::new(RESOURCE_TEMPLATE, "computer-file")
+        .with_title("File in a sandbox computer")
+        .with_description("A file in an existing computer, e.g. computer://dev-box/root/report.png. Text files come back as text, others as a blob. Reading never creates a computer.")
+}
+
+/// Why a file tool call did not answer: an argument, the computer or the file.
+#[derive(Debug, thiserror::Error)]
+enum CallError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error(transparent)]
+    File(#[from] FileError),
+    #[error("{0}")]
+    Registry(String),
+    #[error("cancelled")]
+    Cancelled,
+}
+
+impl From<RegistryError> for CallError {
+    fn from(error: RegistryError) -> Self {
+        match error {
+            RegistryError::Cancelled => Self::Cancelled,
+            other => Self::Registry(user_message(&other)),
+        }
+    }
+}
+
+fn finish(result: Result<CallToolResult, CallError>) -> Option<CallToolResult> {
+    match result {
+        Ok(result) => Some(result),
+        Err(CallError::Cancelled) => None,
+        Err(error) => Some(format::error(error.to_string())),
+    }
+}
+
+fn decode_path(args: &Args<'_>) -> Result<String, CallError> {
+    let path = args
+        .required_string("path")
+        .map_err(|e| CallError::Invalid(e.to_string()))?;
+    if !path.starts_with('/') {
+        return Err(CallError::Invalid(format!(
+            "path must be an absolute path, got: {path}"
+        )));
+    }
+    if path.contains('\0') {
+        return Err(CallError::Invalid(
+            "path must not contain a NUL character.".to_owned(),
+        ));
+    }
+    Ok(path)
+}
+
+fn decode_computer(args: &Args<'_>) -> Result<Option<ComputerId>, CallError> {
+    args.string("computer_id")
+        .map_err(|e| CallError::Invalid(e.to_string()))?
+        .filter(|raw| !raw.is_empty())
+        .map(|raw| ComputerId::parse(&raw))
+        .transpose()
+        .map_err(|e| CallError::Invalid(e.to_string()))
+}
+
+fn invalid(e: impl ToString) -> CallError {
+    CallError::Invalid(e.to_string())
+}
+
+/// Where a file program runs: a computer the call may create (a tool) or one that must exist
+/// already (a resource read).
+enum Target<'a> {
+    Acquire(Option<ComputerId>),
+    Existing(&'a SandboxRef),
+}
+
+/// Runs one of [`crate::files`]'s programs; returns the computer and the program's output.
+async fn run_program(
+    registry: &Registry,
+    session: &Session,
+    target: Target<'_>,
+    program: &str,
+    args: Vec<String>,
+    stdin: Option<String>,
+    answer_limit: u64,
+    cancel: &CancellationToken,
+) -> Result<(ComputerId, Vec<u8>, Vec<u8>), CallError> {
+    if !registry.backend().has_posix_shell() {
+        return Err(CallError::Registry(format!(
+            "File tools are not available on the {} backend yet.",
+            registry.backend().kind()
+        )));
+    }
+    let shell = registry.shell().to_owned();
+    let mut argv = vec![
+        shell,
+        "-c".to_owned(),
+        program.to_owned(),
+        "kilntainers-file".to_owned(),
+    ];
+    argv.extend(args);
+    let request = ExecRequest {
+        program: Program::Args(argv),
+        stdin,
+        working_dir: None,
+        timeout_secs: registry.limits().default_timeout_secs,
+    };
+    // A named computer that exists is used in the mode it has (the file tools take no
+    // `temporary`); one that does not is created temporary, as by terminal_execute.
+    let (computer_id, temporary) = match target {
+        Target::Acquire(None) => (None, true),
+        Target::Acquire(Some(id)) => match registry.attach_existing(session, &id).await {
+            Ok(sandbox) => (Some(id), sandbox.temporary),
+            Err(RegistryError::NotFound(_)) => (Some(id), true),
+            Err(error) => return Err(error.into()),
+        },
+        Target::Existing(sandbox) => (Some(sandbox.computer_id.clone()), sandbox.temporary),
+    };
+    let progress: &dyn Progress = &NoProgress;
+    let executed = registry
+        .execute_limited(
+            session,
+            computer_id,
+            temporary,
+            &request,
+            answer_limit,
+            progress,
+            cancel,
+        )
+        .await?;
+    let id = executed.sandbox.computer_id.clone();
+    match executed.outcome {
+        ExecOutcome::Completed { stdout, stderr, .. } => Ok((id, stdout, stderr)),
+        ExecOutcome::TimedOut { timeout_secs, .. } => Err(CallError::Registry(format!(
+            "The computer did not finish the file operation within {timeout_secs} seconds."
+        ))),
+        ExecOutcome::OutputLimitExceeded { .. } | ExecOutcome::OutOfFuel { .. } => Err(
+            CallError::Registry("The computer answered with more than was asked for.".to_owned()),
+        ),
+    }
+}
+
+/// One page of a file, as `file_read` and resources return it.
+struct Page {
+    size: u64,
+    offset: u64,
+    bytes: Vec<u8>,
+    /// How many of `bytes` are UTF-8 text, or `None` when they are not text.
+    text_len: Option<usize>,
+}
+
+impl Page {
+    fn new(answer: files::ReadAnswer, offset: u64) -> Self {
+        let end = offset.saturating_add(answer.bytes.len() as u64);
+        let text_len = files::utf8_prefix(&answer.bytes, end >= answer.size);
+        let mut bytes = answer.bytes;
+        if let Some(n) = text_len {
+            bytes.truncate(n);
+        }
+        Self {
+            size: answer.size,
+            offset,
+            bytes,
+            text_len,
+        }
+    }
+
+    fn eof(&self) -> bool {
+        self.offset.saturating_add(self.bytes.len() as u64) >= self.size
+    }
+}
+
+async fn read_page(
+    registry: &Registry,
+    session: &Session,
+    target: Target<'_>,
+    path: &str,
+    offset: u64,
+    length: u64,
+    cancel: &CancellationToken,
+) -> Result<(ComputerId, Page), CallError> {
+    let (id, stdout, stderr) = run_program(
+        registry,
+        session,
+        target,
+        files::READ,
+        vec![path.to_owned(), offset.to_string(), length.to_string()],
+        None,
+        length.saturating_add(files::STATUS_ROOM),
+        cancel,
+    )
+    .await?;
+    let answer = files::parse_read(path, stdout, &stderr, length)?;
+    Ok((id, Page::new(answer, offset)))
+}
+
+pub async fn read(
+    registry: &Registry,
+    session: &Session,
+    arguments: Option<&JsonObject>,
+    cancel: &CancellationToken,
+) -> Option<CallToolResult> {
+    finish(read_call(registry, session, arguments, cancel).await)
+}
+
+async fn read_call(
+    registry: &Registry,
+    session: &Session,
+    arguments: Option<&JsonObject>,
+    cancel: &CancellationToken,
+) -> Result<CallToolResult, CallError> {
+    let args = Args::new(READ, arguments);
+    let path = decode_path(&args)?;
+    let computer = decode_computer(&args)?;
+    let limit = registry.limits().output_limit.max(1);
+    let offset = match args.integer("offset").map_err(invalid)? {
+        Some(o) if o < 0 => return Err(invalid("offset must be 0 or more.")),
+        Some(o) => o.unsigned_abs(),
+        None => 0,
+    };
+    let length = match args.integer("length").map_err(invalid)? {
+        Some(l) if l < 1 => return Err(invalid("length must be at least 1.")),
+        Some(l) => l.unsigned_abs().min(limit),
+        None => limit,
+    };
+    let (id, page) = read_page(
+        registry,
+        session,
+        Target::Acquire(computer),
+        &path,
+        offset,
+        length,
+        cancel,
+    )
+    .await?;
+    let image = (page.offset == 0 && page.eof() && page.size <= limit)
+        .then(|| files::image_type(&page.bytes))
+        .flatten();
+    let (encoding, content) = match page.text_len {
+        Some(_) => ("utf-8", String::from_utf8_lossy(&page.bytes).into_owned()),
+        None => ("base64", BASE64.encode(&page.bytes)),
+    };
+    let mut payload = Map::new();
+    payload.insert("computer_id".into(), json!(id.as_str()));
+    payload.insert("path".into(), json!(path));
+    payload.insert("size".into(), json!(page.size));
+    payload.insert("offset".into(), json!(page.offset));
+    payload.insert("length".into(), json!(page.bytes.len()));
+    payload.insert("encoding".into(), json!(encoding));
+    payload.insert("content".into(), json!(content));
+    payload.insert("eof".into(), json!(page.eof()));
+    let image_data = image.map(|mime| (mime, BASE64.encode(&page.bytes)));
+    let mut result = format::success(payload);
+    if let Some((mime, data)) = image_data {
+        result.content.push(ContentBlock::image(data, mime));
+    }
+    Ok(result)
+}
+
+pub async fn write(
+    registry: &Registry,
+    session: &Session,
+    arguments: Option<&JsonObject>,
+    cancel: &CancellationToken,
+) -> Option<CallToolResult> {
+    finish(write_call(registry, session, arguments, cancel).await)
+}
+
+async fn write_call(
+    registry: &Registry,
+    session: &Session,
+    arguments: Option<&JsonObject>,
+    cancel: &CancellationToken,
+) -> Result<CallToolResult, CallError> {
+    let args = Args::new(WRITE, arguments);
+    let path = decode_path(&args)?;
+    let content = args.required_string("content").map_err(invalid)?;
+    let computer = decode_computer(&args)?;
+    let append = args.boolean("append").map_err(invalid)?.unwrap_or(false);
+    let mode = args
+        .string("mode")
+        .map_err(invalid)?
+        .filter(|m| !m.is_empty());
+    if let Some(mode) = &mode
+        && !files::valid_mode(mode)
+    {
+        return Err(invalid(format!(
+            "mode must be an octal string like \"0755\", got: {mode}"
+        )));
+    }
+    let bytes = match args.string("encoding").map_err(invalid)?.as_deref() {
+        None | Some("" | "utf-8" | "utf8") => content.into_bytes(),
+        Some("base64") => {
+            let compact: String = content.split_ascii_whitespace().collect();
+            BASE64
+                .decode(compact.as_bytes())
+                .map_err(|_| invalid("content is not valid base64."))?
+        }
+        Some(other) => {
+            return Err(invalid(format!(
+                "encoding must be \"utf-8\" or \"base64\", got: {other}"
+            )));
+        }
+    };
+    if bytes.len() > files::WRITE_LIMIT {
+        return Err(invalid(format!(
+            "content is larger than 16 MiB ({} bytes); write the file in several calls with append: true.",
+            bytes.len()
+        )));
+    }
+    if path.ends_with('/') {
+        return Err(FileError::WriteToDirectory(path).into());
+    }
+    let target = if append {
+        path.clone()
+    } else {
+        files::temporary_path(&path, rand::random())
+    };
+    let chunks: Vec<&[u8]> = if bytes.is_empty() {
+        vec![&[][..]]
+    } else {
+        bytes.chunks(files::WRITE_CHUNK).collect()
+    };
+    let mut computer = computer;
+    let mut size = None;
+    for (index, chunk) in chunks.iter().enumerate() {
+        let first = index == 0;
+        let last = index + 1 == chunks.len();
+        let flag = |b: bool| if b { "1" } else { "0" }.to_owned();
+        let ran = run_program(
+            registry,
+            session,
+            Target::Acquire(computer.clone()),
+            files::WRITE,
+            vec![
+                path.clone(),
+                target.clone(),
+                flag(first),
+                flag(last),
+                mode.clone().unwrap_or_default(),
+            ],
+            Some(BASE64.encode(chunk)),
+            files::STATUS_ROOM,
+            cancel,
+        )
+        .await;
+        let (id, stdout) = match ran {
+            Ok((id, stdout, _)) => (id, stdout),
+            Err(error) => {
+                if let (false, false, Some(id)) = (first, append, &computer) {
+                    discard(registry, session, id, &target).await;
+                }
+                return Err(error);
+            }
+        };
+        // Later chunks go to the computer the first one chose (the session default included).
+        computer = Some(id);
+        size = files::parse_write(&path, &stdout)?;
+    }
+    let computer = computer.map(|id| id.to_string()).unwrap_or_default();
+    let mut payload = Map::new();
+    payload.insert("computer_id".into(), json!(computer));
+    payload.insert("path".into(), json!(path));
+    payload.insert("size".into(), json!(size.unwrap_or(bytes.len() as u64)));
+    payload.insert("bytes_written".into(), json!(bytes.len()));
+    Ok(format::success(payload))
+}
+
+/// Removes the temporary file of a write that stopped half way; best effort, and not
+/// cancellable by the call that just was.
+async fn discard(registry: &Registry, session: &Session, id: &ComputerId, temporary: &str) {
+    let ran = run_program(
+        registry,
+        session,
+        Target::Acquire(Some(id.clone())),
+        files::DISCARD,
+        vec![temporary.to_owned()],
+        None,
+        files::STATUS_ROOM,
+        &CancellationToken::new(),
+    )
+    .await;
+    if let Err(error) = ran {
+        tracing::warn!(computer_id = %id, %error, "could not remove a partly written temporary file");
+    }
+}
+
+pub async fn list(
+    registry: &Registry,
+    session: &Session,
+    arguments: Option<&JsonObject>,
+    cancel: &CancellationToken,
+) -> Option<CallToolResult> {
+    finish(list_call(registry, session, arguments, cancel).await)
+}
+
+async fn list_call(
+    registry: &Registry,
+    session: &Session,
+    arguments: Option<&JsonObject>,
+    cancel: &CancellationToken,
+) -> Result<CallToolResult, CallError> {
+    let args = Args::new(LIST, arguments);
+    let path = decode_path(&args)?;
+    let computer = decode_computer(&args)?;
+    let depth = match args.integer("depth").map_err(invalid)? {
+        None => 1,
+        Some(d) if (1..=i64::from(files::MAX_DEPTH)).contains(&d) => d,
+        Some(d) => {
+            return Err(invalid(format!(
+                "depth must be between 1 and {}, got: {d}",
+                files::MAX_DEPTH
+            )));
+        }
+    };
+    let (_, stdout, _) = run_program(
+        registry,
+        session,
+        Target::Acquire(computer),
+        files::LIST,
+        vec![path.clone(), depth.to_string()],
+        None,
+        files::LIST_ANSWER_LIMIT,
+        cancel,
+    )
+    .await?;
+    let listing = files::parse_list(&path, &stdout, false)?;
+    let entries: Vec<Value> = listing
+        .entries
+        .iter()
+        .map(|entry| {
+            json!({
+                "path": entry.path,
+                "type": entry.kind.to_string(),
+                "size": entry.size,
+                "mode": entry.mode,
+                "modified": crate::clock::rfc3339_utc(entry.modified),
+            })
+        })
+        .collect();
+    let mut payload = Map::new();
+    payload.insert("count".into(), json!(entries.len()));
+    payload.insert("entries".into(), Value::Array(entries));
+    payload.insert("truncated".into(), json!(listing.truncated));
+    Ok(format::success(payload))
+}
+
+/// The computer and path a `computer://` URI names, or `None` when it is not one.
+pub fn parse_uri(uri: &str) -> Option<Result<(ComputerId, String), String>> {
+    let rest = uri.strip_prefix(RESOURCE_SCHEME)?;
+    let Some((id, path)) = rest.split_once('/') else {
+        return Some(Err(format!(
+            "Resource URI {uri} names no file; use computer://<computer_id>/<path>."
+        )));
+    };
+    let path = percent_encoding::percent_decode_str(path).decode_utf8_lossy();
+    let id = match ComputerId::parse(id) {
+        Ok(id) => id,
+        Err(e) => return Some(Err(e.to_string())),
+    };
+    Some(Ok((id, format!("/{path}"))))
+}
+
+/// `resources/read` of a `computer://` URI: the whole file as one text or blob item. Never
+/// creates a computer.
+pub async fn read_resource(
+    registry: &Registry,
+    session: &Session,
+    uri: &str,
+    id: ComputerId,
+    path: String,
+    cancel: &CancellationToken,
+) -> Result<ReadResourceResult, ErrorData> {
+    let sandbox = match registry.attach_existing(session, &id).await {
+        Ok(sandbox) => sandbox,
+        Err(RegistryError::NotFound(_)) => {
+            return Err(ErrorData::resource_not_found(
+                format!("Computer {id} not found."),
+                None,
+            ));
+        }
+        Err(error) => return Err(ErrorData::internal_error(user_message(&error), None)),
+    };
+    let limit = registry.limits().output_limit.max(1);
+    let page = read_page(
+        registry,
+        session,
+        Target::Existing(&sandbox),
+        &path,
+        0,
+        limit,
+        cancel,
+    )
+    .await;
+    let page = match page {
+        Ok((_, page)) => page,
+        Err(CallError::File(error @ FileError::NotFound(_))) => {
+            return Err(ErrorData::resource_not_found(error.to_string(), None));
+        }
+        Err(error) => return Err(ErrorData::internal_error(error.to_string(), None)),
+    };
+    if page.size > limit {
+        return Err(ErrorData::invalid_params(
+            format!("File is larger than {limit} bytes; use file_read with offset and length."),
+            None,
+        ));
+    }
+    let contents = match page.text_len {
+        Some(_) => ResourceContents::text(String::from_utf8_lossy(&page.bytes), uri)
+            .with_mime_type(files::text_type(&path)),
+        None => ResourceContents::blob(BASE64.encode(&page.bytes), uri)
+            .with_mime_type(files::image_type(&page.bytes).unwrap_or("application/octet-stream")),
+    };
+    Ok(ReadResourceResult::new(vec![contents]))
+}
