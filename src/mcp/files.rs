@@ -219,17 +219,29 @@ enum Target<'a> {
     Existing(&'a SandboxRef),
 }
 
+/// One run of one of [`crate::files`]'s programs.
+struct Run {
+    program: &'static str,
+    args: Vec<String>,
+    stdin: Option<String>,
+    /// The most the program may answer with, stdout and stderr together.
+    answer_limit: u64,
+}
+
 /// Runs one of [`crate::files`]'s programs; returns the computer and the program's output.
 async fn run_program(
     registry: &Registry,
     session: &Session,
     target: Target<'_>,
-    program: &str,
-    args: Vec<String>,
-    stdin: Option<String>,
-    answer_limit: u64,
+    run: Run,
     cancel: &CancellationToken,
 ) -> Result<(ComputerId, Vec<u8>, Vec<u8>), CallError> {
+    let Run {
+        program,
+        args,
+        stdin,
+        answer_limit,
+    } = run;
     if !registry.backend().has_posix_shell() {
         return Err(CallError::Registry(format!(
             "File tools are not available on the {} backend yet.",
@@ -328,10 +340,12 @@ async fn read_page(
         registry,
         session,
         target,
-        files::READ,
-        vec![path.to_owned(), offset.to_string(), length.to_string()],
-        None,
-        length.saturating_add(files::STATUS_ROOM),
+        Run {
+            program: files::READ,
+            args: vec![path.to_owned(), offset.to_string(), length.to_string()],
+            stdin: None,
+            answer_limit: length.saturating_add(files::STATUS_ROOM),
+        },
         cancel,
     )
     .await?;
@@ -476,16 +490,18 @@ async fn write_call(
             registry,
             session,
             Target::Acquire(computer.clone()),
-            files::WRITE,
-            vec![
-                path.clone(),
-                target.clone(),
-                flag(first),
-                flag(last),
-                mode.clone().unwrap_or_default(),
-            ],
-            Some(BASE64.encode(chunk)),
-            files::STATUS_ROOM,
+            Run {
+                program: files::WRITE,
+                args: vec![
+                    path.clone(),
+                    target.clone(),
+                    flag(first),
+                    flag(last),
+                    mode.clone().unwrap_or_default(),
+                ],
+                stdin: Some(BASE64.encode(chunk)),
+                answer_limit: files::STATUS_ROOM,
+            },
             cancel,
         )
         .await;
@@ -518,10 +534,12 @@ async fn discard(registry: &Registry, session: &Session, id: &ComputerId, tempor
         registry,
         session,
         Target::Acquire(Some(id.clone())),
-        files::DISCARD,
-        vec![temporary.to_owned()],
-        None,
-        files::STATUS_ROOM,
+        Run {
+            program: files::DISCARD,
+            args: vec![temporary.to_owned()],
+            stdin: None,
+            answer_limit: files::STATUS_ROOM,
+        },
         &CancellationToken::new(),
     )
     .await;
@@ -562,10 +580,12 @@ async fn list_call(
         registry,
         session,
         Target::Acquire(computer),
-        files::LIST,
-        vec![path.clone(), depth.to_string()],
-        None,
-        files::LIST_ANSWER_LIMIT,
+        Run {
+            program: files::LIST,
+            args: vec![path.clone(), depth.to_string()],
+            stdin: None,
+            answer_limit: files::LIST_ANSWER_LIMIT,
+        },
         cancel,
     )
     .await?;
