@@ -50,13 +50,16 @@ pub enum FileError {
 }
 
 /// Reads at most `$3` bytes of `$1` from offset `$2`. Status on stderr: `ok <size>`,
-/// `missing`, `dir`, `other` or `denied`; the bytes on stdout.
+/// `missing`, `dir`, `other` or `denied`; the bytes on stdout. The size comes from `stat`
+/// (BusyBox `wc -c` reads the whole file); only a file that says it is empty, as those in
+/// `/proc` do, is counted.
 pub const READ: &str = r#"p=$1; o=$2; n=$3
 if [ -d "$p" ]; then echo dir >&2; exit 0; fi
 if [ ! -e "$p" ]; then echo missing >&2; exit 0; fi
 if [ ! -f "$p" ]; then echo other >&2; exit 0; fi
 if [ ! -r "$p" ]; then echo denied >&2; exit 0; fi
-s=$(wc -c < "$p" 2>/dev/null) || { echo denied >&2; exit 0; }
+s=$(stat -L -c %s "$p" 2>/dev/null) || s=0
+if [ "$s" = 0 ]; then s=$(wc -c < "$p" 2>/dev/null) || { echo denied >&2; exit 0; }; fi
 s=$((s))
 printf 'ok %s\n' "$s" >&2
 if [ "$o" -lt "$s" ]; then tail -c +$((o + 1)) "$p" | head -c "$n"; fi
@@ -86,7 +89,7 @@ if [ "$t" != "$p" ]; then
   mv -f "$t" "$p" 2>/dev/null || fail "cannot replace $p"
 elif [ -n "$m" ]; then chmod "$m" "$p" 2>/dev/null || fail "cannot set mode $m"
 fi
-printf 'ok %s\n' "$(($(wc -c < "$p")))"
+printf 'ok %s\n' "$(stat -L -c %s "$p")"
 "#;
 
 /// Removes a temporary file a cancelled write left: `$1`.
@@ -191,14 +194,14 @@ pub struct Listing {
 
 /// Reads [`LIST`]'s answer. Lines that do not parse (a name with a newline splits into two)
 /// are skipped; paths are taken as bytes and shown lossily.
-pub fn parse_list(path: &str, stdout: &[u8], truncated_answer: bool) -> Result<Listing, FileError> {
+pub fn parse_list(path: &str, stdout: &[u8]) -> Result<Listing, FileError> {
     let mut lines = stdout.split(|&b| b == b'\n');
     let status = String::from_utf8_lossy(lines.next().unwrap_or_default());
     if status != "ok" {
         return Err(status_error(&status, path));
     }
     let mut entries: Vec<Entry> = lines.filter_map(parse_entry).collect();
-    let truncated = truncated_answer || entries.len() > LIST_LIMIT;
+    let truncated = entries.len() > LIST_LIMIT;
     entries.sort_by(|a, b| a.path.cmp(&b.path));
     entries.truncate(LIST_LIMIT);
     Ok(Listing { entries, truncated })

@@ -66,7 +66,7 @@ fn write_answers_are_read_strictly() {
 fn listings_are_sorted_capped_and_skip_what_does_not_parse() {
     let answer = b"ok\n41ed 4096 1700000000 /r/b\n81a4 5 1700000001 /r/a\n\
 a1ff 3 1700000002 /r/link\n2190 0 1 /r/tty\nbroken line\nnot-hex 1 1 /r/x\n81a4 1 1 relative\n";
-    let listing = parse_list("/r", answer, false).unwrap();
+    let listing = parse_list("/r", answer).unwrap();
     let summary: Vec<(String, String, u64, String)> = listing
         .entries
         .iter()
@@ -87,11 +87,11 @@ a1ff 3 1700000002 /r/link\n2190 0 1 /r/tty\nbroken line\nnot-hex 1 1 /r/x\n81a4 
     for n in 0..=LIST_LIMIT {
         many.extend_from_slice(format!("81a4 1 1 /r/{n:05}\n").as_bytes());
     }
-    let listing = parse_list("/r", &many, false).unwrap();
+    let listing = parse_list("/r", &many).unwrap();
     assert_eq!(listing.entries.len(), LIST_LIMIT);
     assert!(listing.truncated);
     assert_eq!(
-        parse_list("/r", b"missing\n", false),
+        parse_list("/r", b"missing\n"),
         Err(FileError::NotFound("/r".into()))
     );
 }

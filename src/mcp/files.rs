@@ -589,7 +589,7 @@ async fn list_call(
         cancel,
     )
     .await?;
-    let listing = files::parse_list(&path, &stdout, false)?;
+    let listing = files::parse_list(&path, &stdout)?;
     let entries: Vec<Value> = listing
         .entries
         .iter()

@@ -264,3 +264,11 @@ async def test_debian_computer_with_gnu_tools(kbb):
         assert base64.b64decode(page["content"]) == data and page["eof"] is True
         listing = (await srv.call({"path": "/opt/x"}, name="file_list")).ok().structured
         assert [(e["path"], e["mode"], e["size"]) for e in listing["entries"]] == [("/opt/x/y.bin", "0755", len(data))]
+
+
+async def test_files_that_report_no_size_are_counted(kbb):
+    """/proc files stat as empty; their bytes are still read."""
+    async with kbb.server(*FILE_ARGS) as srv:
+        page = (await srv.call({"path": "/proc/version"}, name="file_read")).ok().structured
+        assert page["content"].startswith("Linux version")
+        assert page["size"] == page["length"] == len(page["content"].encode()) and page["eof"] is True
