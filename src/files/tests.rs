@@ -1,3 +1,6 @@
+//! The file programs' answers read strictly, including hostile and malformed ones, and the
+//! page rules (UTF-8 boundaries, image detection, modes, temporary paths).
+
 use super::*;
 
 #[test]

@@ -191,8 +191,11 @@ const CONFINED: &[(&str, &[&str])] = &[
             "src/backends/rest.rs",
         ],
     ),
-    ("percent_encoding::", &["src/backends/rest.rs"]),
-    ("base64::", &["src/backends/e2b/"]),
+    (
+        "percent_encoding::",
+        &["src/backends/rest.rs", "src/mcp/files.rs"],
+    ),
+    ("base64::", &["src/backends/e2b/", "src/mcp/files.rs"]),
     ("tonic::", &["src/backends/modal/", "fakes/modal/"]),
     ("prost::", &["src/backends/modal/", "fakes/modal/"]),
     ("protox::", &["src/backends/modal/"]),
