@@ -12,6 +12,7 @@ pub mod files;
 pub mod ids;
 pub mod jobs;
 pub mod mcp;
+pub mod ports;
 pub mod registry;
 pub mod shutdown;
 pub mod state;

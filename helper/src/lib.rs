@@ -7,6 +7,7 @@
 //! script compiles this crate with plain `rustc` and `+crt-static`, so the binary runs in any
 //! Linux image of the same architecture, BusyBox and distroless ones included.
 
+pub mod forward;
 pub mod serve;
 mod sweep;
 mod sys;

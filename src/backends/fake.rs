@@ -9,7 +9,8 @@
 //!
 //! The fake keeps the provider rules the layers above rely on: an exec on a stopped computer is
 //! `NotRunning`, on a missing computer or an outdated incarnation `Vanished`; `restart` gives a
-//! new incarnation (`sandbox_id`); `remove` of a missing computer succeeds.
+//! new incarnation (`sandbox_id`); `remove` of a missing computer succeeds. Every running
+//! computer has an echo server on [`ECHO_PORT`] and nothing on other ports.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -21,13 +22,16 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     Backend, BackendError, ComputerInfo, CreateSpec, ExecEnd, ExecSpec, Found, OutputSink,
-    Progress, Restarted, SandboxRef, SinkControl, Stream,
+    PortRoute, PortStream, Progress, Restarted, SandboxRef, SinkControl, Stream,
 };
 use crate::ids::{ComputerId, ExecId, InstanceId};
 
 /// How long [`FakeBackend::wait_until`] and [`within`] wait, in tokio time, before they fail the
 /// test: long
 /// enough for any scripted delay, and instant under paused time.
+/// The port on which every running fake computer echoes what it is sent.
+pub const ECHO_PORT: u16 = 7;
+
 const WAIT_LIMIT: Duration = Duration::from_secs(24 * 3600);
 
 /// Awaits `work`, failing the test after [`WAIT_LIMIT`] of tokio time: under paused time a
@@ -540,6 +544,33 @@ impl Backend for FakeBackend {
             }
             ExecScript::Fail(error) => Err(error),
         }
+    }
+
+    async fn port_route(&self, _: &SandboxRef, _: u16) -> Result<PortRoute, BackendError> {
+        Ok(PortRoute::Forwarded)
+    }
+
+    async fn connect_port(
+        &self,
+        sandbox: &SandboxRef,
+        port: u16,
+    ) -> Result<Box<dyn PortStream>, BackendError> {
+        match self.state().computers.get(&sandbox.computer_id) {
+            None => return Err(BackendError::Vanished(sandbox.computer_id.clone())),
+            Some(computer) if !computer.running => {
+                return Err(BackendError::NotRunning(sandbox.sandbox_id.clone()));
+            }
+            Some(_) => {}
+        }
+        if port != ECHO_PORT {
+            return Err(BackendError::Provider(format!("nothing on port {port}")));
+        }
+        let (ours, theirs) = tokio::io::duplex(4096);
+        tokio::spawn(async move {
+            let (mut from, mut to) = tokio::io::split(theirs);
+            let _ = tokio::io::copy(&mut from, &mut to).await;
+        });
+        Ok(Box::new(ours))
     }
 
     async fn kill_exec(&self, sandbox: &SandboxRef, exec_id: &ExecId) -> Result<(), BackendError> {

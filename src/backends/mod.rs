@@ -117,6 +117,20 @@ pub struct Restarted {
     pub state_preserved: bool,
 }
 
+/// A byte stream to a TCP port inside a computer (docs/files.md, "Ports").
+pub trait PortStream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin {}
+
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin> PortStream for T {}
+
+/// How a port in a computer is reached from outside it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PortRoute {
+    /// Through this server, one [`Backend::connect_port`] per connection.
+    Forwarded,
+    /// The provider's own URL for the port; `public` = anyone who has the URL reaches it.
+    Provider { url: String, public: bool },
+}
+
 /// Progress reports while a backend waits on its provider (image pulls, machine starts).
 pub trait Progress: Send + Sync {
     fn report(&self, progress: f64, total: Option<f64>, message: String);
@@ -179,6 +193,33 @@ pub trait Backend: Send + Sync {
     /// need (docs/files.md, "Backends").
     fn has_posix_shell(&self) -> bool {
         !self.runs_jobs_in_server()
+    }
+
+    /// How `port` of the computer is reached (docs/files.md, "Ports"). Backends without ports
+    /// keep the default refusal.
+    async fn port_route(
+        &self,
+        _sandbox: &SandboxRef,
+        _port: u16,
+    ) -> Result<PortRoute, BackendError> {
+        Err(self.no_ports())
+    }
+
+    /// One TCP connection to `port` in the computer, for a [`PortRoute::Forwarded`] backend.
+    async fn connect_port(
+        &self,
+        _sandbox: &SandboxRef,
+        _port: u16,
+    ) -> Result<Box<dyn PortStream>, BackendError> {
+        Err(self.no_ports())
+    }
+
+    /// The refusal of a backend that has no ports.
+    fn no_ports(&self) -> BackendError {
+        BackendError::Provider(format!(
+            "Ports are not available on the {} backend.",
+            self.kind()
+        ))
     }
 
     /// Checks reachability once; callers cache success.

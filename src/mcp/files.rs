@@ -31,12 +31,12 @@ pub const WRITE: &str = "file_write";
 pub const LIST: &str = "file_list";
 
 /// The sentence the server's instructions gain with the switch on.
-pub const INSTRUCTIONS: &str = " To move files in or out of a computer, use file_read, file_write and file_list rather than cat and stdin: they keep binary data intact, and file_read shows images.";
+pub const INSTRUCTIONS: &str = " To move files in or out of a computer, use file_read, file_write and file_list rather than cat and stdin: they keep binary data intact, and file_read shows images. To open a server running in a computer in a browser, use port_url.";
 
 pub const RESOURCE_TEMPLATE: &str = "computer://{computer_id}/{+path}";
 const RESOURCE_SCHEME: &str = "computer://";
 
-fn object(value: Value) -> Arc<JsonObject> {
+pub(super) fn object(value: Value) -> Arc<JsonObject> {
     Arc::new(value.as_object().cloned().unwrap_or_default())
 }
 
@@ -52,7 +52,7 @@ fn path_property(what: &str) -> Value {
     json!({"type": "string", "title": "Path", "description": format!("Absolute path of the {what} in the computer.")})
 }
 
-fn computer_id_property() -> Value {
+pub(super) fn computer_id_property() -> Value {
     json!({"type": "string", "title": "Computer Id", "description": "The computer; omit for this session's default computer (created on first use, like terminal_execute)."})
 }
 
@@ -154,7 +154,7 @@ pub fn resource_template() -> ResourceTemplate {
 
 /// Why a file tool call did not answer: an argument, the computer or the file.
 #[derive(Debug, thiserror::Error)]
-enum CallError {
+pub(super) enum CallError {
     #[error("{0}")]
     Invalid(String),
     #[error(transparent)]
@@ -174,7 +174,7 @@ impl From<RegistryError> for CallError {
     }
 }
 
-fn finish(result: Result<CallToolResult, CallError>) -> Option<CallToolResult> {
+pub(super) fn finish(result: Result<CallToolResult, CallError>) -> Option<CallToolResult> {
     match result {
         Ok(result) => Some(result),
         Err(CallError::Cancelled) => None,
@@ -199,7 +199,7 @@ fn decode_path(args: &Args<'_>) -> Result<String, CallError> {
     Ok(path)
 }
 
-fn decode_computer(args: &Args<'_>) -> Result<Option<ComputerId>, CallError> {
+pub(super) fn decode_computer(args: &Args<'_>) -> Result<Option<ComputerId>, CallError> {
     args.string("computer_id")
         .map_err(|e| CallError::Invalid(e.to_string()))?
         .filter(|raw| !raw.is_empty())
@@ -208,7 +208,7 @@ fn decode_computer(args: &Args<'_>) -> Result<Option<ComputerId>, CallError> {
         .map_err(|e| CallError::Invalid(e.to_string()))
 }
 
-fn invalid(e: impl ToString) -> CallError {
+pub(super) fn invalid(e: impl ToString) -> CallError {
     CallError::Invalid(e.to_string())
 }
 
@@ -262,15 +262,11 @@ async fn run_program(
         working_dir: None,
         timeout_secs: registry.limits().default_timeout_secs,
     };
-    // A named computer that exists is used in the mode it has (the file tools take no
-    // `temporary`); one that does not is created temporary, as by terminal_execute.
     let (computer_id, temporary) = match target {
-        Target::Acquire(None) => (None, true),
-        Target::Acquire(Some(id)) => match registry.attach_existing(session, &id).await {
-            Ok(sandbox) => (Some(id), sandbox.temporary),
-            Err(RegistryError::NotFound(_)) => (Some(id), true),
-            Err(error) => return Err(error.into()),
-        },
+        Target::Acquire(computer) => {
+            let temporary = mode_of(registry, session, computer.as_ref()).await?;
+            (computer, temporary)
+        }
         Target::Existing(sandbox) => (Some(sandbox.computer_id.clone()), sandbox.temporary),
     };
     let progress: &dyn Progress = &NoProgress;
@@ -294,6 +290,24 @@ async fn run_program(
         ExecOutcome::OutputLimitExceeded { .. } | ExecOutcome::OutOfFuel { .. } => Err(
             CallError::Registry("The computer answered with more than was asked for.".to_owned()),
         ),
+    }
+}
+
+/// The `temporary` a call without that argument uses for `computer`: a named computer that
+/// exists keeps the mode it has (the file and port tools take no `temporary`); the session's
+/// default, or a named one that does not exist yet, is temporary, as by terminal_execute.
+pub(super) async fn mode_of(
+    registry: &Registry,
+    session: &Session,
+    computer: Option<&ComputerId>,
+) -> Result<bool, CallError> {
+    let Some(id) = computer else {
+        return Ok(true);
+    };
+    match registry.attach_existing(session, id).await {
+        Ok(sandbox) => Ok(sandbox.temporary),
+        Err(RegistryError::NotFound(_)) => Ok(true),
+        Err(error) => Err(error.into()),
     }
 }
 

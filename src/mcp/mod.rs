@@ -10,6 +10,7 @@ mod files;
 pub mod format;
 mod jobs;
 mod lifecycle;
+pub mod ports;
 mod progress;
 pub mod tools;
 
@@ -28,6 +29,7 @@ use serde_json::json;
 
 use crate::dashboard;
 use crate::jobs::Jobs;
+use crate::ports::Ports;
 use crate::registry::{Registry, Session};
 
 /// Sent to every client that initialises (docs/decisions.md, "Server identity and capabilities").
@@ -41,6 +43,10 @@ pub struct Surface {
     tools: Vec<Tool>,
     /// The file tools and the `computer://` resource template (docs/files.md).
     file_tools: bool,
+    /// `port_url`'s forwarders; present with the file tools.
+    pub ports: Option<Arc<Ports>>,
+    /// The HTTP transport's base URL, for `port_url`'s `proxy_url` (unset in stdio mode).
+    proxy_base: std::sync::OnceLock<String>,
     /// Lifecycle tools, the dashboard resource and the UI extension (docs/decisions.md, "Tool list").
     lifecycle_tools: bool,
     instructions: String,
@@ -63,9 +69,12 @@ impl Surface {
             tools.extend(jobs::tools(registry.backend().runs_jobs_in_server()));
             instructions.push_str(jobs::INSTRUCTIONS);
         }
+        let mut ports = None;
         if file_tools {
             tools.extend(files::tools(registry.limits().output_limit));
+            tools.push(ports::tool());
             instructions.push_str(files::INSTRUCTIONS);
+            ports = Some(Ports::new(registry.clone()));
         }
         if lifecycle_tools {
             tools.extend(lifecycle::tools());
@@ -75,9 +84,16 @@ impl Surface {
             jobs,
             tools,
             file_tools,
+            ports,
+            proxy_base: std::sync::OnceLock::new(),
             lifecycle_tools,
             instructions,
         })
+    }
+
+    /// Tells `port_url` where the HTTP transport serves `/computers/<id>/ports/<port>/`.
+    pub fn set_proxy_base(&self, base: String) {
+        let _ = self.proxy_base.set(base);
     }
 
     fn dashboard_meta() -> MetaObject {
@@ -298,6 +314,16 @@ impl ServerHandler for SessionHandler {
                     files::READ => files::read(registry, session, arguments, &context.ct).await,
                     files::WRITE => files::write(registry, session, arguments, &context.ct).await,
                     _ => files::list(registry, session, arguments, &context.ct).await,
+                }
+            }
+            (ports::PORT_URL, _) if self.surface.ports.is_some() => {
+                let forwarders = self.surface.ports.as_deref();
+                let base = self.surface.proxy_base.get().map(String::as_str);
+                match forwarders {
+                    Some(forwarders) => {
+                        ports::port_url(registry, forwarders, base, session, arguments).await
+                    }
+                    None => None,
                 }
             }
             (name, _) if !self.surface.lifecycle_tools || self.get_tool(name).is_none() => {

@@ -43,8 +43,8 @@ impl Registry {
         (rows, warning)
     }
 
-    /// The computer as this process or the provider knows it.
-    async fn find(&self, id: &ComputerId) -> Result<SandboxRef, RegistryError> {
+    /// The computer as this process or the provider knows it, without holding or creating it.
+    pub async fn find(&self, id: &ComputerId) -> Result<SandboxRef, RegistryError> {
         if let Some(record) = self
             .existing_slot(id)
             .and_then(|s| lock(&s.state).record.clone())
@@ -121,6 +121,7 @@ impl Registry {
         })
         .await?;
         self.drop_everywhere(id);
+        self.removed(id);
         Ok(())
     }
 }

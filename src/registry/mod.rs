@@ -101,7 +101,12 @@ pub struct Registry {
     next_session: std::sync::atomic::AtomicU64,
     /// Set when shutdown starts: no computer is created or attached after that.
     closing: std::sync::atomic::AtomicBool,
+    /// Called with the id of every computer this process removed provider-side.
+    removal_hooks: Mutex<Vec<RemovalHook>>,
 }
+
+/// See [`Registry::on_removed`].
+pub type RemovalHook = Box<dyn Fn(&ComputerId) + Send + Sync>;
 
 impl Registry {
     pub fn new(
@@ -119,7 +124,21 @@ impl Registry {
             sessions: Mutex::new(HashMap::new()),
             next_session: std::sync::atomic::AtomicU64::new(1),
             closing: std::sync::atomic::AtomicBool::new(false),
+            removal_hooks: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Registers `hook` to run, synchronously and briefly, after this process removes a
+    /// computer provider-side (delete, or a temporary computer let go): what lives as long as
+    /// a computer (a port forwarder) ends with it.
+    pub fn on_removed(&self, hook: RemovalHook) {
+        lock(&self.removal_hooks).push(hook);
+    }
+
+    fn removed(&self, id: &ComputerId) {
+        for hook in lock(&self.removal_hooks).iter() {
+            hook(id);
+        }
     }
 
     pub fn backend(&self) -> &Arc<dyn Backend> {

@@ -58,10 +58,13 @@ impl Registry {
     pub(super) async fn remove_then_forget(&self, slot: &Slot, sandbox: &SandboxRef) {
         match self.backend.remove(sandbox).await {
             Ok(()) => {
-                let mut state = lock(&slot.state);
-                if state.record.as_ref() == Some(sandbox) && state.owners.is_empty() {
-                    state.record = None;
+                {
+                    let mut state = lock(&slot.state);
+                    if state.record.as_ref() == Some(sandbox) && state.owners.is_empty() {
+                        state.record = None;
+                    }
                 }
+                self.removed(&sandbox.computer_id);
             }
             Err(error) => {
                 warn!(computer_id = %sandbox.computer_id, %error, "could not remove temporary computer");
@@ -104,6 +107,7 @@ impl Registry {
                 match self.backend.remove(&sandbox).await {
                     Ok(()) => {
                         lock(&slot.state).record = None;
+                        self.removed(&sandbox.computer_id);
                         None
                     }
                     Err(error) => {

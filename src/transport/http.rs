@@ -11,6 +11,7 @@
 mod guard;
 mod listener;
 mod pages;
+mod port_proxy;
 mod screen_body;
 mod sessions;
 
@@ -170,6 +171,7 @@ pub async fn serve(surface: Arc<Surface>, config: &HttpConfig, options: ServeOpt
         options.lifecycle_tools,
         end_sessions.child_token(),
     );
+    surface.set_proxy_base(format!("http://{}:{port}", url_host(&config.host)));
     let mut server = tokio::spawn(listener::serve(listener, app, stop_accepting.clone()));
     let reaper = tokio::spawn(reap(sessions, registry.clone(), config.session_timeout));
 
@@ -267,11 +269,27 @@ fn router(
         ));
     let root = Router::new()
         .route("/", any(pages::root).with_state(lifecycle_tools))
-        .layer(from_fn_with_state(guard, guard::check_host_and_origin));
-    Router::new()
-        .merge(mcp_routes)
-        .merge(root)
-        .route("/healthz", any(pages::healthz))
+        .layer(from_fn_with_state(
+            guard.clone(),
+            guard::check_host_and_origin,
+        ));
+    let mut app = Router::new().merge(mcp_routes).merge(root);
+    if let Some(ports) = &surface.ports {
+        // The same gates as `/mcp`, in the same order (docs/files.md, "Ports").
+        let proxy = any(port_proxy::proxy).with_state(ports.clone());
+        let port_routes = Router::new()
+            .route("/computers/{computer_id}/ports/{port}", proxy.clone())
+            .route("/computers/{computer_id}/ports/{port}/", proxy.clone())
+            .route("/computers/{computer_id}/ports/{port}/{*rest}", proxy)
+            .layer(from_fn_with_state(
+                guard.clone(),
+                guard::refuse_while_draining,
+            ))
+            .layer(from_fn_with_state(guard.clone(), guard::require_token))
+            .layer(from_fn_with_state(guard, guard::check_host_and_origin));
+        app = app.merge(port_routes);
+    }
+    app.route("/healthz", any(pages::healthz))
         .fallback(pages::not_found)
 }
 

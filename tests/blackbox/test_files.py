@@ -23,7 +23,7 @@ from conftest import BUSYBOX_ARGS, DEBIAN, container_for, docker_exec
 pytestmark = pytest.mark.anyio
 
 FILE_ARGS = [*BUSYBOX_ARGS, "--file-tools"]
-FILE_TOOLS = ["file_read", "file_write", "file_list"]
+FILE_TOOLS = ["file_read", "file_write", "file_list", "port_url"]
 READ_FIELDS = ["computer_id", "path", "size", "offset", "length", "encoding", "content", "eof"]
 MIB = 1024 * 1024
 
@@ -55,12 +55,12 @@ async def test_switch_off_changes_nothing(kbb):
         assert ", file tools" not in srv.stderr()
 
 
-async def test_switch_on_adds_three_tools_a_template_and_the_start_line(kbb):
+async def test_switch_on_adds_the_file_tools_a_template_and_the_start_line(kbb):
     async with kbb.server(*FILE_ARGS, "--job-tools", "--lifecycle-tools") as srv:
         names = [t["name"] for t in await srv.list_tools()]
         # after the job tools, before the lifecycle tools
-        assert names[:8] == ["terminal_execute", "job_output", "job_write", "job_kill", "job_list", *FILE_TOOLS]
-        assert names[8].startswith("computer_")
+        assert names[:9] == ["terminal_execute", "job_output", "job_write", "job_kill", "job_list", *FILE_TOOLS]
+        assert names[9].startswith("computer_")
         templates = templates_of(await srv.session.list_resource_templates())
         assert [(t.uriTemplate if hasattr(t, "uriTemplate") else t.uri_template, t.name) for t in templates] == [
             ("computer://{computer_id}/{+path}", "computer-file")

@@ -8,6 +8,7 @@
 mod create;
 mod exec;
 mod helper;
+mod ports;
 mod run_flags_api;
 
 use std::collections::{HashMap, HashSet};
@@ -30,7 +31,7 @@ use super::labels::{self, docker as label};
 use super::posix::{self, SweepReach, shell_basename};
 use super::{
     Backend, BackendError, ComputerInfo, CreateSpec, ExecEnd, ExecSpec, Found, OutputSink,
-    Progress, Restarted, SandboxRef,
+    PortRoute, PortStream, Progress, Restarted, SandboxRef,
 };
 use crate::config::{Config, DEFAULT_IMAGE, DockerConfig, Engine};
 use crate::ids::{ComputerId, ExecId, InstanceId};
@@ -454,6 +455,18 @@ impl Backend for DockerBackend {
         cancel: &CancellationToken,
     ) -> Result<ExecEnd, BackendError> {
         exec::exec(self, sandbox, spec, sink, cancel).await
+    }
+
+    async fn port_route(&self, _: &SandboxRef, _: u16) -> Result<PortRoute, BackendError> {
+        Ok(PortRoute::Forwarded)
+    }
+
+    async fn connect_port(
+        &self,
+        sandbox: &SandboxRef,
+        port: u16,
+    ) -> Result<Box<dyn PortStream>, BackendError> {
+        ports::connect(self, sandbox, port).await
     }
 
     async fn kill_exec(&self, sandbox: &SandboxRef, exec_id: &ExecId) -> Result<(), BackendError> {

@@ -43,6 +43,8 @@ const KILL_TIMEOUT: Duration = Duration::from_secs(5);
 /// stopped: the readiness marker is one line, and what runs it may be hostile (the other
 /// backends keep the same 64 KiB).
 pub(super) const INTERNAL_OUTPUT_CAP: usize = 64 * 1024;
+/// The byte with which the helper's `connect` mode says the connection is open.
+pub(super) const PORT_CONNECTED: u8 = kilntainers_helper::forward::CONNECTED;
 /// Longest reason quoted in the fallback notice; reasons may quote the computer's own text.
 const NOTICE_REASON_KEPT: usize = 300;
 
@@ -193,6 +195,23 @@ impl Helpers {
                     return None;
                 }
             }
+        }
+    }
+
+    /// The helper's path in this container, once a connection shows it runs there (uploaded
+    /// again when needed), for its `connect` mode (docs/files.md, "Ports"); `Err` says why
+    /// this computer has none.
+    pub(super) async fn runnable_path(
+        &self,
+        docker: &Docker,
+        sandbox: &SandboxRef,
+    ) -> Result<&'static str, String> {
+        if let Err(reason) = &self.enabled {
+            return Err(format!("the exec helper is not available ({reason})"));
+        }
+        match self.connection(docker, sandbox).await {
+            Some(_) => Ok(binary::PATH.as_str()),
+            None => Err("the exec helper cannot run in this computer".to_owned()),
         }
     }
 

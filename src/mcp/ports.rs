@@ -1,0 +1,124 @@
+//! `port_url` (docs/files.md, "Ports"): a URL for a port in a computer. It comes with the
+//! file tools' switch. The forwarders themselves are [`crate::ports`]'s; in HTTP mode the
+//! result also names the same port under the server's own `/computers/<id>/ports/<port>/`.
+
+use rmcp::model::{CallToolResult, JsonObject, Tool, ToolAnnotations};
+use serde_json::{Map, Value, json};
+
+use super::args::Args;
+use super::files::{CallError, computer_id_property, decode_computer, invalid, mode_of, object};
+use super::format;
+use super::lifecycle::output_schema;
+use crate::ports::{PortError, PortUrl, Ports};
+use crate::registry::{Registry, Session};
+
+pub const PORT_URL: &str = "port_url";
+
+/// The HTTP transport's path for a port, below its base URL.
+pub fn proxy_path(computer_id: &str, port: u16) -> String {
+    format!("/computers/{computer_id}/ports/{port}/")
+}
+
+pub fn tool() -> Tool {
+    let mut annotations = ToolAnnotations::new();
+    annotations.read_only_hint = Some(true);
+    annotations.destructive_hint = Some(false);
+    annotations.open_world_hint = Some(true);
+    Tool::new(
+        PORT_URL,
+        "Get a URL for a TCP port in a computer, e.g. a dev server started as a job, so a browser can open it. The server must already listen on that port (any address in the computer, 127.0.0.1 included).",
+        object(json!({
+            "type": "object",
+            "properties": {
+                "port": {"type": "integer", "minimum": 1, "maximum": 65535, "title": "Port", "description": "The TCP port in the computer."},
+                "computer_id": computer_id_property()
+            },
+            "required": ["port"]
+        })),
+    )
+    .with_raw_output_schema(output_schema(
+        json!({
+            "computer_id": {"type": "string"},
+            "port": {"type": "integer"},
+            "url": {"type": "string"},
+            "proxy_url": {"type": "string"},
+            "warning": {"type": "string"}
+        }),
+        &["computer_id", "port", "url"],
+        None,
+    ))
+    .with_annotations(annotations)
+}
+
+pub async fn port_url(
+    registry: &Registry,
+    ports: &Ports,
+    proxy_base: Option<&str>,
+    session: &Session,
+    arguments: Option<&JsonObject>,
+) -> Option<CallToolResult> {
+    super::files::finish(call(registry, ports, proxy_base, session, arguments).await)
+}
+
+async fn call(
+    registry: &Registry,
+    ports: &Ports,
+    proxy_base: Option<&str>,
+    session: &Session,
+    arguments: Option<&JsonObject>,
+) -> Result<CallToolResult, CallError> {
+    let args = Args::new(PORT_URL, arguments);
+    let port = match args.integer("port").map_err(invalid)? {
+        Some(port) if (1..=65535).contains(&port) => port as u16,
+        Some(port) => {
+            return Err(invalid(format!(
+                "port must be between 1 and 65535, got: {port}"
+            )));
+        }
+        None => return Err(invalid("port is required.")),
+    };
+    let computer = decode_computer(&args)?;
+    let temporary = mode_of(registry, session, computer.as_ref()).await?;
+    let sandbox = registry
+        .acquire(session, computer, temporary, true, Registry::no_progress())
+        .await?;
+    let id = sandbox.computer_id.as_str().to_owned();
+    let url = ports
+        .url(&sandbox, port)
+        .await
+        .map_err(|error| CallError::Registry(message(&error)))?;
+    let mut payload = Map::new();
+    payload.insert("computer_id".into(), Value::String(id.clone()));
+    payload.insert("port".into(), json!(port));
+    match url {
+        PortUrl::Forwarded(address) => {
+            payload.insert("url".into(), Value::String(format!("http://{address}/")));
+            if let Some(base) = proxy_base {
+                payload.insert(
+                    "proxy_url".into(),
+                    Value::String(format!("{base}{}", proxy_path(&id, port))),
+                );
+            }
+        }
+        PortUrl::Provider { url, public } => {
+            payload.insert("url".into(), Value::String(url));
+            if public {
+                payload.insert(
+                    "warning".into(),
+                    Value::String(
+                        "This URL is public: anyone who has it reaches the port.".to_owned(),
+                    ),
+                );
+            }
+        }
+    }
+    Ok(format::success(payload))
+}
+
+/// The user-facing text of a port failure.
+pub fn message(error: &PortError) -> String {
+    match error {
+        PortError::Registry(error) => super::tools::user_message(error),
+        other => other.to_string(),
+    }
+}
