@@ -93,11 +93,21 @@ impl E2bConfig {
 
     /// The envd base URL for one sandbox; `domain` is the one the API returned for it, if any.
     pub fn envd_base(&self, sandbox_id: &str, domain: Option<&str>) -> String {
+        self.port_base(sandbox_id, ENVD_PORT, domain)
+    }
+
+    /// Whether the envd URL template tells ports apart (a fixed test URL does not).
+    pub fn serves_ports(&self) -> bool {
+        self.envd_url.contains("{port}")
+    }
+
+    /// The URL of any port of one sandbox: E2B serves every port on a host name of its own.
+    pub fn port_base(&self, sandbox_id: &str, port: u16, domain: Option<&str>) -> String {
         let domain = domain
             .filter(|d| !d.trim().is_empty())
             .unwrap_or(&self.domain);
         self.envd_url
-            .replace("{port}", &ENVD_PORT.to_string())
+            .replace("{port}", &port.to_string())
             .replace("{sandbox_id}", sandbox_id)
             .replace("{domain}", domain)
     }
@@ -107,6 +117,19 @@ impl E2bConfig {
 mod tests {
     use super::super::test_cli as cli;
     use super::*;
+
+    #[test]
+    fn every_port_has_a_host_name_of_its_own() {
+        let config = E2bConfig::from_cli(&cli(&[])).unwrap();
+        assert_eq!(
+            config.port_base("isb1", 8080, None),
+            "https://8080-isb1.e2b.app"
+        );
+        assert_eq!(
+            config.port_base("isb1", 3000, Some("eu.example")),
+            "https://3000-isb1.eu.example"
+        );
+    }
 
     #[test]
     fn defaults_derive_both_urls_from_the_domain() {

@@ -228,3 +228,14 @@ async def test_tool_description_follows_the_template(kbb, fake):
         assert (await srv.list_tools())[0]["description"].startswith(
             "Execute a shell command in an isolated E2B cloud sandbox from template `py`. Commands run in sh.")
     assert fake.requests == [], "listing tools calls no provider API"
+
+
+async def test_port_url_needs_a_port_placeholder_in_the_envd_url(kbb, fake):
+    # The fake's envd answers on one fixed address, so its ports have no URLs of their own; the
+    # URL shape for the real service is checked in the Rust unit tests (config::e2b).
+    async with kbb.server(*e2b_args(fake), "--file-tools") as srv:
+        res = await srv.call({"port": 8080}, name="port_url")
+        assert res.is_error
+        assert res.text == (
+            "Ports are not available: --e2b-envd-url has no {port} placeholder, so the sandbox's ports have no URL."
+        )

@@ -29,7 +29,7 @@ use super::labels::{self, e2b as meta};
 use super::posix::{self, KILL_SWEEP_TIMEOUT, SweepReach, shell_basename};
 use super::{
     Backend, BackendError, ComputerInfo, CreateSpec, ExecEnd, ExecSpec, Found, OutputSink,
-    Progress, Restarted, SandboxRef, SinkControl, Stream,
+    PortRoute, Progress, Restarted, SandboxRef, SinkControl, Stream,
 };
 use crate::config::{Config, E2bConfig};
 use crate::ids::{ComputerId, ExecId, InstanceId};
@@ -627,6 +627,24 @@ impl Backend for E2bBackend {
             Ok(end) => Ok(end),
             Err(error) => Err(self.classify(sandbox, error).await),
         }
+    }
+
+    /// E2B serves each port of a sandbox on a host name of its own, open to anyone who has the
+    /// URL (sandboxes are created with public traffic allowed, E2B's default).
+    async fn port_route(&self, sandbox: &SandboxRef, port: u16) -> Result<PortRoute, BackendError> {
+        if !self.config.serves_ports() {
+            return Err(BackendError::Provider(
+                "Ports are not available: --e2b-envd-url has no {port} placeholder, so the sandbox's ports have no URL.".to_owned(),
+            ));
+        }
+        let conn = self.conn(sandbox).await?;
+        let url = self
+            .config
+            .port_base(&sandbox.sandbox_id, port, conn.domain.as_deref());
+        Ok(PortRoute::Provider {
+            url: format!("{}/", url.trim_end_matches('/')),
+            public: true,
+        })
     }
 
     async fn kill_exec(&self, sandbox: &SandboxRef, exec_id: &ExecId) -> Result<(), BackendError> {
