@@ -125,3 +125,11 @@ async def test_without_pip_the_error_says_how_to_provide_the_module(kbb):
             "Automatic download with pip failed: cannot run '/nonexistent/python3 -m pip'"
         ), text
         assert text.endswith("and pass it with --go-busybox-wasm.")
+
+
+async def test_file_tools_and_ports_say_what_this_backend_lacks(kbb):
+    async with kbb.server("--backend", "go_busybox", "--file-tools", env=wasm_env(kbb)) as srv:
+        res = await srv.call({"port": 8080}, name="port_url")
+        assert res.is_error and res.text == "Ports are not available on the go_busybox backend."
+        res = await srv.call({"path": "/etc/hostname"}, name="file_read")
+        assert res.is_error and res.text == "File tools are not available on the go_busybox backend yet."
