@@ -40,7 +40,7 @@ pub(super) fn object(value: Value) -> Arc<JsonObject> {
     Arc::new(value.as_object().cloned().unwrap_or_default())
 }
 
-fn annotations(read_only: bool) -> ToolAnnotations {
+pub(super) fn annotations(read_only: bool) -> ToolAnnotations {
     let mut annotations = ToolAnnotations::new();
     annotations.read_only_hint = Some(read_only);
     annotations.destructive_hint = Some(!read_only);

@@ -2,11 +2,13 @@
 //! file tools' switch. The forwarders themselves are [`crate::ports`]'s; in HTTP mode the
 //! result also names the same port under the server's own `/computers/<id>/ports/<port>/`.
 
-use rmcp::model::{CallToolResult, JsonObject, Tool, ToolAnnotations};
+use rmcp::model::{CallToolResult, JsonObject, Tool};
 use serde_json::{Map, Value, json};
 
 use super::args::Args;
-use super::files::{CallError, computer_id_property, decode_computer, invalid, mode_of, object};
+use super::files::{
+    CallError, annotations, computer_id_property, decode_computer, invalid, mode_of, object,
+};
 use super::format;
 use super::lifecycle::output_schema;
 use crate::ports::{PortError, PortUrl, Ports};
@@ -20,10 +22,6 @@ pub fn proxy_path(computer_id: &str, port: u16) -> String {
 }
 
 pub fn tool() -> Tool {
-    let mut annotations = ToolAnnotations::new();
-    annotations.read_only_hint = Some(true);
-    annotations.destructive_hint = Some(false);
-    annotations.open_world_hint = Some(true);
     Tool::new(
         PORT_URL,
         "Get a URL for a TCP port in a computer, e.g. a dev server started as a job, so a browser can open it. The server must already listen on that port (any address in the computer, 127.0.0.1 included).",
@@ -47,7 +45,7 @@ pub fn tool() -> Tool {
         &["computer_id", "port", "url"],
         None,
     ))
-    .with_annotations(annotations)
+    .with_annotations(annotations(true))
 }
 
 pub async fn port_url(
