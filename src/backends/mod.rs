@@ -30,6 +30,7 @@ use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{BackendKind, Config};
+use crate::files::{FileOpError, Listing, ReadAnswer};
 use crate::ids::{ComputerId, ExecId, InstanceId};
 
 /// The provider's current incarnation of a computer, as plain data.
@@ -162,6 +163,41 @@ pub enum BackendError {
     Provider(String),
 }
 
+/// A computer's files reached without running anything in it. Paths are absolute paths in the
+/// computer; the answers are the same as the file programs' (docs/files.md), so the tools cannot
+/// tell which way a file was reached.
+#[async_trait]
+pub trait FileSystem: Send + Sync {
+    /// At most `length` bytes of `path` from `offset`, and the file's size.
+    async fn read(
+        &self,
+        sandbox: &SandboxRef,
+        path: &str,
+        offset: u64,
+        length: u64,
+    ) -> Result<ReadAnswer, FileOpError>;
+
+    /// Replaces `path` atomically with `bytes` (or appends them), creating parent directories;
+    /// `mode` (permission bits) is applied when given. Returns the file's size afterwards.
+    async fn write(
+        &self,
+        sandbox: &SandboxRef,
+        path: &str,
+        bytes: &[u8],
+        append: bool,
+        mode: Option<u32>,
+    ) -> Result<u64, FileOpError>;
+
+    /// The entries under `path` to `depth` levels (symlinks not followed), or `path` alone
+    /// when it is not a directory.
+    async fn list(
+        &self,
+        sandbox: &SandboxRef,
+        path: &str,
+        depth: u8,
+    ) -> Result<Listing, FileOpError>;
+}
+
 /// A provider of computers. Object-safe; the registry holds `Arc<dyn Backend>`.
 #[async_trait]
 pub trait Backend: Send + Sync {
@@ -193,6 +229,21 @@ pub trait Backend: Send + Sync {
     /// need (docs/files.md, "Backends").
     fn has_posix_shell(&self) -> bool {
         !self.runs_jobs_in_server()
+    }
+
+    /// Whether a command's output reaches the sink byte for byte. False where the provider
+    /// carries it as text (Fly's exec answers JSON strings, so bytes that are not UTF-8 come
+    /// back replaced): the file tools then read files as base64 (docs/files.md, "How it works
+    /// inside a computer").
+    fn exec_output_is_binary(&self) -> bool {
+        true
+    }
+
+    /// Direct access to the computer's files, for a backend that has it (docs/files.md,
+    /// "Backends"). `None`: the file tools run their POSIX `sh` programs through
+    /// [`Backend::exec`] (when [`Backend::has_posix_shell`]).
+    fn file_system(&self) -> Option<&dyn FileSystem> {
+        None
     }
 
     /// How `port` of the computer is reached (docs/files.md, "Ports"). Backends without ports

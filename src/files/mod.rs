@@ -5,10 +5,15 @@
 //! is hostile: anything that does not parse is an error, never a panic, and nothing is trusted
 //! to be shorter than asked for. Knows no provider and no MCP.
 
+mod access;
 #[cfg(test)]
 mod tests;
 
 use std::fmt;
+
+pub use access::Access;
+
+use crate::backends::BackendError;
 
 /// The most bytes one `file_write` call takes, decoded (docs/files.md, "file_write").
 pub const WRITE_LIMIT: usize = 16 * 1024 * 1024;
@@ -44,16 +49,42 @@ pub enum FileError {
     PermissionDenied(String),
     #[error("Could not write {path}: {reason}")]
     WriteFailed { path: String, reason: String },
+    #[error("Could not read {path}: {reason}")]
+    ReadFailed { path: String, reason: String },
+    /// The path, a `..` in it or a symlink on the way, leads out of a computer whose files the
+    /// server reaches directly (WASM).
+    #[error("Permission denied: {0} leads outside the computer.")]
+    Outside(String),
     /// The computer answered something the program never prints.
     #[error("The computer gave an unreadable answer about {0}.")]
     Garbled(String),
 }
 
+/// Why a file operation on a computer did not answer: the file, or the computer.
+#[derive(Debug, thiserror::Error)]
+pub enum FileOpError {
+    #[error(transparent)]
+    File(#[from] FileError),
+    #[error(transparent)]
+    Backend(#[from] BackendError),
+    /// Neither the backend nor a shell in its computers can reach files.
+    #[error("File tools are not available on the {0} backend.")]
+    Unavailable(&'static str),
+    #[error("The computer did not finish the file operation within {0} seconds.")]
+    TimedOut(u64),
+    /// A program sent more than its answer limit, whatever it was asked for.
+    #[error("The computer answered with more than was asked for.")]
+    Overflow,
+    #[error("cancelled")]
+    Cancelled,
+}
+
 /// Reads at most `$3` bytes of `$1` from offset `$2`. Status on stderr: `ok <size>`,
-/// `missing`, `dir`, `other` or `denied`; the bytes on stdout. The size comes from `stat`
+/// `missing`, `dir`, `other` or `denied`; the bytes on stdout, as base64 when `$4` is
+/// `base64` (backends whose exec output is text, see [`parse_read_base64`]). The size comes from `stat`
 /// (BusyBox `wc -c` reads the whole file); only a file that says it is empty, as those in
 /// `/proc` do, is counted.
-pub const READ: &str = r#"p=$1; o=$2; n=$3
+pub const READ: &str = r#"p=$1; o=$2; n=$3; e=$4
 if [ -d "$p" ]; then echo dir >&2; exit 0; fi
 if [ ! -e "$p" ]; then echo missing >&2; exit 0; fi
 if [ ! -f "$p" ]; then echo other >&2; exit 0; fi
@@ -62,7 +93,10 @@ s=$(stat -L -c %s "$p" 2>/dev/null) || s=0
 if [ "$s" = 0 ]; then s=$(wc -c < "$p" 2>/dev/null) || { echo denied >&2; exit 0; }; fi
 s=$((s))
 printf 'ok %s\n' "$s" >&2
-if [ "$o" -lt "$s" ]; then tail -c +$((o + 1)) "$p" | head -c "$n"; fi
+if [ "$o" -lt "$s" ]; then
+  if [ "$e" = base64 ]; then tail -c +$((o + 1)) "$p" | head -c "$n" | base64
+  else tail -c +$((o + 1)) "$p" | head -c "$n"; fi
+fi
 exit 0
 "#;
 
@@ -134,6 +168,32 @@ pub fn parse_read(
             .map_err(|_| FileError::Garbled(path.to_owned())),
         _ => Err(status_error(status, path)),
     }
+}
+
+/// The most base64 text [`READ`] sends for `length` bytes: 4 characters per 3 bytes, plus
+/// the line breaks `base64` puts after every 76.
+pub fn base64_answer_len(length: u64) -> u64 {
+    let text = length.div_ceil(3).saturating_mul(4);
+    text.saturating_add(text / 76 + 1)
+}
+
+/// Reads [`READ`]'s answer given as base64 (`$4` = `base64`); keeps at most `length` bytes.
+pub fn parse_read_base64(
+    path: &str,
+    stdout: &[u8],
+    stderr: &[u8],
+    length: u64,
+) -> Result<ReadAnswer, FileError> {
+    use base64::Engine as _;
+    let compact: Vec<u8> = stdout
+        .iter()
+        .copied()
+        .filter(|b| !b.is_ascii_whitespace())
+        .collect();
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(compact)
+        .map_err(|_| FileError::Garbled(path.to_owned()))?;
+    parse_read(path, bytes, stderr, length)
 }
 
 /// Reads [`WRITE`]'s answer: the file's size after the last chunk.
@@ -246,9 +306,10 @@ fn status_error(status: &str, path: &str) -> FileError {
     }
 }
 
-/// `mode` as given to `file_write`: 3 or 4 octal digits.
-pub fn valid_mode(mode: &str) -> bool {
-    (3..=4).contains(&mode.len()) && mode.bytes().all(|b| (b'0'..=b'7').contains(&b))
+/// `mode` as given to `file_write` (3 or 4 octal digits), as permission bits.
+pub fn parse_mode(mode: &str) -> Option<u32> {
+    let digits = (3..=4).contains(&mode.len()) && mode.bytes().all(|b| (b'0'..=b'7').contains(&b));
+    digits.then(|| u32::from_str_radix(mode, 8).ok()).flatten()
 }
 
 /// The temporary file a non-appending write fills before renaming it over `path`: beside it,

@@ -122,11 +122,29 @@ fn images_are_known_by_their_first_bytes() {
 
 #[test]
 fn modes_and_temporary_paths() {
-    assert!(valid_mode("0755") && valid_mode("644"));
-    assert!(!valid_mode("0758") && !valid_mode("75") && !valid_mode("u+x") && !valid_mode("07555"));
+    assert_eq!(parse_mode("0755"), Some(0o755));
+    assert_eq!(parse_mode("644"), Some(0o644));
+    assert_eq!(parse_mode("4755"), Some(0o4755));
+    for bad in ["0758", "75", "u+x", "07555", ""] {
+        assert_eq!(parse_mode(bad), None, "{bad}");
+    }
     assert_eq!(
         temporary_path("/a/b.txt", 0xab),
         "/a/.b.txt.kilntainers-000000ab"
     );
     assert_eq!(temporary_path("/top", 1), "/.top.kilntainers-00000001");
+}
+
+#[test]
+fn a_base64_read_answer_is_decoded_and_kept_to_the_page() {
+    let answer = parse_read_base64("/f", b"AAEC\n/w==\n", b"ok 9\n", 3).unwrap();
+    assert_eq!(answer.bytes, [0, 1, 2]);
+    assert_eq!(answer.size, 9);
+    assert_eq!(
+        parse_read_base64("/f", b"not base64!", b"ok 9\n", 3),
+        Err(FileError::Garbled("/f".into()))
+    );
+    // 1 MiB as `base64` prints it (76 characters a line) fits the bound.
+    let text = (1024 * 1024u64).div_ceil(3) * 4;
+    assert!(base64_answer_len(1024 * 1024) >= text + text.div_ceil(76));
 }

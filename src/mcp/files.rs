@@ -20,9 +20,8 @@ use super::args::Args;
 use super::format;
 use super::lifecycle::output_schema;
 use super::tools::user_message;
-use crate::backends::{NoProgress, Progress, SandboxRef};
-use crate::exec::{ExecOutcome, ExecRequest, Program};
-use crate::files::{self, FileError};
+use crate::backends::SandboxRef;
+use crate::files::{self, Access, FileError, FileOpError};
 use crate::ids::ComputerId;
 use crate::registry::{Registry, RegistryError, Session};
 
@@ -212,85 +211,44 @@ pub(super) fn invalid(e: impl ToString) -> CallError {
     CallError::Invalid(e.to_string())
 }
 
-/// Where a file program runs: a computer the call may create (a tool) or one that must exist
-/// already (a resource read).
-enum Target<'a> {
-    Acquire(Option<ComputerId>),
-    Existing(&'a SandboxRef),
+impl From<FileOpError> for CallError {
+    fn from(error: FileOpError) -> Self {
+        match error {
+            FileOpError::File(error) => Self::File(error),
+            FileOpError::Backend(error) => Self::Registry(user_message(&error.into())),
+            FileOpError::Cancelled => Self::Cancelled,
+            other => Self::Registry(other.to_string()),
+        }
+    }
 }
 
-/// One run of one of [`crate::files`]'s programs.
-struct Run {
-    program: &'static str,
-    args: Vec<String>,
-    stdin: Option<String>,
-    /// The most the program may answer with, stdout and stderr together.
-    answer_limit: u64,
-}
-
-/// Runs one of [`crate::files`]'s programs; returns the computer and the program's output.
-async fn run_program(
+/// Runs one file operation on a computer in its exec turn: `computer` (the session's default
+/// when `None`) created on first use like terminal_execute, in the mode it has when it exists.
+async fn in_turn<T>(
     registry: &Registry,
     session: &Session,
-    target: Target<'_>,
-    run: Run,
+    computer: Option<ComputerId>,
     cancel: &CancellationToken,
-) -> Result<(ComputerId, Vec<u8>, Vec<u8>), CallError> {
-    let Run {
-        program,
-        args,
-        stdin,
-        answer_limit,
-    } = run;
-    if !registry.backend().has_posix_shell() {
-        return Err(CallError::Registry(format!(
-            "File tools are not available on the {} backend yet.",
-            registry.backend().kind()
-        )));
-    }
-    let shell = registry.shell().to_owned();
-    let mut argv = vec![
-        shell,
-        "-c".to_owned(),
-        program.to_owned(),
-        "kilntainers-file".to_owned(),
-    ];
-    argv.extend(args);
-    let request = ExecRequest {
-        program: Program::Args(argv),
-        stdin,
-        working_dir: None,
-        timeout_secs: registry.limits().default_timeout_secs,
-    };
-    let (computer_id, temporary) = match target {
-        Target::Acquire(computer) => {
-            let temporary = mode_of(registry, session, computer.as_ref()).await?;
-            (computer, temporary)
-        }
-        Target::Existing(sandbox) => (Some(sandbox.computer_id.clone()), sandbox.temporary),
-    };
-    let progress: &dyn Progress = &NoProgress;
-    let executed = registry
-        .execute_limited(
+    operation: impl AsyncFnOnce(&Access<'_>, &SandboxRef) -> Result<T, FileOpError>,
+) -> Result<(ComputerId, T), CallError> {
+    Access::check_available(registry.backend().as_ref())?;
+    let temporary = mode_of(registry, session, computer.as_ref()).await?;
+    let backend = registry.backend().as_ref();
+    let shell = registry.shell();
+    let timeout_secs = registry.limits().default_timeout_secs;
+    let (sandbox, answer) = registry
+        .with_turn(
             session,
-            computer_id,
+            computer,
             temporary,
-            &request,
-            answer_limit,
-            progress,
             cancel,
+            async |sandbox, cancel| {
+                let access = Access::new(backend, shell, timeout_secs, cancel);
+                operation(&access, sandbox).await
+            },
         )
         .await?;
-    let id = executed.sandbox.computer_id.clone();
-    match executed.outcome {
-        ExecOutcome::Completed { stdout, stderr, .. } => Ok((id, stdout, stderr)),
-        ExecOutcome::TimedOut { timeout_secs, .. } => Err(CallError::Registry(format!(
-            "The computer did not finish the file operation within {timeout_secs} seconds."
-        ))),
-        ExecOutcome::OutputLimitExceeded { .. } | ExecOutcome::OutOfFuel { .. } => Err(
-            CallError::Registry("The computer answered with more than was asked for.".to_owned()),
-        ),
-    }
+    Ok((sandbox.computer_id, answer?))
 }
 
 /// The `temporary` a call without that argument uses for `computer`: a named computer that
@@ -344,26 +302,20 @@ impl Page {
 async fn read_page(
     registry: &Registry,
     session: &Session,
-    target: Target<'_>,
+    computer: Option<ComputerId>,
     path: &str,
     offset: u64,
     length: u64,
     cancel: &CancellationToken,
 ) -> Result<(ComputerId, Page), CallError> {
-    let (id, stdout, stderr) = run_program(
+    let (id, answer) = in_turn(
         registry,
         session,
-        target,
-        Run {
-            program: files::READ,
-            args: vec![path.to_owned(), offset.to_string(), length.to_string()],
-            stdin: None,
-            answer_limit: length.saturating_add(files::STATUS_ROOM),
-        },
+        computer,
         cancel,
+        async |access, sandbox| access.read(sandbox, path, offset, length).await,
     )
     .await?;
-    let answer = files::parse_read(path, stdout, &stderr, length)?;
     Ok((id, Page::new(answer, offset)))
 }
 
@@ -396,16 +348,7 @@ async fn read_call(
         Some(l) => l.unsigned_abs().min(limit),
         None => limit,
     };
-    let (id, page) = read_page(
-        registry,
-        session,
-        Target::Acquire(computer),
-        &path,
-        offset,
-        length,
-        cancel,
-    )
-    .await?;
+    let (id, page) = read_page(registry, session, computer, &path, offset, length, cancel).await?;
     let image = (page.offset == 0 && page.eof() && page.size <= limit)
         .then(|| files::image_type(&page.bytes))
         .flatten();
@@ -454,13 +397,14 @@ async fn write_call(
         .string("mode")
         .map_err(invalid)?
         .filter(|m| !m.is_empty());
-    if let Some(mode) = &mode
-        && !files::valid_mode(mode)
-    {
-        return Err(invalid(format!(
-            "mode must be an octal string like \"0755\", got: {mode}"
-        )));
-    }
+    let mode = match mode {
+        None => None,
+        Some(mode) => Some(files::parse_mode(&mode).ok_or_else(|| {
+            invalid(format!(
+                "mode must be an octal string like \"0755\", got: {mode}"
+            ))
+        })?),
+    };
     let bytes = match args.string("encoding").map_err(invalid)?.as_deref() {
         None | Some("" | "utf-8" | "utf8") => content.into_bytes(),
         Some("base64") => {
@@ -481,85 +425,20 @@ async fn write_call(
             bytes.len()
         )));
     }
-    if path.ends_with('/') {
-        return Err(FileError::WriteToDirectory(path).into());
-    }
-    let target = if append {
-        path.clone()
-    } else {
-        files::temporary_path(&path, rand::random())
-    };
-    let chunks: Vec<&[u8]> = if bytes.is_empty() {
-        vec![&[][..]]
-    } else {
-        bytes.chunks(files::WRITE_CHUNK).collect()
-    };
-    let mut computer = computer;
-    let mut size = None;
-    for (index, chunk) in chunks.iter().enumerate() {
-        let first = index == 0;
-        let last = index + 1 == chunks.len();
-        let flag = |b: bool| if b { "1" } else { "0" }.to_owned();
-        let ran = run_program(
-            registry,
-            session,
-            Target::Acquire(computer.clone()),
-            Run {
-                program: files::WRITE,
-                args: vec![
-                    path.clone(),
-                    target.clone(),
-                    flag(first),
-                    flag(last),
-                    mode.clone().unwrap_or_default(),
-                ],
-                stdin: Some(BASE64.encode(chunk)),
-                answer_limit: files::STATUS_ROOM,
-            },
-            cancel,
-        )
-        .await;
-        let (id, stdout) = match ran {
-            Ok((id, stdout, _)) => (id, stdout),
-            Err(error) => {
-                if let (false, false, Some(id)) = (first, append, &computer) {
-                    discard(registry, session, id, &target).await;
-                }
-                return Err(error);
-            }
-        };
-        // Later chunks go to the computer the first one chose (the session default included).
-        computer = Some(id);
-        size = files::parse_write(&path, &stdout)?;
-    }
-    let computer = computer.map(|id| id.to_string()).unwrap_or_default();
-    let mut payload = Map::new();
-    payload.insert("computer_id".into(), json!(computer));
-    payload.insert("path".into(), json!(path));
-    payload.insert("size".into(), json!(size.unwrap_or(bytes.len() as u64)));
-    payload.insert("bytes_written".into(), json!(bytes.len()));
-    Ok(format::success(payload))
-}
-
-/// Removes the temporary file of a write that stopped half way; best effort, and not
-/// cancellable by the call that just was.
-async fn discard(registry: &Registry, session: &Session, id: &ComputerId, temporary: &str) {
-    let ran = run_program(
+    let (computer, size) = in_turn(
         registry,
         session,
-        Target::Acquire(Some(id.clone())),
-        Run {
-            program: files::DISCARD,
-            args: vec![temporary.to_owned()],
-            stdin: None,
-            answer_limit: files::STATUS_ROOM,
-        },
-        &CancellationToken::new(),
+        computer,
+        cancel,
+        async |access, sandbox| access.write(sandbox, &path, &bytes, append, mode).await,
     )
-    .await;
-    if let Err(error) = ran {
-        tracing::warn!(computer_id = %id, %error, "could not remove a partly written temporary file");
-    }
+    .await?;
+    let mut payload = Map::new();
+    payload.insert("computer_id".into(), json!(computer.as_str()));
+    payload.insert("path".into(), json!(path));
+    payload.insert("size".into(), json!(size));
+    payload.insert("bytes_written".into(), json!(bytes.len()));
+    Ok(format::success(payload))
 }
 
 pub async fn list(
@@ -590,20 +469,15 @@ async fn list_call(
             )));
         }
     };
-    let (_, stdout, _) = run_program(
+    let depth = u8::try_from(depth).unwrap_or(files::MAX_DEPTH);
+    let (_, listing) = in_turn(
         registry,
         session,
-        Target::Acquire(computer),
-        Run {
-            program: files::LIST,
-            args: vec![path.clone(), depth.to_string()],
-            stdin: None,
-            answer_limit: files::LIST_ANSWER_LIMIT,
-        },
+        computer,
         cancel,
+        async |access, sandbox| access.list(sandbox, &path, depth).await,
     )
     .await?;
-    let listing = files::parse_list(&path, &stdout)?;
     let entries: Vec<Value> = listing
         .entries
         .iter()
@@ -664,7 +538,7 @@ pub async fn read_resource(
     let page = read_page(
         registry,
         session,
-        Target::Existing(&sandbox),
+        Some(sandbox.computer_id.clone()),
         &path,
         0,
         limit,

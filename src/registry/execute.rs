@@ -5,7 +5,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::slots::InFlight;
 use super::{Executed, Registry, RegistryError, Session, lock};
-use crate::backends::{BackendError, Progress};
+use crate::backends::{BackendError, NoProgress, Progress, SandboxRef};
 use crate::exec::{self, ExecError, ExecRequest};
 use crate::ids::{ComputerId, ExecId};
 
@@ -17,32 +17,6 @@ impl Registry {
         computer_id: Option<ComputerId>,
         temporary: bool,
         request: &ExecRequest,
-        progress: &dyn Progress,
-        cancel: &CancellationToken,
-    ) -> Result<Executed, RegistryError> {
-        let limit = self.limits.output_limit;
-        self.execute_limited(
-            session,
-            computer_id,
-            temporary,
-            request,
-            limit,
-            progress,
-            cancel,
-        )
-        .await
-    }
-
-    /// [`Self::execute`] with an output limit of its own: the file tools' programs answer with
-    /// a page of data plus a status line.
-    #[allow(clippy::too_many_arguments)]
-    pub async fn execute_limited(
-        &self,
-        session: &Session,
-        computer_id: Option<ComputerId>,
-        temporary: bool,
-        request: &ExecRequest,
-        output_limit: u64,
         progress: &dyn Progress,
         cancel: &CancellationToken,
     ) -> Result<Executed, RegistryError> {
@@ -76,7 +50,7 @@ impl Registry {
                 &self.shell,
                 request,
                 exec_id,
-                output_limit,
+                self.limits.output_limit,
                 progress,
                 &exec_cancel,
             )
@@ -116,6 +90,52 @@ impl Registry {
                 }
                 Err(ExecError::Backend(error)) => Err(error.into()),
             };
+        }
+    }
+
+    /// Acquires the computer (created on first use, like [`Self::execute`]), then runs `work`
+    /// on it under the exec lock, in the computer's FIFO turn. The file tools' operations run
+    /// here: `work` gets a token that the caller's cancel and a lifecycle op interrupting
+    /// both cancel, and must stop soon after it is cancelled.
+    pub async fn with_turn<T>(
+        &self,
+        session: &Session,
+        computer_id: Option<ComputerId>,
+        temporary: bool,
+        cancel: &CancellationToken,
+        work: impl AsyncFnOnce(&SandboxRef, &CancellationToken) -> T,
+    ) -> Result<(SandboxRef, T), RegistryError> {
+        let acquired = self
+            .acquire(session, computer_id, temporary, true, &NoProgress)
+            .await?;
+        let id = acquired.computer_id.clone();
+        let slot = self.slot(&id);
+        Self::renew_lease(&slot, session);
+        let _turn = slot.exec.lock().await;
+        let Some(sandbox) = lock(&slot.state).record.clone() else {
+            return Err(RegistryError::Backend(BackendError::Vanished(id)));
+        };
+        let work_cancel = cancel.child_token();
+        {
+            let mut state = lock(&slot.state);
+            state.in_flight = Some(InFlight {
+                cancel: work_cancel.clone(),
+                exec_id: ExecId::random(),
+                sandbox: sandbox.clone(),
+            });
+            state.interrupted_by = None;
+        }
+        let answer = work(&sandbox, &work_cancel).await;
+        let interrupted_by = {
+            let mut state = lock(&slot.state);
+            state.in_flight = None;
+            state.interrupted_by.take()
+        };
+        Self::renew_lease(&slot, session);
+        match interrupted_by {
+            Some(op) => Err(RegistryError::Interrupted { id, op }),
+            None if cancel.is_cancelled() => Err(RegistryError::Cancelled),
+            None => Ok((sandbox, answer)),
         }
     }
 }

@@ -13,6 +13,8 @@ description built from the module's applet list."""
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import os
 import sys
 from pathlib import Path
@@ -127,9 +129,61 @@ async def test_without_pip_the_error_says_how_to_provide_the_module(kbb):
         assert text.endswith("and pass it with --go-busybox-wasm.")
 
 
-async def test_file_tools_and_ports_say_what_this_backend_lacks(kbb):
+async def test_port_url_says_what_this_backend_lacks(kbb):
     async with kbb.server("--backend", "go_busybox", "--file-tools", env=wasm_env(kbb)) as srv:
         res = await srv.call({"port": 8080}, name="port_url")
         assert res.is_error and res.text == "Ports are not available on the go_busybox backend."
-        res = await srv.call({"path": "/etc/hostname"}, name="file_read")
-        assert res.is_error and res.text == "File tools are not available on the go_busybox backend yet."
+
+
+async def test_file_tools_reach_the_computer_directory_and_never_leave_it(kbb):
+    """The file tools read and write the computer's host directory directly; no symlink or
+    `..` leads out of it, for reads, writes, appends, listings and resources alike."""
+    env = wasm_env(kbb)
+    home = kbb.home()
+    cid = kbb.new_id("wasm-files")
+    outside = kbb.dir / "outside"
+    outside.mkdir()
+    (outside / "secret").write_bytes(b"host secret")
+    async with kbb.server("--backend", "go_busybox", "--file-tools", home=home, env=env) as srv:
+        res = await srv.run("echo hi > note", computer_id=cid, temporary=False)
+        assert res.structured["exit_code"] == 0, res.structured
+        kbb.track(cid, False)
+        data = os.urandom(300_000)
+        written = await srv.call(
+            {"path": "/data/blob.bin", "content": base64.b64encode(data).decode(), "encoding": "base64", "computer_id": cid},
+            name="file_write",
+        )
+        assert not written.is_error, written
+        assert written.structured == {"computer_id": cid, "path": "/data/blob.bin", "size": 300_000, "bytes_written": 300_000}
+        back = b""
+        while True:
+            page = await srv.call({"path": "/data/blob.bin", "computer_id": cid, "offset": len(back), "length": 65536}, name="file_read")
+            assert not page.is_error and page.structured["encoding"] == "base64", page
+            back += base64.b64decode(page.structured["content"])
+            if page.structured["eof"]:
+                break
+        assert hashlib.sha256(back).hexdigest() == hashlib.sha256(data).hexdigest()
+        note = await srv.call({"path": "/note", "computer_id": cid}, name="file_read")
+        assert (note.structured["encoding"], note.structured["content"]) == ("utf-8", "hi\n")
+        res = await srv.run("ls /data", computer_id=cid, temporary=False)
+        assert res.structured["stdout"] == "blob.bin\n", "a command sees what file_write wrote"
+
+        root = home / ".mcp-sandbox-computer-vm-for-ai" / "wasm" / "go_busybox" / cid / "root"
+        (root / "escape").symlink_to(outside)
+        (root / "leak").symlink_to(outside / "secret")
+        for path in ("/escape/secret", "/leak", "/../outside/secret"):
+            res = await srv.call({"path": path, "computer_id": cid}, name="file_read")
+            assert res.is_error and res.text == f"Permission denied: {path} leads outside the computer.", (path, res)
+            if ".." not in path:  # a URI client may resolve the dots itself
+                with pytest.raises(Exception, match="leads outside the computer"):
+                    await srv.session.read_resource(f"computer://{cid}{path}")
+        for path, append in (("/escape/planted", False), ("/leak", False), ("/leak", True), ("/../outside/planted", False)):
+            res = await srv.call({"path": path, "content": "planted", "append": append, "computer_id": cid}, name="file_write")
+            assert res.is_error and res.text == f"Permission denied: {path} leads outside the computer.", (path, res)
+        listed = await srv.call({"path": "/", "computer_id": cid, "depth": 3}, name="file_list")
+        paths = {e["path"]: e["type"] for e in listed.structured["entries"]}
+        assert paths == {
+            "/data": "dir", "/data/blob.bin": "file", "/escape": "symlink", "/leak": "symlink", "/note": "file",
+        }, paths
+    assert sorted(p.name for p in outside.iterdir()) == ["secret"]
+    assert (outside / "secret").read_bytes() == b"host secret"

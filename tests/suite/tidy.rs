@@ -195,7 +195,10 @@ const CONFINED: &[(&str, &[&str])] = &[
         "percent_encoding::",
         &["src/backends/rest.rs", "src/mcp/files.rs"],
     ),
-    ("base64::", &["src/backends/e2b/", "src/mcp/files.rs"]),
+    (
+        "base64::",
+        &["src/backends/e2b/", "src/files/", "src/mcp/files.rs"],
+    ),
     ("tonic::", &["src/backends/modal/", "fakes/modal/"]),
     ("prost::", &["src/backends/modal/", "fakes/modal/"]),
     ("protox::", &["src/backends/modal/"]),

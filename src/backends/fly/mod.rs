@@ -636,6 +636,10 @@ impl Backend for FlyBackend {
         "fly"
     }
 
+    fn exec_output_is_binary(&self) -> bool {
+        false
+    }
+
     fn tool_instructions(&self) -> String {
         let inner = &self.inner;
         if inner.config.image == DEFAULT_IMAGE {

@@ -8,9 +8,11 @@
 //! to plant a computer whose root points into the victim's files.
 //!
 //! Files: [`runtime`] (wasmtime, limits, output capture), [`fs`] (root-confined paths),
-//! [`fetch`] (the pinned go-busybox module), [`shell`] (the command interpreter).
+//! [`files`] (the file tools on the root), [`fetch`] (the pinned go-busybox module), [`shell`]
+//! (the command interpreter).
 
 pub mod fetch;
+mod files;
 pub mod fs;
 pub mod runtime;
 pub mod shell;
@@ -24,8 +26,8 @@ use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Backend, BackendError, ComputerInfo, CreateSpec, ExecEnd, ExecSpec, Found, OutputSink,
-    Progress, Restarted, SandboxRef, SinkControl, Stream,
+    Backend, BackendError, ComputerInfo, CreateSpec, ExecEnd, ExecSpec, FileSystem, Found,
+    OutputSink, Progress, Restarted, SandboxRef, SinkControl, Stream,
 };
 use crate::config::{WasmConfig, WasmModule};
 use crate::ids::{ComputerId, ExecId, InstanceId};
@@ -588,6 +590,10 @@ impl Backend for WasmBackend {
 
     fn runs_jobs_in_server(&self) -> bool {
         true
+    }
+
+    fn file_system(&self) -> Option<&dyn FileSystem> {
+        Some(self)
     }
 
     async fn exec(

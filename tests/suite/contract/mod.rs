@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use mcp_sandbox_computer_vm_for_ai::backends::{Backend, NoProgress, SandboxRef};
 use mcp_sandbox_computer_vm_for_ai::exec::{self, ExecOutcome, ExecRequest, Program};
+use mcp_sandbox_computer_vm_for_ai::files::{Access, EntryKind, FileError, FileOpError};
 use mcp_sandbox_computer_vm_for_ai::ids::{ComputerId, ExecId, InstanceId};
 use mcp_sandbox_computer_vm_for_ai::jobs::{JobSettings, Jobs, Signal, StartRequest, WaitFor};
 
@@ -45,6 +46,8 @@ macro_rules! contract_tests {
                 collect_orphans_takes_only_temporaries_of_dead_instances_against_fake;
             job_outlives_its_start_and_is_read_whole, job_outlives_its_start_and_is_read_whole_against_fake;
             job_takes_stdin_and_is_killed_whole, job_takes_stdin_and_is_killed_whole_against_fake;
+            files_5_mib_binary_round_trip, files_5_mib_binary_round_trip_against_fake;
+            files_text_list_and_errors, files_text_list_and_errors_against_fake;
         );
     };
     (@each real; $($case:ident, $fake:ident;)*) => {
@@ -704,6 +707,151 @@ pub async fn job_takes_stdin_and_is_killed_whole(h: Harness) {
     jobs.kill(&sandbox, &job_id, Signal::Kill, &cancel)
         .await
         .unwrap();
+    h.backend.remove(&sandbox).await.unwrap();
+    h.finish().await;
+}
+
+/// The file tools' access on this backend (its own file system, or the `sh` programs through
+/// exec), as `file_read`/`file_write`/`file_list` use it.
+fn files<'a>(h: &'a Harness, cancel: &'a CancellationToken) -> Access<'a> {
+    Access::new(h.backend.as_ref(), h.shell, 60, cancel)
+}
+
+fn file_error<T: std::fmt::Debug>(answer: Result<T, FileOpError>) -> FileError {
+    match answer {
+        Err(FileOpError::File(error)) => error,
+        other => panic!("expected a file error, got {other:?}"),
+    }
+}
+
+/// docs/files.md: 5 MiB of random bytes written in one call (several programs of 1.5 MiB on a
+/// shell backend, renamed once) and read back in 1 MiB pages come back byte for byte.
+pub async fn files_5_mib_binary_round_trip(h: Harness) {
+    const SIZE: usize = 5 * 1024 * 1024;
+    const PAGE: u64 = 1024 * 1024;
+    let id = h.computer("ct-files-big");
+    let sandbox = h.create(&id, true, &InstanceId::random()).await;
+    let cancel = CancellationToken::new();
+    let access = files(&h, &cancel);
+    let mut bytes = vec![0u8; SIZE];
+    rand::fill(&mut bytes[..]);
+    let path = "/tmp/contract-files/big.bin";
+    let size = access
+        .write(&sandbox, path, &bytes, false, None)
+        .await
+        .unwrap();
+    assert_eq!(size, SIZE as u64);
+    let mut back = Vec::with_capacity(SIZE);
+    loop {
+        let page = access
+            .read(&sandbox, path, back.len() as u64, PAGE)
+            .await
+            .unwrap();
+        assert_eq!(page.size, SIZE as u64);
+        assert!(page.bytes.len() as u64 <= PAGE);
+        if page.bytes.is_empty() {
+            break;
+        }
+        back.extend_from_slice(&page.bytes);
+    }
+    assert_eq!(back.len(), SIZE);
+    assert!(
+        back == bytes,
+        "the bytes read back differ from those written"
+    );
+    // The atomic write left no temporary file beside the target.
+    let listing = access
+        .list(&sandbox, "/tmp/contract-files", 1)
+        .await
+        .unwrap();
+    let paths: Vec<&str> = listing.entries.iter().map(|e| e.path.as_str()).collect();
+    assert_eq!(paths, ["/tmp/contract-files/big.bin"]);
+    h.backend.remove(&sandbox).await.unwrap();
+    h.finish().await;
+}
+
+/// Text with multibyte characters, append and mode, a listing of a tree, and the documented
+/// errors; what the file tools wrote is what a command in the computer sees.
+pub async fn files_text_list_and_errors(h: Harness) {
+    let id = h.computer("ct-files");
+    let sandbox = h.create(&id, true, &InstanceId::random()).await;
+    let cancel = CancellationToken::new();
+    let access = files(&h, &cancel);
+    let text = "grüße, 日本語\n";
+    let notes = "/tmp/contract-tree/dir/notes.txt";
+    let size = access
+        .write(&sandbox, notes, text.as_bytes(), false, None)
+        .await
+        .unwrap();
+    assert_eq!(size, text.len() as u64);
+    let size = access
+        .write(&sandbox, notes, b"more\n", true, Some(0o600))
+        .await
+        .unwrap();
+    assert_eq!(size, text.len() as u64 + 5);
+    let (code, stdout, stderr) = h.sh(&sandbox, &format!("cat {notes}")).await;
+    assert_eq!(
+        (code, stdout.as_str()),
+        (0, format!("{text}more\n").as_str()),
+        "{stderr}"
+    );
+    let page = access.read(&sandbox, notes, 2, 4).await.unwrap();
+    assert_eq!(page.bytes, &text.as_bytes()[2..6]);
+    access
+        .write(
+            &sandbox,
+            "/tmp/contract-tree/top.sh",
+            b"#!/bin/sh\n",
+            false,
+            Some(0o755),
+        )
+        .await
+        .unwrap();
+    let listing = access
+        .list(&sandbox, "/tmp/contract-tree", 2)
+        .await
+        .unwrap();
+    let seen: Vec<(&str, EntryKind, &str)> = listing
+        .entries
+        .iter()
+        .map(|e| (e.path.as_str(), e.kind, e.mode.as_str()))
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("/tmp/contract-tree/dir", EntryKind::Dir, "0755"),
+            ("/tmp/contract-tree/dir/notes.txt", EntryKind::File, "0600"),
+            ("/tmp/contract-tree/top.sh", EntryKind::File, "0755"),
+        ]
+    );
+    assert!(!listing.truncated);
+    assert!(listing.entries.iter().all(|e| e.modified > 1_600_000_000));
+    let one = access
+        .list(&sandbox, "/tmp/contract-tree", 1)
+        .await
+        .unwrap();
+    assert_eq!(one.entries.len(), 2);
+    let missing = "/tmp/contract-tree/nope";
+    assert_eq!(
+        file_error(access.read(&sandbox, missing, 0, 10).await),
+        FileError::NotFound(missing.into())
+    );
+    assert_eq!(
+        file_error(access.list(&sandbox, missing, 1).await),
+        FileError::NotFound(missing.into())
+    );
+    assert_eq!(
+        file_error(access.read(&sandbox, "/tmp/contract-tree/dir", 0, 10).await),
+        FileError::IsDirectory("/tmp/contract-tree/dir".into())
+    );
+    assert_eq!(
+        file_error(
+            access
+                .write(&sandbox, "/tmp/contract-tree/dir", b"x", false, None)
+                .await
+        ),
+        FileError::WriteToDirectory("/tmp/contract-tree/dir".into())
+    );
     h.backend.remove(&sandbox).await.unwrap();
     h.finish().await;
 }
