@@ -24,12 +24,6 @@ pub struct Access<'a> {
     cancel: &'a CancellationToken,
 }
 
-/// How this backend reaches files.
-enum Way<'a> {
-    Direct(&'a dyn FileSystem),
-    Programs,
-}
-
 impl<'a> Access<'a> {
     pub fn new(
         backend: &'a dyn Backend,
@@ -54,12 +48,10 @@ impl<'a> Access<'a> {
         }
     }
 
-    fn way(&self) -> Result<Way<'a>, FileOpError> {
+    /// The backend's own file system, if it has one; `None`: run the programs.
+    fn direct(&self) -> Result<Option<&'a dyn FileSystem>, FileOpError> {
         Self::check_available(self.backend)?;
-        Ok(match self.backend.file_system() {
-            Some(direct) => Way::Direct(direct),
-            None => Way::Programs,
-        })
+        Ok(self.backend.file_system())
     }
 
     /// At most `length` bytes of `path` from `offset`, never more whatever the computer sends.
@@ -70,29 +62,31 @@ impl<'a> Access<'a> {
         offset: u64,
         length: u64,
     ) -> Result<ReadAnswer, FileOpError> {
-        match self.way()? {
-            Way::Direct(direct) => {
-                let mut answer = self
-                    .cancellable(direct.read(sandbox, path, offset, length))
-                    .await?;
-                answer
-                    .bytes
-                    .truncate(usize::try_from(length).unwrap_or(usize::MAX));
-                Ok(answer)
+        if let Some(direct) = self.direct()? {
+            match self
+                .cancellable(direct.read(sandbox, path, offset, length))
+                .await
+            {
+                Err(FileOpError::NotDirect) => {}
+                Ok(mut answer) => {
+                    answer
+                        .bytes
+                        .truncate(usize::try_from(length).unwrap_or(usize::MAX));
+                    return Ok(answer);
+                }
+                Err(error) => return Err(error),
             }
-            Way::Programs if self.backend.exec_output_is_binary() => {
-                let args = vec![path.to_owned(), offset.to_string(), length.to_string()];
-                let limit = length.saturating_add(STATUS_ROOM);
-                let (stdout, stderr) = self.run(sandbox, READ, args, None, limit).await?;
-                Ok(parse_read(path, stdout, &stderr, length)?)
-            }
-            Way::Programs => {
-                let mut args = vec![path.to_owned(), offset.to_string(), length.to_string()];
-                args.push("base64".to_owned());
-                let limit = base64_answer_len(length).saturating_add(STATUS_ROOM);
-                let (stdout, stderr) = self.run(sandbox, READ, args, None, limit).await?;
-                Ok(parse_read_base64(path, &stdout, &stderr, length)?)
-            }
+        }
+        let mut args = vec![path.to_owned(), offset.to_string(), length.to_string()];
+        if self.backend.exec_output_is_binary() {
+            let limit = length.saturating_add(STATUS_ROOM);
+            let (stdout, stderr) = self.run(sandbox, READ, args, None, limit).await?;
+            Ok(parse_read(path, stdout, &stderr, length)?)
+        } else {
+            args.push("base64".to_owned());
+            let limit = base64_answer_len(length).saturating_add(STATUS_ROOM);
+            let (stdout, stderr) = self.run(sandbox, READ, args, None, limit).await?;
+            Ok(parse_read_base64(path, &stdout, &stderr, length)?)
         }
     }
 
@@ -108,16 +102,17 @@ impl<'a> Access<'a> {
         if path.ends_with('/') {
             return Err(FileError::WriteToDirectory(path.to_owned()).into());
         }
-        match self.way()? {
-            Way::Direct(direct) => {
-                self.cancellable(direct.write(sandbox, path, bytes, append, mode))
-                    .await
-            }
-            Way::Programs => {
-                self.write_in_chunks(sandbox, path, bytes, append, mode)
-                    .await
+        if let Some(direct) = self.direct()? {
+            match self
+                .cancellable(direct.write(sandbox, path, bytes, append, mode))
+                .await
+            {
+                Err(FileOpError::NotDirect) => {}
+                answer => return answer,
             }
         }
+        self.write_in_chunks(sandbox, path, bytes, append, mode)
+            .await
     }
 
     /// Every backend's exec takes 2 MiB of stdin, so a large write is several programs into
@@ -195,16 +190,17 @@ impl<'a> Access<'a> {
         path: &str,
         depth: u8,
     ) -> Result<Listing, FileOpError> {
-        match self.way()? {
-            Way::Direct(direct) => self.cancellable(direct.list(sandbox, path, depth)).await,
-            Way::Programs => {
-                let args = vec![path.to_owned(), depth.to_string()];
-                let (stdout, _) = self
-                    .run(sandbox, LIST, args, None, LIST_ANSWER_LIMIT)
-                    .await?;
-                Ok(parse_list(path, &stdout)?)
+        if let Some(direct) = self.direct()? {
+            match self.cancellable(direct.list(sandbox, path, depth)).await {
+                Err(FileOpError::NotDirect) => {}
+                answer => return answer,
             }
         }
+        let args = vec![path.to_owned(), depth.to_string()];
+        let (stdout, _) = self
+            .run(sandbox, LIST, args, None, LIST_ANSWER_LIMIT)
+            .await?;
+        Ok(parse_list(path, &stdout)?)
     }
 
     async fn cancellable<T>(

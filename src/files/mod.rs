@@ -67,6 +67,11 @@ pub enum FileOpError {
     File(#[from] FileError),
     #[error(transparent)]
     Backend(#[from] BackendError),
+    /// The backend's own [`crate::backends::FileSystem`] cannot do this one operation (say, an
+    /// append where the provider only replaces whole files): [`Access`] runs the programs
+    /// instead. Never reaches a caller of [`Access`].
+    #[error("not done directly")]
+    NotDirect,
     /// Neither the backend nor a shell in its computers can reach files.
     #[error("File tools are not available on the {0} backend.")]
     Unavailable(&'static str),

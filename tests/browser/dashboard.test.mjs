@@ -22,6 +22,7 @@ import {
   waitFor,
   stepsInOrder,
 } from "./lib/harness.mjs";
+import { fileSteps, prepareFiles } from "./lib/files.mjs";
 import { HOSTILE, TICK, jobSteps, startJob } from "./lib/jobs.mjs";
 
 const ID = uniqueId("dash");
@@ -157,7 +158,7 @@ describe("dashboard in headless Chromium via the ext-apps AppBridge", () => {
       assert.ok(!appHtml.includes(forbidden), `resource contains ${forbidden}`);
     }
     assert.match(appHtml, /<meta name="kilntainers-mode" content="app">/);
-    assert.ok(Buffer.byteLength(appHtml) < 64 * 1024, `resource is ${Buffer.byteLength(appHtml)} bytes`);
+    assert.ok(Buffer.byteLength(appHtml) < 96 * 1024, `resource is ${Buffer.byteLength(appHtml)} bytes`);
   });
 
   step("completes the ui/initialize handshake and shows Connected", async () => {
@@ -248,6 +249,16 @@ describe("dashboard in headless Chromium via the ext-apps AppBridge", () => {
     assert.equal(await app.locator("#jobs").isVisible(), false);
     assert.equal(await app.locator("#jobs").getAttribute("hidden"), "");
     assert.equal(await text(status()), `Computer ${ID} is ready.`);
+  });
+
+  step("has no Files or Open a port section without --file-tools", async () => {
+    // As for jobs: the first file_list, for the first computer opened, is refused as unknown.
+    await waitFor(() => toolCalls("file_list").some((c) => c.error), 10_000, "the refused file_list");
+    assert.deepEqual(toolCalls("file_list").map((c) => c.arguments), [{ computer_id: TEMP_ID, path: "/root", depth: 1 }]);
+    assert.match(toolCalls("file_list")[0].error, /tool not found/);
+    assert.equal(await app.locator("#files").isVisible(), false);
+    assert.equal(await app.locator("#files").getAttribute("hidden"), "");
+    assert.equal(await app.locator("#ports").isVisible(), false);
   });
 
   step("moves the selection with the arrow keys in the listbox", async () => {
@@ -428,6 +439,13 @@ describe("dashboard in headless Chromium via the ext-apps AppBridge", () => {
     assert.equal(toolCalls("job_output").length, 0);
     assert.equal(await app.locator("#jobs").isVisible(), false);
   });
+
+  step("never showed Files nor asked a file tool again without --file-tools", async () => {
+    assert.equal(toolCalls("file_list").length, 1);
+    assert.deepEqual(toolCalls().filter((c) => /^(file_(read|write)|port_url)$/.test(c.name)), []);
+    assert.equal(await app.locator("#files").isVisible(), false);
+    assert.equal(await app.locator("#ports").isVisible(), false);
+  });
 });
 
 describe("jobs of a computer in the dashboard (app mode, --job-tools)", () => {
@@ -484,6 +502,61 @@ describe("jobs of a computer in the dashboard (app mode, --job-tools)", () => {
     screenshot: async (name) => {
       await settleFrame(jobPage, frame);
       await jobPage.screenshot({ path: join(OUTPUT_DIR, `dashboard-${name}`), fullPage: true });
+    },
+  });
+});
+
+describe("files and ports of a computer in the dashboard (app mode, --file-tools)", () => {
+  const FILES_ID = uniqueId("dash-files");
+  const fileCalls = [];
+  let fileServer;
+  let fileHost;
+  let fileBrowser;
+  let filePage;
+  let frame;
+
+  const fileStep = stepsInOrder();
+
+  before(async () => {
+    assertPrerequisites();
+    ensureOutputDir();
+    removeComputers([FILES_ID]);
+    fileServer = await startServer({ args: [...SERVER_ARGS, "--file-tools"] });
+    await prepareFiles(fileServer.client, FILES_ID);
+    const read = await fileServer.client.readResource({ uri: DASHBOARD_URI });
+    fileHost = await startHostServer({ appHtml: read.contents[0].text, hostJs: await bundleHost() });
+    fileBrowser = await launchBrowser({ viewport: { width: 1100, height: 1600 } });
+    filePage = fileBrowser.page;
+    filePage.on("pageerror", (e) => console.error(`[host page error] ${e.message}`));
+    await filePage.exposeFunction("__mcpRelay", makeRelay(fileServer.client, fileCalls));
+    await filePage.goto(fileHost.url);
+    await filePage.waitForFunction(() => window.__host !== undefined);
+    await filePage.evaluate((opts) => window.__host.start(opts), {
+      appUrl: "/app",
+      hostContext: HOST_CONTEXT,
+      toolName: "computer_dashboard",
+    });
+    frame = filePage.frameLocator("#app");
+    await waitFor(async () => /^\d+ computers?$/.test((await frame.locator("#status").textContent()) ?? ""), 20_000, "the inventory");
+  });
+
+  after(async () => {
+    removeComputers([FILES_ID]);
+    await fileBrowser?.close();
+    await fileHost?.close();
+    await fileServer?.close();
+  });
+
+  fileSteps(fileStep, {
+    root: () => frame,
+    client: { callTool: (req) => fileServer.client.callTool(req, undefined, { timeout: 120_000 }) },
+    computerId: FILES_ID,
+    web: false,
+    page: () => filePage,
+    toolArgs: (name) => fileCalls.filter((c) => c.method === "tools/call" && c.name === name).map((c) => c.arguments),
+    screenshot: async (name) => {
+      await settleFrame(filePage, frame);
+      await filePage.screenshot({ path: join(OUTPUT_DIR, `dashboard-${name}`), fullPage: true });
     },
   });
 });

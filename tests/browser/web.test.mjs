@@ -20,6 +20,7 @@ import {
   waitFor,
   stepsInOrder,
 } from "./lib/harness.mjs";
+import { fileSteps, prepareFiles } from "./lib/files.mjs";
 import { HOSTILE, TICK, jobSteps, startJob } from "./lib/jobs.mjs";
 
 const TOKEN = randomBytes(12).toString("hex");
@@ -142,6 +143,14 @@ describe("dashboard in web mode over Streamable HTTP", () => {
     assert.equal(await page.locator("#jobs").isVisible(), false);
     assert.equal(await page.locator("#jobs").getAttribute("hidden"), "");
     assert.equal(mcpRequests((r) => /^job_/.test(rpc(r)?.params?.name ?? "")).length, 0, "the page called a job tool");
+  });
+
+  step("has no Files or Open a port section without --file-tools (tools/list says so)", async () => {
+    assert.equal(await page.locator("#files").isVisible(), false);
+    assert.equal(await page.locator("#files").getAttribute("hidden"), "");
+    assert.equal(await page.locator("#ports").isVisible(), false);
+    const fileCalls = mcpRequests((r) => /^(file_(list|read|write)|port_url)$/.test(rpc(r)?.params?.name ?? ""));
+    assert.equal(fileCalls.length, 0, "the page called a file tool");
   });
 
   step("creates a second computer, runs a command in it and deletes it (container gone)", async () => {
@@ -280,5 +289,68 @@ describe("jobs of a computer in the web dashboard (--job-tools)", () => {
     toolArgs: (name) =>
       pageRequests.filter((m) => m?.method === "tools/call" && m.params?.name === name).map((m) => m.params.arguments),
     screenshot: (name) => jobPage.screenshot({ path: join(OUTPUT_DIR, `web-${name}`), fullPage: true }),
+  });
+});
+
+describe("files and ports of a computer in the web dashboard (--file-tools)", () => {
+  const FILES_ID = uniqueId("web-files");
+  const pageRequests = [];
+  let fileServer;
+  let client;
+  let fileBrowser;
+  let filePage;
+
+  const fileStep = stepsInOrder();
+
+  before(async () => {
+    assertPrerequisites();
+    ensureOutputDir();
+    removeComputers([FILES_ID]);
+    fileServer = await startHttpServer({ token: TOKEN, extraArgs: ["--file-tools"] });
+    // The test's own session: it puts files into the computer the page then browses.
+    client = new Client({ name: "kilntainers-browser-tests", version: "1.0.0" }, { capabilities: {} });
+    await client.connect(
+      new StreamableHTTPClientTransport(new URL(`${fileServer.url}/mcp`), {
+        requestInit: { headers: { Authorization: `Bearer ${TOKEN}` } },
+      }),
+    );
+    await prepareFiles(client, FILES_ID);
+    fileBrowser = await launchBrowser({ viewport: { width: 1100, height: 900 } });
+    filePage = fileBrowser.page;
+    filePage.on("pageerror", (e) => console.error(`[page error] ${e.message}`));
+    filePage.on("request", (req) => {
+      if (new URL(req.url()).pathname === "/mcp") pageRequests.push(rpc({ body: req.postData() }));
+    });
+    await filePage.goto(`${fileServer.url}/#token=${TOKEN}`);
+    await waitFor(async () => /^(Connected|\d+ computers?)$/.test((await filePage.locator("#status").textContent()) ?? ""), 20_000, "connected");
+  });
+
+  after(async () => {
+    removeComputers([FILES_ID]);
+    await fileBrowser?.close();
+    await client?.close().catch(() => {});
+    await fileServer?.close();
+  });
+
+  fileStep("learns the file tools from tools/list and lists nothing before a computer is opened", async () => {
+    await waitFor(() => pageRequests.some((m) => m?.method === "tools/list"), 10_000, "tools/list");
+    assert.equal(pageRequests.filter((m) => m?.method === "tools/list").length, 1);
+    assert.equal(pageRequests.filter((m) => m?.params?.name === "file_list").length, 0);
+    assert.equal(await filePage.locator("#files").isVisible(), false);
+  });
+
+  fileSteps(fileStep, {
+    root: () => filePage,
+    client: { callTool: (req) => client.callTool(req, undefined, { timeout: 120_000 }) },
+    computerId: FILES_ID,
+    web: true,
+    page: () => filePage,
+    get serverUrl() {
+      return fileServer.url;
+    },
+    token: TOKEN,
+    toolArgs: (name) =>
+      pageRequests.filter((m) => m?.method === "tools/call" && m.params?.name === name).map((m) => m.params.arguments),
+    screenshot: (name) => filePage.screenshot({ path: join(OUTPUT_DIR, `web-${name}`), fullPage: true }),
   });
 });
