@@ -60,10 +60,13 @@ class Engine:
             conn.close()
             self._local.conn = None
 
-    def request(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-        """(status, payload): JSON payloads decoded, anything else as bytes."""
+    def request(self, method: str, path: str, body: Any = None, raw: tuple[str, bytes] | None = None) -> tuple[int, Any]:
+        """(status, payload): JSON payloads decoded, anything else as bytes. `raw` sends
+        (content type, bytes) instead of a JSON body (a tar for the archive endpoint)."""
         data = None if body is None else json.dumps(body).encode()
         headers = {"Content-Type": "application/json"} if data is not None else {}
+        if raw is not None:
+            headers, data = {"Content-Type": raw[0]}, raw[1]
         for attempt in (0, 1):
             conn = self._conn()
             try:
@@ -88,8 +91,11 @@ class Engine:
             payload = json.loads(raw)
         return resp.status, payload
 
-    def ok(self, method: str, path: str, body: Any = None, expect: tuple[int, ...] = (200, 201, 204)) -> Any:
-        status, payload = self.request(method, path, body)
+    def ok(
+        self, method: str, path: str, body: Any = None, expect: tuple[int, ...] = (200, 201, 204),
+        raw: tuple[str, bytes] | None = None,
+    ) -> Any:
+        status, payload = self.request(method, path, body, raw)
         if status not in expect:
             raise EngineError(f"engine {method} {path}: HTTP {status}: {payload!r}"[:400])
         return payload
