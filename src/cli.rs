@@ -540,6 +540,14 @@ pub struct ModalArgs {
         help_heading = "modal backend options"
     )]
     pub sandbox_timeout: i64,
+    #[arg(
+        long,
+        env = "KILNTAINERS_MODAL_PORTS",
+        value_name = "PORTS",
+        help = "Ports (comma-separated) that new Modal sandboxes open as public HTTPS tunnels, for port_url; Modal opens ports only when it creates a sandbox (default: none)",
+        help_heading = "modal backend options"
+    )]
+    pub modal_ports: Option<String>,
 }
 
 /// The WebAssembly backends' flags (`wasm`, `go_busybox`).

@@ -51,6 +51,27 @@ pub struct ModalConfig {
     pub gpu: Option<String>,
     pub region: Option<String>,
     pub sandbox_timeout_secs: u32,
+    /// `--modal-ports`: opened as encrypted tunnels on every sandbox this server creates
+    /// (docs/files.md, "Ports"), sorted, without repeats.
+    pub ports: Vec<u16>,
+}
+
+/// `--modal-ports` as written: comma-separated ports between 1 and 65535; empty is none.
+pub fn parse_ports(raw: &str) -> Result<Vec<u16>, ConfigError> {
+    let mut ports = Vec::new();
+    for item in raw.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        match item.parse::<u16>() {
+            Ok(port) if port > 0 => ports.push(port),
+            _ => {
+                return Err(ConfigError(format!(
+                    "--modal-ports must be comma-separated ports between 1 and 65535, got: {raw}"
+                )));
+            }
+        }
+    }
+    ports.sort_unstable();
+    ports.dedup();
+    Ok(ports)
 }
 
 impl ModalConfig {
@@ -93,6 +114,7 @@ impl ModalConfig {
             gpu: non_empty(cli.modal.gpu.clone()),
             region: non_empty(cli.modal.region.clone()),
             sandbox_timeout_secs: u32::try_from(cli.modal.sandbox_timeout).unwrap_or(3600),
+            ports: parse_ports(cli.modal.modal_ports.as_deref().unwrap_or(""))?,
         })
     }
 }
@@ -101,6 +123,20 @@ impl ModalConfig {
 mod tests {
     use super::super::test_cli as cli;
     use super::*;
+
+    #[test]
+    fn modal_ports_are_read_sorted_and_checked() {
+        assert_eq!(parse_ports("").unwrap(), Vec::<u16>::new());
+        assert_eq!(parse_ports("8080, 3000,8080").unwrap(), vec![3000, 8080]);
+        for bad in ["0", "65536", "80,x", "-1"] {
+            assert_eq!(
+                parse_ports(bad).unwrap_err().0,
+                format!(
+                    "--modal-ports must be comma-separated ports between 1 and 65535, got: {bad}"
+                )
+            );
+        }
+    }
 
     #[test]
     fn reads_flags_and_environment() {

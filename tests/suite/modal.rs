@@ -575,3 +575,81 @@ async fn contract_image_not_found_and_lifetime_expiry_against_fake() {
         format!("Sandbox {} lifetime timeout expired", sandbox.sandbox_id)
     );
 }
+
+/// `port_url` on Modal: the ports of `--modal-ports` are opened as encrypted tunnels when a
+/// sandbox is created, and a port's URL is its tunnel's, public; any other port is refused
+/// with what to do. (The fake's tunnel hosts do not resolve: this pins our use of the API.)
+#[tokio::test]
+async fn contract_port_route_is_the_tunnel_opened_at_creation_against_fake() {
+    if !enabled("KILNTAINERS_IT_DOCKER") {
+        return;
+    }
+    let fake = fake().await;
+    let backend = modal(&fake, &["--modal-ports", "8080,3000"]);
+    let id = computer("modal-ports");
+    let sandbox = backend
+        .create(&create_spec(&id, true, &InstanceId::random()), &NoProgress)
+        .await
+        .unwrap();
+    let definition = requests(&fake)
+        .into_iter()
+        .find_map(|r| match r {
+            Req::SandboxCreate(c) => c.definition,
+            _ => None,
+        })
+        .unwrap();
+    let Some(pb::sandbox::OpenPortsOneof::OpenPorts(specs)) = definition.open_ports_oneof else {
+        panic!("no open_ports in {definition:?}");
+    };
+    let opened: Vec<(u32, bool)> = specs
+        .ports
+        .iter()
+        .map(|p| (p.port, p.unencrypted))
+        .collect();
+    assert_eq!(opened, [(3000, false), (8080, false)]);
+
+    let route = backend.port_route(&sandbox, 8080).await.unwrap();
+    let expected = format!(
+        "https://{}-8080.fake-modal.test/",
+        sandbox.sandbox_id.to_ascii_lowercase()
+    );
+    match route {
+        backends::PortRoute::Provider { url, public } => {
+            assert_eq!(url, expected);
+            assert!(public, "a Modal tunnel is reachable by anyone with the URL");
+        }
+        other => panic!("expected the provider's URL, got {other:?}"),
+    }
+    let refused = backend.port_route(&sandbox, 9090).await.unwrap_err();
+    assert_eq!(
+        refused.to_string(),
+        format!(
+            "Port 9090 is not open on Modal computer '{id}': Modal opens ports only when it creates a sandbox, for the ports in --modal-ports. Start the server with --modal-ports 9090 and use a new computer (or factory-reset this one)."
+        )
+    );
+    assert!(
+        requests(&fake)
+            .iter()
+            .any(|r| matches!(r, Req::SandboxGetTunnels(t) if t.sandbox_id == sandbox.sandbox_id))
+    );
+    backend.remove(&sandbox).await.unwrap();
+
+    // Without --modal-ports nothing is opened and every port is refused before any call.
+    let plain = modal(&fake, &[]);
+    let id = computer("modal-noports");
+    let sandbox = plain
+        .create(&create_spec(&id, true, &InstanceId::random()), &NoProgress)
+        .await
+        .unwrap();
+    let last_create = requests(&fake)
+        .into_iter()
+        .filter_map(|r| match r {
+            Req::SandboxCreate(c) => c.definition,
+            _ => None,
+        })
+        .last()
+        .unwrap();
+    assert!(last_create.open_ports_oneof.is_none());
+    assert!(plain.port_route(&sandbox, 8080).await.is_err());
+    plain.remove(&sandbox).await.unwrap();
+}

@@ -61,6 +61,7 @@ pub enum Req {
     ImageJoinStreaming(pb::ImageJoinStreamingRequest),
     SandboxCreate(pb::SandboxCreateRequest),
     SandboxGetTaskId(pb::SandboxGetTaskIdRequest),
+    SandboxGetTunnels(pb::SandboxGetTunnelsRequest),
     SandboxTagsSet(pb::SandboxTagsSetRequest),
     SandboxTagsGet(pb::SandboxTagsGetRequest),
     SandboxList(pb::SandboxListRequest),
@@ -478,6 +479,50 @@ impl ModalClient for Service {
             });
         }
         Ok(Response::new(pb::SandboxCreateResponse { sandbox_id }))
+    }
+
+    /// The tunnels of the ports the sandbox opened at creation (`open_ports`), with hosts
+    /// shaped like Modal's and TLS port 443; nothing listens on them (a fake has no edge).
+    async fn sandbox_get_tunnels(
+        &self,
+        request: Request<pb::SandboxGetTunnelsRequest>,
+    ) -> Result<Response<pb::SandboxGetTunnelsResponse>, Status> {
+        let r = request.get_ref().clone();
+        self.admit(
+            "SandboxGetTunnels",
+            &request,
+            Req::SandboxGetTunnels(r.clone()),
+        )?;
+        let state = self.state();
+        let sandbox = state
+            .sandboxes
+            .get(&r.sandbox_id)
+            .ok_or_else(|| Status::not_found("sandbox not found"))?;
+        let tunnels = match &sandbox.definition.open_ports_oneof {
+            Some(pb::sandbox::OpenPortsOneof::OpenPorts(specs)) => specs
+                .ports
+                .iter()
+                .map(|spec| pb::TunnelData {
+                    host: format!(
+                        "{}-{}.fake-modal.test",
+                        r.sandbox_id.to_ascii_lowercase(),
+                        spec.port
+                    ),
+                    port: 443,
+                    unencrypted_host: None,
+                    unencrypted_port: None,
+                    container_port: spec.port,
+                })
+                .collect(),
+            None => Vec::new(),
+        };
+        Ok(Response::new(pb::SandboxGetTunnelsResponse {
+            result: Some(pb::GenericResult {
+                status: pb::generic_result::GenericStatus::Success as i32,
+                ..Default::default()
+            }),
+            tunnels,
+        }))
     }
 
     async fn sandbox_get_task_id(

@@ -317,6 +317,13 @@ impl Api {
         pb::SandboxGetTaskIdResponse
     );
     unary!(
+        sandbox_get_tunnels,
+        sandbox_get_tunnels,
+        "SandboxGetTunnels",
+        pb::SandboxGetTunnelsRequest,
+        pb::SandboxGetTunnelsResponse
+    );
+    unary!(
         sandbox_tags_set,
         sandbox_tags_set,
         "SandboxTagsSet",

@@ -25,7 +25,7 @@ use super::labels::{self, modal as tag};
 use super::posix::{self, KILL_SWEEP_TIMEOUT, SweepReach, shell_basename};
 use super::{
     Backend, BackendError, ComputerInfo, CreateSpec, ExecEnd, ExecSpec, Found, OutputSink,
-    Progress, Restarted, SandboxRef,
+    PortRoute, Progress, Restarted, SandboxRef,
 };
 use crate::config::{Config, ModalConfig};
 use crate::ids::{ComputerId, ExecId, InstanceId};
@@ -99,6 +99,30 @@ fn connection_error(error: &ApiError) -> Option<BackendError> {
 fn failure(error: &ApiError, context: impl std::fmt::Display) -> BackendError {
     connection_error(error)
         .unwrap_or_else(|| BackendError::Provider(format!("{context}: {}", error.detail())))
+}
+
+/// How long Modal may take to report a new sandbox's tunnels.
+const TUNNELS_WAIT: Duration = Duration::from_secs(30);
+
+/// A tunnel's public HTTPS URL, from what Modal reports (a host name and a TLS port); a host
+/// that is not a plain DNS name is refused rather than put into a link.
+fn tunnel_url(host: &str, port: u32) -> Result<String, BackendError> {
+    let plain = !host.is_empty()
+        && host.len() <= 253
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.');
+    if !plain || port == 0 || port > 65535 {
+        return Err(BackendError::Provider(format!(
+            "Modal reported a tunnel this server cannot use (host {:?}, port {port}).",
+            host.chars().take(80).collect::<String>()
+        )));
+    }
+    Ok(if port == 443 {
+        format!("https://{host}/")
+    } else {
+        format!("https://{host}:{port}/")
+    })
 }
 
 fn tags_map(tags: &[pb::SandboxTag]) -> BTreeMap<String, String> {
@@ -485,6 +509,19 @@ impl ModalInner {
             scheduler_placement: self.config.region.as_ref().map(|r| pb::SchedulerPlacement {
                 regions: vec![r.clone()],
             }),
+            open_ports_oneof: (!self.config.ports.is_empty()).then(|| {
+                pb::sandbox::OpenPortsOneof::OpenPorts(pb::PortSpecs {
+                    ports: self
+                        .config
+                        .ports
+                        .iter()
+                        .map(|&port| pb::PortSpec {
+                            port: u32::from(port),
+                            unencrypted: false,
+                        })
+                        .collect(),
+                })
+            }),
             network_access: Some(pb::NetworkAccess {
                 network_access_type: if self.network {
                     pb::network_access::NetworkAccessType::Open as i32
@@ -621,6 +658,44 @@ impl Backend for ModalBackend {
 
     async fn validate(&self) -> Result<(), BackendError> {
         self.inner.app_id().await.map(drop)
+    }
+
+    /// Modal's tunnel for the port (docs/files.md, "Ports"): public, and only for the ports
+    /// `--modal-ports` named when the sandbox was created.
+    async fn port_route(&self, sandbox: &SandboxRef, port: u16) -> Result<PortRoute, BackendError> {
+        let inner = &self.inner;
+        let id = &sandbox.computer_id;
+        if !inner.config.ports.contains(&port) {
+            return Err(BackendError::Provider(format!(
+                "Port {port} is not open on Modal computer '{id}': Modal opens ports only when it creates a sandbox, for the ports in --modal-ports. Start the server with --modal-ports {port} and use a new computer (or factory-reset this one)."
+            )));
+        }
+        let api = inner.api().await?;
+        let answer = api
+            .sandbox_get_tunnels(pb::SandboxGetTunnelsRequest {
+                sandbox_id: sandbox.sandbox_id.clone(),
+                timeout: TUNNELS_WAIT.as_secs_f32(),
+            })
+            .await
+            .map_err(|e| {
+                failure(
+                    &e,
+                    format!("Modal SandboxGetTunnels for computer '{id}' failed"),
+                )
+            })?;
+        let tunnel = answer
+            .tunnels
+            .iter()
+            .find(|t| t.container_port == u32::from(port))
+            .ok_or_else(|| {
+                BackendError::Provider(format!(
+                    "Modal reports no tunnel for port {port} of computer '{id}' (it was created before --modal-ports named the port). Factory-reset it or use a new computer."
+                ))
+            })?;
+        Ok(PortRoute::Provider {
+            url: tunnel_url(&tunnel.host, tunnel.port)?,
+            public: true,
+        })
     }
 
     async fn create(
