@@ -246,6 +246,12 @@ pub trait Backend: Send + Sync {
         None
     }
 
+    /// Whether [`Backend::port_route`] can ever answer; `false` lets `port_url` refuse with
+    /// [`Backend::no_ports`] before it touches (or creates) a computer.
+    fn has_ports(&self) -> bool {
+        true
+    }
+
     /// How `port` of the computer is reached (docs/files.md, "Ports"). Backends without ports
     /// keep the default refusal.
     async fn port_route(

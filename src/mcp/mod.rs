@@ -65,7 +65,14 @@ impl Surface {
             jobs.is_some(),
         )];
         let mut instructions = INSTRUCTIONS.to_owned();
-        if jobs.is_some() {
+        if let Some(jobs) = &jobs {
+            // A deleted or reset computer's jobs went with its processes (docs/jobs.md).
+            let weak = Arc::downgrade(jobs);
+            registry.on_removed(Box::new(move |id, _| {
+                if let Some(jobs) = weak.upgrade() {
+                    jobs.forget_computer(id);
+                }
+            }));
             tools.extend(jobs::tools(registry.backend().runs_jobs_in_server()));
             instructions.push_str(jobs::INSTRUCTIONS);
         }

@@ -76,6 +76,11 @@ async fn call(
         None => return Err(invalid("port is required.")),
     };
     let computer = decode_computer(&args)?;
+    if !registry.backend().has_ports() {
+        return Err(CallError::Registry(
+            registry.backend().no_ports().to_string(),
+        ));
+    }
     let temporary = mode_of(registry, session, computer.as_ref()).await?;
     let sandbox = registry
         .acquire(session, computer, temporary, true, Registry::no_progress())

@@ -19,7 +19,7 @@ use tracing::{debug, info};
 
 use crate::backends::{BackendError, PortRoute, PortStream, SandboxRef};
 use crate::ids::ComputerId;
-use crate::registry::{Registry, RegistryError};
+use crate::registry::{Registry, RegistryError, Removal};
 
 /// Connections one forwarder carries at once; each may hold a Docker exec, so a page that
 /// opens hundreds of sockets cannot pile up work in the engine.
@@ -74,8 +74,9 @@ impl Ports {
             forwarders: Mutex::new(HashMap::new()),
         });
         let weak: Weak<Self> = Arc::downgrade(&ports);
-        registry.on_removed(Box::new(move |id| {
-            if let Some(ports) = weak.upgrade() {
+        // A forwarder finds the computer again by id, so it outlives a factory reset.
+        registry.on_removed(Box::new(move |id, how| {
+            if let (Some(ports), Removal::Gone) = (weak.upgrade(), how) {
                 ports.close(id);
             }
         }));

@@ -4,7 +4,7 @@
 
 use std::collections::HashSet;
 
-use super::{Interruption, Registry, RegistryError, lock};
+use super::{Interruption, Registry, RegistryError, Removal, lock};
 use crate::backends::{ComputerInfo, CreateSpec, Progress, SandboxRef};
 use crate::ids::ComputerId;
 
@@ -102,6 +102,7 @@ impl Registry {
     ) -> Result<SandboxRef, RegistryError> {
         self.with_lifecycle(id, Interruption::Reset, async |sandbox| {
             self.backend.remove(&sandbox).await?;
+            self.removed(id, Removal::Replaced);
             let spec = CreateSpec {
                 computer_id: id.clone(),
                 temporary: sandbox.temporary,
@@ -121,7 +122,7 @@ impl Registry {
         })
         .await?;
         self.drop_everywhere(id);
-        self.removed(id);
+        self.removed(id, Removal::Gone);
         Ok(())
     }
 }

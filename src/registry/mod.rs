@@ -106,7 +106,17 @@ pub struct Registry {
 }
 
 /// See [`Registry::on_removed`].
-pub type RemovalHook = Box<dyn Fn(&ComputerId) + Send + Sync>;
+pub type RemovalHook = Box<dyn Fn(&ComputerId, Removal) + Send + Sync>;
+
+/// What happened to a computer's provider object, for [`Registry::on_removed`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Removal {
+    /// Deleted, or a temporary computer let go: the id is free.
+    Gone,
+    /// Factory reset: the same id, a new computer with none of the old one's processes or
+    /// files.
+    Replaced,
+}
 
 impl Registry {
     pub fn new(
@@ -129,15 +139,16 @@ impl Registry {
     }
 
     /// Registers `hook` to run, synchronously and briefly, after this process removes a
-    /// computer provider-side (delete, or a temporary computer let go): what lives as long as
-    /// a computer (a port forwarder) ends with it.
+    /// computer provider-side (delete, a temporary computer let go, or a factory reset's old
+    /// incarnation): what lives as long as a computer (a port forwarder) or as its processes
+    /// (its jobs) ends with it.
     pub fn on_removed(&self, hook: RemovalHook) {
         lock(&self.removal_hooks).push(hook);
     }
 
-    fn removed(&self, id: &ComputerId) {
+    fn removed(&self, id: &ComputerId, how: Removal) {
         for hook in lock(&self.removal_hooks).iter() {
-            hook(id);
+            hook(id, how);
         }
     }
 

@@ -8,7 +8,7 @@ use std::time::Instant;
 use tracing::{instrument, warn};
 
 use super::slots::{InFlight, Slot};
-use super::{Interruption, Registry, Session, lock};
+use super::{Interruption, Registry, Removal, Session, lock};
 use crate::backends::SandboxRef;
 use crate::exec;
 use crate::ids::ComputerId;
@@ -64,7 +64,7 @@ impl Registry {
                         state.record = None;
                     }
                 }
-                self.removed(&sandbox.computer_id);
+                self.removed(&sandbox.computer_id, Removal::Gone);
             }
             Err(error) => {
                 warn!(computer_id = %sandbox.computer_id, %error, "could not remove temporary computer");
@@ -107,7 +107,7 @@ impl Registry {
                 match self.backend.remove(&sandbox).await {
                     Ok(()) => {
                         lock(&slot.state).record = None;
-                        self.removed(&sandbox.computer_id);
+                        self.removed(&sandbox.computer_id, Removal::Gone);
                         None
                     }
                     Err(error) => {

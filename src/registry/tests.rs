@@ -14,7 +14,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::{Executed, Interruption, Registry, RegistryError, Session, lock};
+use super::{Executed, Interruption, Registry, RegistryError, Removal, Session, lock};
 use crate::backends::BackendError;
 use crate::backends::fake::{Call, Counts, ExecScript, FakeBackend, Op, within};
 use crate::config::ExecLimits;
@@ -418,6 +418,34 @@ async fn closing_a_session_interrupts_the_exec_on_its_temporary_computer() {
     ));
     assert_eq!(backend.counts(&scratch).remove, 1);
     assert!(recorded(&registry).is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn removal_hooks_hear_a_reset_as_replaced_and_a_delete_as_gone() {
+    let (_backend, registry) = setup();
+    let heard = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = heard.clone();
+    registry.on_removed(Box::new(move |id, how| {
+        lock(&sink).push((id.to_string(), how));
+    }));
+    let session = registry.open_session();
+    let box_id = id("box");
+    execute(&registry, &session, Some(&box_id), false, "a")
+        .await
+        .unwrap();
+    within(registry.restart(&box_id)).await.unwrap();
+    assert!(lock(&heard).is_empty(), "a restart removes nothing");
+    within(registry.factory_reset(&box_id, Registry::no_progress()))
+        .await
+        .unwrap();
+    within(registry.delete(&box_id)).await.unwrap();
+    assert_eq!(
+        *lock(&heard),
+        [
+            ("box".to_owned(), Removal::Replaced),
+            ("box".to_owned(), Removal::Gone)
+        ]
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -49,6 +49,7 @@ import re
 import secrets
 import signal
 import socket
+import stat as statmod
 import struct
 import subprocess
 import sys
@@ -61,6 +62,56 @@ ENVD_PORT = 49983
 NEW_SANDBOX_FIELDS = {"templateID", "timeout", "autoPause", "secure", "allow_internet_access", "network",
                       "metadata", "envVars", "mcp"}
 START_FIELDS = {"process", "pty", "tag", "stdin"}
+# filesystem.proto: the request fields of each unary call this fake serves.
+FS_FIELDS = {"Stat": {"path"}, "ListDir": {"path", "depth"}, "MakeDir": {"path"},
+             "Move": {"source", "destination"}, "Remove": {"path"}}
+# envd.yaml: the query parameters of GET and POST /files.
+FILES_PARAMS = {"path", "username", "signature", "signature_expiration"}
+# Runs inside the container for the filesystem service: `info` prints one entry as
+# `<raw mode hex>|<size>|<mtime>|<owner>|<group>|<target raw mode hex>|<target>|<path>` from
+# lstat, with the symlink's resolved target (when it exists) as envd's entryInfo reports it.
+FS_SCRIPT = r"""
+info() {
+  l=$(stat -c '%f|%s|%Y|%U|%G' -- "$1" 2>/dev/null) || return 0
+  t=; tf=
+  if [ -L "$1" ] && [ -e "$1" ]; then t=$(readlink -f -- "$1"); tf=$(stat -L -c '%f' -- "$1"); fi
+  printf '%s|%s|%s|%s\n' "$l" "$tf" "$t" "$1"
+}
+op=$1; shift
+case $op in
+stat)
+  if [ ! -e "$1" ] && [ ! -L "$1" ]; then echo missing; exit 0; fi
+  echo ok; info "$1";;
+list)
+  if [ ! -e "$1" ]; then echo missing; exit 0; fi
+  if [ ! -d "$1" ]; then echo notdir; exit 0; fi
+  echo ok
+  find "$1" -mindepth 1 -maxdepth "$2" 2>/dev/null | while IFS= read -r p; do info "$p"; done;;
+mkdir)
+  if [ -d "$1" ]; then echo exists; exit 0; fi
+  if [ -e "$1" ] || [ -L "$1" ]; then echo notdir; exit 0; fi
+  mkdir -p -- "$1" 2>/dev/null || { echo failed; exit 0; }
+  echo ok; info "$1";;
+move)
+  if [ ! -e "$1" ] && [ ! -L "$1" ]; then echo missing; exit 0; fi
+  if [ -d "$2" ] && [ ! -L "$2" ]; then echo isdir; exit 0; fi
+  mkdir -p -- "$(dirname -- "$2")" 2>/dev/null
+  if [ -L "$2" ]; then rm -f -- "$2"; fi
+  mv -f -T -- "$1" "$2" 2>/dev/null || { echo failed; exit 0; }
+  echo ok; info "$2";;
+remove)
+  rm -rf -- "$1" 2>/dev/null || { echo failed; exit 0; }
+  echo ok;;
+download)
+  if [ -d "$1" ]; then exit 3; fi
+  if [ ! -e "$1" ]; then exit 2; fi
+  exec cat -- "$1";;
+upload)
+  mkdir -p -- "$(dirname -- "$1")" 2>/dev/null || exit 4
+  if [ -d "$1" ]; then exit 3; fi
+  cat > "$1" 2>/dev/null || exit 5;;
+esac
+"""
 PROCESS_FIELDS = {"cmd", "args", "envs", "cwd"}
 SIGNALS = {"SIGNAL_SIGTERM": 15, "SIGNAL_SIGKILL": 9, 15: 15, 9: 9}
 LIST_PARAMS = {"metadata", "state", "limit", "nextToken"}
@@ -414,7 +465,7 @@ class FakeE2B:
         raise Reject(404, "not found")
 
     # -- envd ---------------------------------------------------------------------------------
-    def envd_sandbox(self, headers: dict) -> Sandbox:
+    def envd_sandbox(self, headers: dict, connect: bool = True) -> Sandbox:
         sandbox_id = headers.get("e2b-sandbox-id")
         if sandbox_id is None:
             m = re.match(rf"{ENVD_PORT}-(\w+)\.", headers.get("host") or "")
@@ -428,7 +479,7 @@ class FakeE2B:
         if sandbox is None or sandbox.state != "running":
             # What E2B's sandbox proxy answers for a sandbox it cannot route to.
             raise Reject(502, f"The sandbox {sandbox_id} was not found")
-        if headers.get("connect-protocol-version") != "1":
+        if connect and headers.get("connect-protocol-version") != "1":
             raise Reject(400, "Connect-Protocol-Version: 1 is required", violation=True)
         if sandbox.token is not None and headers.get("x-access-token") != sandbox.token:
             raise Reject(401, "invalid access token", connect_code="unauthenticated")
@@ -495,6 +546,202 @@ class FakeE2B:
             self.docker("exec", sandbox.container, "kill", f"-{number}", str(process.pid), check=False)
             return 200, {}, {}
         raise Reject(404, f"procedure {name} is not implemented by this fake", connect_code="unimplemented")
+
+    # -- envd files: filesystem.proto (Connect, unary JSON) and envd.yaml's /files ----------
+    def fs_run(self, sandbox: Sandbox, *args: str, input: bytes | None = None):
+        argv = ["exec"] + (["-i"] if input is not None else []) + [sandbox.container, "/bin/sh", "-c", FS_SCRIPT,
+                                                                   "fs", *args]
+        return self.docker(*argv, check=False, input=input)
+
+    @staticmethod
+    def go_mode(raw: int) -> str:
+        """Go's FileMode.String() of a raw st_mode, as envd puts it in `permissions`."""
+        kind = statmod.S_IFMT(raw)
+        letters = ""
+        letters += "d" if kind == statmod.S_IFDIR else ""
+        letters += "L" if kind == statmod.S_IFLNK else ""
+        letters += "D" if kind in (statmod.S_IFBLK, statmod.S_IFCHR) else ""
+        letters += "p" if kind == statmod.S_IFIFO else ""
+        letters += "S" if kind == statmod.S_IFSOCK else ""
+        letters += "u" if raw & statmod.S_ISUID else ""
+        letters += "g" if raw & statmod.S_ISGID else ""
+        letters += "c" if kind == statmod.S_IFCHR else ""
+        letters += "t" if raw & statmod.S_ISVTX else ""
+        rwx = "".join(c if raw & (1 << (8 - i)) else "-" for i, c in enumerate("rwxrwxrwx"))
+        return (letters or "-") + rwx
+
+    def entry_info(self, line: str) -> dict:
+        """proto3-JSON EntryInfo as envd's entryInfo builds it (lstat; a symlink's type and mode
+        are its target's, unspecified when it dangles), defaults omitted, int64 as a string."""
+        raw_hex, size, mtime, owner, group, target_raw, target, path = line.split("|", 7)
+        raw = int(raw_hex, 16)
+        link = statmod.S_ISLNK(raw)
+        kind_raw = (int(target_raw, 16) if target_raw else None) if link else raw
+        entry = {"name": os.path.basename(path.rstrip("/")) or "/", "path": path,
+                 "permissions": self.go_mode(raw), "owner": owner, "group": group,
+                 "modifiedTime": _iso(int(mtime))}
+        if kind_raw is not None and statmod.S_ISREG(kind_raw):
+            entry["type"] = "FILE_TYPE_FILE"
+        elif kind_raw is not None and statmod.S_ISDIR(kind_raw):
+            entry["type"] = "FILE_TYPE_DIRECTORY"
+        if int(size):
+            entry["size"] = size
+        if kind_raw is not None and kind_raw & 0o777:
+            entry["mode"] = kind_raw & 0o777
+        if link and target:
+            entry["symlinkTarget"] = target
+        return entry
+
+    def fs_answer(self, proc) -> tuple[str, list[dict]]:
+        lines = proc.stdout.decode(errors="replace").split("\n")
+        status = lines[0].strip()
+        return status, [self.entry_info(line) for line in lines[1:] if line]
+
+    def fs_path(self, what: str, value) -> str:
+        if not isinstance(value, str):
+            raise self.violation(f"{what} must be a string")
+        if not value.startswith("/"):
+            # envd would resolve it against the user's home; our contract is absolute paths.
+            raise self.violation(f"{what} {value!r} is not absolute (our contract)")
+        return value
+
+    def filesystem(self, name: str, headers: dict, body: bytes):
+        sandbox = self.envd_sandbox(headers)
+        if (headers.get("content-type") or "").split(";")[0].strip() != "application/json":
+            raise self.violation(f"{name} is unary: Content-Type must be application/json")
+        try:
+            req = json.loads(body or b"null")
+        except ValueError:
+            raise self.violation(f"{name} body is not JSON")
+        if name not in FS_FIELDS:
+            raise Reject(404, f"procedure {name} is not implemented by this fake", connect_code="unimplemented")
+        self.check_fields(f"{name}Request", req, FS_FIELDS[name])
+        with self.lock:
+            self.requests.append({"plane": "envd", "method": "POST", "path": f"/filesystem.Filesystem/{name}",
+                                  "sandbox": sandbox.id, "body": req})
+        if name == "Move":
+            source = self.fs_path("source", req.get("source"))
+            destination = self.fs_path("destination", req.get("destination"))
+            status, entries = self.fs_answer(self.fs_run(sandbox, "move", source, destination))
+            if status == "missing":
+                raise Reject(500, f"error renaming: rename {source} {destination}: no such file or directory",
+                             connect_code="internal")
+            if status != "ok" or not entries:
+                raise Reject(500, f"error renaming: rename {source} {destination}: {status}",
+                             connect_code="internal")
+            return 200, {}, {"entry": entries[0]}
+        path = self.fs_path("path", req.get("path"))
+        if name == "Stat":
+            status, entries = self.fs_answer(self.fs_run(sandbox, "stat", path))
+            if status == "missing" or not entries:
+                raise Reject(404, f"file not found: lstat {path}: no such file or directory", connect_code="not_found")
+            return 200, {}, {"entry": entries[0]}
+        if name == "ListDir":
+            depth = req.get("depth", 0)
+            if not isinstance(depth, int) or isinstance(depth, bool) or depth < 0:
+                raise self.violation("depth must be a uint32")
+            status, entries = self.fs_answer(self.fs_run(sandbox, "list", path, str(depth or 1)))
+            if status == "missing":
+                raise Reject(404, f"directory not found: lstat {path}: no such file or directory",
+                             connect_code="not_found")
+            if status == "notdir":
+                raise Reject(400, f"path is not a directory: {path}", connect_code="invalid_argument")
+            # envd sorts directories first, then by name, case-insensitively.
+            entries.sort(key=lambda e: (e.get("type") != "FILE_TYPE_DIRECTORY", e["name"].lower()))
+            return 200, {}, {"entries": entries}
+        if name == "MakeDir":
+            status, entries = self.fs_answer(self.fs_run(sandbox, "mkdir", path))
+            if status == "exists":
+                raise Reject(409, f"directory already exists: {path}", connect_code="already_exists")
+            if status == "notdir":
+                raise Reject(400, f"path already exists but it is not a directory: {path}",
+                             connect_code="invalid_argument")
+            if status != "ok" or not entries:
+                raise Reject(500, f"error creating directory {path}", connect_code="internal")
+            return 200, {}, {"entry": entries[0]}
+        status, _ = self.fs_answer(self.fs_run(sandbox, "remove", path))
+        if status != "ok":
+            raise Reject(500, f"error removing file or directory: {path}", connect_code="internal")
+        return 200, {}, {}
+
+    def files_query(self, query: dict) -> str:
+        unknown = set(query) - FILES_PARAMS
+        if unknown:
+            raise self.violation(f"/files has undocumented parameters {sorted(unknown)}")
+        if "path" not in query:
+            raise self.violation("/files without a path (our contract: always an absolute path)")
+        path = self.fs_path("path", query["path"][-1])
+        username = query.get("username", [None])[-1]
+        if username is not None and username != "root":
+            raise Reject(401, f"error looking up user '{username}': user: unknown user {username}")
+        return path
+
+    def files(self, method: str, headers: dict, query: dict, body: bytes):
+        """envd.yaml `/files`: GET downloads (http.ServeContent, so one `Range` is honoured), POST
+        uploads `multipart/form-data` with a `file` part, creating the parent directories."""
+        sandbox = self.envd_sandbox(headers, connect=False)
+        path = self.files_query(query)
+        record = {"plane": "envd", "method": method, "path": "/files", "sandbox": sandbox.id,
+                  "query": {k: v[-1] for k, v in query.items()}, "headers": {"range": headers.get("range")}}
+        if method == "GET":
+            with self.lock:
+                self.requests.append(record)
+            proc = self.fs_run(sandbox, "download", path)
+            if proc.returncode == 2:
+                raise Reject(404, f"path '{path}' does not exist")
+            if proc.returncode == 3:
+                raise Reject(400, f"path '{path}' is a directory")
+            if proc.returncode != 0:
+                raise Reject(500, f"error opening file '{path}': {proc.stderr.decode(errors='replace').strip()}")
+            data = proc.stdout
+            m = re.fullmatch(r"bytes=(\d+)-(\d*)", headers.get("range") or "")
+            if m is None:
+                return 200, {"Content-Type": "application/octet-stream", "Accept-Ranges": "bytes"}, data
+            start = int(m.group(1))
+            end = min(int(m.group(2)) if m.group(2) else len(data) - 1, len(data) - 1)
+            if start >= len(data):
+                return 416, {"Content-Range": f"bytes */{len(data)}"}, {"code": 416, "message": "invalid range"}
+            return 206, {"Content-Type": "application/octet-stream",
+                         "Content-Range": f"bytes {start}-{end}/{len(data)}"}, data[start:end + 1]
+        content_type = headers.get("content-type") or ""
+        m = re.fullmatch(r"multipart/form-data;\s*boundary=\"?([^\";]+)\"?", content_type.strip())
+        if m is None:
+            raise self.violation(f"POST /files needs multipart/form-data with a boundary, got {content_type!r}")
+        parts = self.multipart(body, m.group(1).encode())
+        if len(parts) != 1 or parts[0][0] != "file":
+            raise self.violation(f"POST /files needs exactly one part named 'file', got {[p[0] for p in parts]}")
+        data = parts[0][1]
+        record["size"] = len(data)
+        with self.lock:
+            self.requests.append(record)
+        proc = self.fs_run(sandbox, "upload", path, input=data)
+        if proc.returncode == 3:
+            raise Reject(400, f"path is a directory: {path}")
+        if proc.returncode == 4:
+            raise Reject(500, f"error ensuring directories: mkdir {os.path.dirname(path)}: not a directory")
+        if proc.returncode != 0:
+            raise Reject(500, f"error opening file: open {path}: permission denied or read-only")
+        return 200, {}, [{"path": path, "name": os.path.basename(path), "type": "file"}]
+
+    def multipart(self, body: bytes, boundary: bytes) -> list[tuple[str, bytes]]:
+        delimiter = b"--" + boundary
+        if not body.startswith(delimiter):
+            raise self.violation("multipart body does not start with its boundary")
+        parts = []
+        for chunk in body.split(b"\r\n" + delimiter)[0:]:
+            chunk = chunk[len(delimiter):] if chunk.startswith(delimiter) else chunk
+            if chunk.startswith(b"--"):
+                break
+            if not chunk.startswith(b"\r\n") or b"\r\n\r\n" not in chunk:
+                raise self.violation("multipart part without headers")
+            head, data = chunk[2:].split(b"\r\n\r\n", 1)
+            name = re.search(rb'name="([^"]*)"', head)
+            if name is None or b"content-disposition: form-data" not in head.lower():
+                raise self.violation("multipart part without a form-data name")
+            parts.append((name.group(1).decode(errors="replace"), data))
+        else:
+            raise self.violation("multipart body does not end with the closing boundary")
+        return parts
 
     def process_start(self, handler: "_Handler", headers: dict, body: bytes) -> None:
         """Serves process.Process/Start as a Connect server stream."""
@@ -683,15 +930,21 @@ class _Handler(BaseHTTPRequestHandler):
         try:
             if self.plane == "api":
                 status, extra, payload = fake.handle_api(method, split.path, parse_qs(split.query), headers, body)
+            elif split.path == "/files" and method in ("GET", "POST"):
+                status, extra, payload = fake.files(method, headers, parse_qs(split.query), body)
             else:
                 connect_error = True
+                fs = re.fullmatch(r"/filesystem\.Filesystem/(\w+)", split.path)
                 m = re.fullmatch(r"/process\.Process/(\w+)", split.path)
-                if method != "POST" or not m:
+                if method == "POST" and fs:
+                    status, extra, payload = fake.filesystem(fs.group(1), headers, body)
+                elif method != "POST" or not m:
                     raise Reject(404, f"{method} {split.path} is not an envd procedure", violation=True)
-                if m.group(1) == "Start":
+                elif m.group(1) == "Start":
                     fake.process_start(self, headers, body)
                     return
-                status, extra, payload = fake.unary(m.group(1), headers, body)
+                else:
+                    status, extra, payload = fake.unary(m.group(1), headers, body)
         except Reject as reject:
             status, extra = reject.status, {}
             if connect_error and reject.connect_code:
@@ -707,10 +960,11 @@ class _Handler(BaseHTTPRequestHandler):
             status, extra, payload = 500, {}, {"code": 500, "message": f"fake failure: {error!r}"}
             with fake.lock:
                 fake.violations.append(f"fake failure on {method} {split.path}: {error!r}")
-        data = b"" if payload is None else json.dumps(payload).encode()
+        raw = isinstance(payload, bytes)
+        data = b"" if payload is None else payload if raw else json.dumps(payload).encode()
         try:
             self.send_response(status)
-            if payload is not None:
+            if payload is not None and not raw:
                 self.send_header("Content-Type", "application/json")
             for key, value in extra.items():
                 self.send_header(key, str(value))

@@ -129,10 +129,12 @@ async def test_without_pip_the_error_says_how_to_provide_the_module(kbb):
         assert text.endswith("and pass it with --go-busybox-wasm.")
 
 
-async def test_port_url_says_what_this_backend_lacks(kbb):
-    async with kbb.server("--backend", "go_busybox", "--file-tools", env=wasm_env(kbb)) as srv:
+async def test_port_url_says_what_this_backend_lacks_and_creates_nothing(kbb):
+    async with kbb.server("--backend", "go_busybox", "--file-tools", "--lifecycle-tools", env=wasm_env(kbb)) as srv:
         res = await srv.call({"port": 8080}, name="port_url")
         assert res.is_error and res.text == "Ports are not available on the go_busybox backend."
+        listed = await srv.call({}, name="computer_list")
+        assert listed.structured["computers"] == [], listed
 
 
 async def test_file_tools_reach_the_computer_directory_and_never_leave_it(kbb):

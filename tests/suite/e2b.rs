@@ -10,6 +10,7 @@
 //! `common::e2b`; what every backend must do is in `suite::contract`.
 
 use std::collections::HashSet;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
@@ -21,6 +22,7 @@ use mcp_sandbox_computer_vm_for_ai::backends::{
 use mcp_sandbox_computer_vm_for_ai::exec::{self, ExecOutcome, ExecRequest, Program};
 use mcp_sandbox_computer_vm_for_ai::ids::{ComputerId, ExecId, InstanceId};
 
+use super::contract::{self, Harness, OUTPUT_LIMIT_FLAG};
 use crate::common::e2b::{Fake, KEY, backend_with};
 use crate::common::{Collect, computer, create_spec, enabled};
 
@@ -352,5 +354,86 @@ async fn contract_restart_and_crash_gc_against_fake() {
         let found = backend.lookup(id).await.unwrap().unwrap();
         backend.remove(&found.sandbox).await.unwrap();
     }
+    fake.assert_no_violations().await;
+}
+
+/// How many of the fake's `process.Process/Start` calls ran a program whose arguments include
+/// `marker` (the file programs run as `sh -c <program> kilntainers-file …`).
+async fn starts_with_arg(fake: &Fake, marker: &str) -> usize {
+    fake.requests_to("POST", "/process.Process/Start")
+        .await
+        .iter()
+        .filter(|r| {
+            r["body"]["process"]["args"]
+                .as_array()
+                .is_some_and(|args| args.iter().any(|a| a == marker))
+        })
+        .count()
+}
+
+/// The contract suite's file cases, run again against a fake this test keeps, to show which
+/// way the files went: through envd's own file API (`/files`, `filesystem.Filesystem`), with the
+/// shell programs only for what envd cannot do (an append) and one `chmod` for a mode.
+#[tokio::test]
+async fn contract_file_tools_use_the_envd_file_api_against_fake() {
+    if !enabled("KILNTAINERS_IT_DOCKER") {
+        return;
+    }
+    let fake = Arc::new(Fake::start(&[]));
+    let harness = || {
+        Harness::new(
+            backend_with(&fake, Some(KEY), &OUTPUT_LIMIT_FLAG),
+            backend_with(&fake, Some(KEY), &OUTPUT_LIMIT_FLAG),
+            "/bin/sh",
+            Arc::clone(&fake),
+        )
+        .with_violations_check(format!("{}/_fake/violations", fake.api))
+    };
+
+    contract::files_5_mib_binary_round_trip(harness()).await;
+    let uploads = fake.requests_to("POST", "/files").await;
+    assert_eq!(uploads.len(), 1, "one upload of the whole file");
+    assert_eq!(uploads[0]["size"], 5 * 1024 * 1024);
+    let upload_path = uploads[0]["query"]["path"].as_str().unwrap();
+    assert!(
+        upload_path.starts_with("/tmp/contract-files/.big.bin.kilntainers-"),
+        "{upload_path}"
+    );
+    assert!(uploads[0]["query"].get("username").is_none());
+    let downloads = fake.requests_to("GET", "/files").await;
+    assert_eq!(
+        downloads.len(),
+        5,
+        "five 1 MiB pages, nothing fetched past the end"
+    );
+    assert_eq!(downloads[0]["headers"]["range"], "bytes=0-1048575");
+    assert_eq!(downloads[4]["headers"]["range"], "bytes=4194304-5242879");
+    let moves = fake
+        .requests_to("POST", "/filesystem.Filesystem/Move")
+        .await;
+    assert_eq!(moves.len(), 1);
+    assert_eq!(moves[0]["body"]["source"], upload_path);
+    assert_eq!(
+        moves[0]["body"]["destination"],
+        "/tmp/contract-files/big.bin"
+    );
+    assert_eq!(
+        fake.requests_to("POST", "/filesystem.Filesystem/ListDir")
+            .await
+            .len(),
+        1
+    );
+    assert_eq!(starts_with_arg(&fake, "kilntainers-file").await, 0);
+
+    contract::files_text_list_and_errors(harness()).await;
+    assert_eq!(fake.requests_to("POST", "/files").await.len(), 3);
+    let listed = fake
+        .requests_to("POST", "/filesystem.Filesystem/ListDir")
+        .await;
+    assert_eq!(listed.len(), 3);
+    assert_eq!(listed[1]["body"]["depth"], 2);
+    // Only the append went through the programs; the new script's 0755 was one chmod.
+    assert_eq!(starts_with_arg(&fake, "kilntainers-file").await, 1);
+    assert_eq!(starts_with_arg(&fake, "kilntainers-chmod").await, 1);
     fake.assert_no_violations().await;
 }

@@ -634,7 +634,7 @@ async fn contract_port_route_is_the_tunnel_opened_at_creation_against_fake() {
     );
     backend.remove(&sandbox).await.unwrap();
 
-    // Without --modal-ports nothing is opened and every port is refused before any call.
+    // Without --modal-ports nothing is opened and every port is refused.
     let plain = modal(&fake, &[]);
     let id = computer("modal-noports");
     let sandbox = plain
@@ -643,11 +643,11 @@ async fn contract_port_route_is_the_tunnel_opened_at_creation_against_fake() {
         .unwrap();
     let last_create = requests(&fake)
         .into_iter()
-        .filter_map(|r| match r {
+        .rev()
+        .find_map(|r| match r {
             Req::SandboxCreate(c) => c.definition,
             _ => None,
         })
-        .last()
         .unwrap();
     assert!(last_create.open_ports_oneof.is_none());
     assert!(plain.port_route(&sandbox, 8080).await.is_err());

@@ -1,4 +1,4 @@
-//! E2B sandboxes (docs/decisions.md, "E2B sandboxes"): the REST control plane plus envd's process RPC, hand-rolled
+//! E2B sandboxes (docs/decisions.md, "E2B sandboxes"): the REST control plane plus envd's process and file APIs, hand-rolled
 //! over reqwest. Both base URLs are configurable, so self-hosted E2B-compatible services work
 //! the same way as E2B's cloud. A computer is a sandbox carrying our metadata keys (docs/decisions.md, "Labels and metadata"), found again
 //! by listing with a metadata filter, so permanent computers survive a server restart — while
@@ -10,10 +10,11 @@
 //! sandbox is killed and created again from its template, and the result says files were lost.
 //!
 //! Split: [`api`] (control plane, retries, error texts), [`connect`] (Connect framing),
-//! [`process`] (envd process service). reqwest appears only under this folder and `fly/`.
+//! [`process`] (envd process service), [`files`] (the file tools over envd's file API). reqwest appears only under this folder and `fly/`.
 
 mod api;
 mod connect;
+mod files;
 mod process;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -28,8 +29,8 @@ use tracing::{info, warn};
 use super::labels::{self, e2b as meta};
 use super::posix::{self, KILL_SWEEP_TIMEOUT, SweepReach, shell_basename};
 use super::{
-    Backend, BackendError, ComputerInfo, CreateSpec, ExecEnd, ExecSpec, Found, OutputSink,
-    PortRoute, Progress, Restarted, SandboxRef, SinkControl, Stream,
+    Backend, BackendError, ComputerInfo, CreateSpec, ExecEnd, ExecSpec, FileSystem, Found,
+    OutputSink, PortRoute, Progress, Restarted, SandboxRef, SinkControl, Stream,
 };
 use crate::config::{Config, E2bConfig};
 use crate::ids::{ComputerId, ExecId, InstanceId};
@@ -507,6 +508,12 @@ impl Backend for E2bBackend {
                 self.default_timeout_secs,
             )
         }
+    }
+
+    /// The file tools go through envd's file API ([`files`]); appends and a few other cases
+    /// fall back to the shell programs.
+    fn file_system(&self) -> Option<&dyn FileSystem> {
+        Some(self)
     }
 
     async fn validate(&self) -> Result<(), BackendError> {

@@ -197,16 +197,24 @@ type StdinTask<'a> = Pin<Box<dyn Future<Output = Result<(), RunError>> + Send + 
 
 impl Envd<'_> {
     fn request(&self, method: &str) -> reqwest::RequestBuilder {
-        let mut request = self
-            .http
-            .post(format!("{}/process.Process/{method}", self.base))
-            .header("Connect-Protocol-Version", "1")
+        self.routed(
+            self.http
+                .post(format!("{}/process.Process/{method}", self.base))
+                .header("Connect-Protocol-Version", "1"),
+        )
+    }
+
+    /// The headers every envd request carries: which sandbox and port the proxy routes it to,
+    /// and the sandbox's access token. No user is named (no `Authorization` user, no
+    /// `username`), so envd acts as the sandbox's default user for commands and files alike.
+    pub(super) fn routed(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        let request = request
             .header("E2b-Sandbox-Id", self.sandbox_id)
             .header("E2b-Sandbox-Port", ENVD_PORT.to_string());
-        if let Some(token) = self.token {
-            request = request.header("X-Access-Token", token);
+        match self.token {
+            Some(token) => request.header("X-Access-Token", token),
+            None => request,
         }
-        request
     }
 
     /// One unary call with a JSON body; Connect errors come back as a non-200 status.
@@ -479,7 +487,7 @@ fn classify_status(status: u16, call: &str, error: &ConnectError, started: bool)
 }
 
 /// A failed envd connection in a few words.
-fn envd_transport(error: &reqwest::Error) -> String {
+pub(super) fn envd_transport(error: &reqwest::Error) -> String {
     crate::backends::rest::describe_transport(error, "envd")
 }
 

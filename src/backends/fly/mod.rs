@@ -640,6 +640,10 @@ impl Backend for FlyBackend {
         false
     }
 
+    fn has_ports(&self) -> bool {
+        false
+    }
+
     fn tool_instructions(&self) -> String {
         let inner = &self.inner;
         if inner.config.image == DEFAULT_IMAGE {

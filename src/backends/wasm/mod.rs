@@ -596,6 +596,10 @@ impl Backend for WasmBackend {
         Some(self)
     }
 
+    fn has_ports(&self) -> bool {
+        false
+    }
+
     async fn exec(
         &self,
         sandbox: &SandboxRef,
