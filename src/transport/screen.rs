@@ -24,11 +24,15 @@ use serde_json::{Value, json};
 /// request rmcp would have taken is still taken.
 pub const MAX_LINE_BYTES: usize = 16 * 1024 * 1024;
 
-/// How much of an over-long line is kept to look for its `id`. Clients write `id` before
-/// `params` (the envelope comes first), so the id sits in the first few hundred bytes; 64 KiB
-/// leaves room for a long `jsonrpc`/`method` prefix while keeping the cost of a refused line
-/// small.
+/// How much of the start of an over-long line is kept to look for its `id`. Many clients write
+/// `id` before `params`, so it sits in the first few hundred bytes; 64 KiB leaves room for a
+/// long `jsonrpc`/`method` prefix while keeping the cost of a refused line small.
 pub const OVERSIZED_ID_PREFIX_BYTES: usize = 64 * 1024;
+
+/// How much of the end of an over-long line is kept: the official Python SDK writes `id` last
+/// (`{"method":…,"params":…,"jsonrpc":"2.0","id":7}`), so without its tail a refused request
+/// would be answered with a null id its client can never match, and the call would hang.
+pub const OVERSIZED_ID_TAIL_BYTES: usize = 4 * 1024;
 
 /// The methods rmcp 3.11 reads as typed client requests (the variants of `ClientRequest`). A
 /// request for one of these whose params do not fit falls through to rmcp's custom request and
@@ -102,9 +106,9 @@ pub fn repair(line: &[u8]) -> Cow<'_, str> {
     }
 }
 
-/// The answer to a line longer than [`MAX_LINE_BYTES`], given its first bytes.
-pub fn oversized(prefix: &[u8]) -> Value {
-    let id = leading_id(&String::from_utf8_lossy(prefix));
+/// The answer to a line longer than [`MAX_LINE_BYTES`], given its first and last bytes.
+pub fn oversized(prefix: &[u8], tail: &[u8]) -> Value {
+    let id = leading_id(&String::from_utf8_lossy(prefix)).or_else(|| trailing_id(tail));
     error_reply(
         id,
         ErrorCode::INVALID_REQUEST,
@@ -384,6 +388,36 @@ fn leading_id(text: &str) -> Option<RequestId> {
     }
 }
 
+/// The `id` of an object whose last member it is, read from the object's last bytes (which may
+/// start anywhere, even inside a string): the rightmost `"id"` that stands as a key and whose
+/// value is followed only by the closing brace. A nested object's `id` is followed by two
+/// braces, so it is never taken.
+fn trailing_id(tail: &[u8]) -> Option<RequestId> {
+    let body = tail.trim_ascii_end();
+    if body.last() != Some(&b'}') {
+        return None;
+    }
+    let closing = body.len() - 1;
+    let mut search_end = closing;
+    while let Some(at) = body[..search_end].windows(4).rposition(|w| w == b"\"id\"") {
+        let as_key = matches!(
+            body[..at].iter().rev().find(|b| !b.is_ascii_whitespace()),
+            Some(b',' | b'{')
+        );
+        let colon = skip_whitespace(body, at + 4);
+        if as_key && body.get(colon) == Some(&b':') {
+            let start = skip_whitespace(body, colon + 1);
+            if let Some(end) = end_of_value(body, start)
+                && skip_whitespace(body, end) == closing
+            {
+                return serde_json::from_slice(&body[start..end]).ok();
+            }
+        }
+        search_end = at;
+    }
+    None
+}
+
 fn skip_whitespace(bytes: &[u8], mut i: usize) -> usize {
     while bytes.get(i).is_some_and(u8::is_ascii_whitespace) {
         i += 1;
@@ -609,11 +643,44 @@ mod tests {
     #[test]
     fn an_over_long_line_is_answered_with_its_id_when_it_comes_first() {
         let head = br#"{"jsonrpc":"2.0","id":"big-1","method":"tools/call","params":{"x":"aaaa"#;
-        assert_eq!(code_and_id(&oversized(head)), (-32600, json!("big-1")));
+        assert_eq!(
+            code_and_id(&oversized(head, b"aaaa\"}}")),
+            (-32600, json!("big-1"))
+        );
         let late = br#"{"jsonrpc":"2.0","params":{"x":"aaaa"#;
-        assert_eq!(code_and_id(&oversized(late)), (-32600, Value::Null));
+        assert_eq!(
+            code_and_id(&oversized(late, b"aaaa\"}}")),
+            (-32600, Value::Null)
+        );
         let nested = br#"{"params":{"id":1,"s":"}\"{"},"id":12,"method":"tools/call"}"#;
-        assert_eq!(code_and_id(&oversized(nested)), (-32600, json!(12)));
-        assert_eq!(code_and_id(&oversized(b"garbage")), (-32600, Value::Null));
+        assert_eq!(code_and_id(&oversized(nested, b"")), (-32600, json!(12)));
+        assert_eq!(
+            code_and_id(&oversized(b"garbage", b"garbage")),
+            (-32600, Value::Null)
+        );
+    }
+
+    #[test]
+    fn an_over_long_line_is_answered_with_its_id_when_it_comes_last() {
+        // The official Python SDK's order: method, params, jsonrpc, id.
+        let head =
+            br#"{"method":"tools/call","params":{"name":"file_write","arguments":{"content":"QUFB"#;
+        let tail = br#"QUFB","id":"x"}},"jsonrpc":"2.0","id":7}
+"#;
+        assert_eq!(code_and_id(&oversized(head, tail)), (-32600, json!(7)));
+        let string_id = br#"QUFB"}},"jsonrpc":"2.0", "id" : "req-\"}9" }"#;
+        assert_eq!(
+            code_and_id(&oversized(head, string_id)),
+            (-32600, json!("req-\"}9"))
+        );
+        // An `id` inside params that happens to end the tail is not the request's.
+        let nested_only = br#"QUFB","id":5}}"#;
+        assert_eq!(
+            code_and_id(&oversized(head, nested_only)),
+            (-32600, Value::Null)
+        );
+        // A tail that starts inside a string holding `"id":` text.
+        let inside = br#"id":3,"id":4}"#;
+        assert_eq!(code_and_id(&oversized(head, inside)), (-32600, json!(4)));
     }
 }

@@ -25,7 +25,9 @@ use tokio::sync::{mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
-use super::screen::{self, MAX_LINE_BYTES, OVERSIZED_ID_PREFIX_BYTES, Screened};
+use super::screen::{
+    self, MAX_LINE_BYTES, OVERSIZED_ID_PREFIX_BYTES, OVERSIZED_ID_TAIL_BYTES, Screened,
+};
 use crate::mcp::{SessionHandler, Surface};
 use crate::shutdown;
 
@@ -107,7 +109,7 @@ pub struct LineTransport<R> {
     line: Vec<u8>,
     /// Set while the rest of an over-long line is skipped; holds its first bytes, where the id
     /// is looked for once the line ends.
-    discarding: Option<Vec<u8>>,
+    discarding: Option<Refused>,
     pending_reply: Option<Vec<u8>>,
     outgoing: Option<mpsc::Sender<Outgoing>>,
 }
@@ -115,8 +117,36 @@ pub struct LineTransport<R> {
 /// The result of reading up to one line.
 enum LineRead {
     Line,
-    Oversized(Vec<u8>),
+    Oversized(Refused),
     Eof,
+}
+
+/// What is kept of a line over [`MAX_LINE_BYTES`] to find its `id`: its start and its end.
+struct Refused {
+    prefix: Vec<u8>,
+    tail: Vec<u8>,
+}
+
+impl Refused {
+    /// Starts from the line read so far. Its buffer is shrunk in place to become the prefix
+    /// rather than freed: glibc raises its mmap threshold when a large mapped block is freed,
+    /// and the next large line would then come from the heap and stay resident after it.
+    fn from_line(mut line: Vec<u8>) -> Self {
+        let tail = line[line.len().saturating_sub(OVERSIZED_ID_TAIL_BYTES)..].to_vec();
+        line.truncate(OVERSIZED_ID_PREFIX_BYTES);
+        line.shrink_to_fit();
+        Self { prefix: line, tail }
+    }
+
+    fn keep(&mut self, chunk: &[u8]) {
+        let room = OVERSIZED_ID_PREFIX_BYTES.saturating_sub(self.prefix.len());
+        self.prefix
+            .extend_from_slice(&chunk[..room.min(chunk.len())]);
+        let chunk = &chunk[chunk.len().saturating_sub(OVERSIZED_ID_TAIL_BYTES)..];
+        self.tail.extend_from_slice(chunk);
+        let excess = self.tail.len().saturating_sub(OVERSIZED_ID_TAIL_BYTES);
+        self.tail.drain(..excess);
+    }
 }
 
 impl<R: AsyncRead + Unpin + Send> LineTransport<R> {
@@ -145,20 +175,18 @@ impl<R: AsyncRead + Unpin + Send> LineTransport<R> {
             let take = newline.map_or(available.len(), |at| at + 1);
             let chunk = &available[..take];
             let mut finished = None;
-            if let Some(prefix) = &mut self.discarding {
-                keep_prefix(prefix, chunk);
+            if let Some(refused) = &mut self.discarding {
+                refused.keep(chunk);
                 if newline.is_some() {
                     finished = self.discarding.take().map(LineRead::Oversized);
                 }
             } else if self.line.len() + take > MAX_LINE_BYTES {
-                let mut prefix = std::mem::take(&mut self.line);
-                prefix.truncate(OVERSIZED_ID_PREFIX_BYTES);
-                prefix.shrink_to_fit();
-                keep_prefix(&mut prefix, chunk);
+                let mut refused = Refused::from_line(std::mem::take(&mut self.line));
+                refused.keep(chunk);
                 if newline.is_some() {
-                    finished = Some(LineRead::Oversized(prefix));
+                    finished = Some(LineRead::Oversized(refused));
                 } else {
-                    self.discarding = Some(prefix);
+                    self.discarding = Some(refused);
                 }
             } else {
                 self.line.extend_from_slice(chunk);
@@ -203,12 +231,6 @@ impl<R: AsyncRead + Unpin + Send> LineTransport<R> {
     }
 }
 
-/// Appends to `prefix` what still fits under [`OVERSIZED_ID_PREFIX_BYTES`].
-fn keep_prefix(prefix: &mut Vec<u8>, chunk: &[u8]) {
-    let room = OVERSIZED_ID_PREFIX_BYTES.saturating_sub(prefix.len());
-    prefix.extend_from_slice(&chunk[..room.min(chunk.len())]);
-}
-
 impl<R: AsyncRead + Unpin + Send> Transport<RoleServer> for LineTransport<R> {
     type Error = std::io::Error;
 
@@ -249,9 +271,9 @@ impl<R: AsyncRead + Unpin + Send> Transport<RoleServer> for LineTransport<R> {
             };
             match read {
                 LineRead::Eof => return None,
-                LineRead::Oversized(prefix) => {
+                LineRead::Oversized(refused) => {
                     warn!(limit = MAX_LINE_BYTES, "refused an over-long JSON-RPC line");
-                    self.set_reply(&screen::oversized(&prefix));
+                    self.set_reply(&screen::oversized(&refused.prefix, &refused.tail));
                 }
                 LineRead::Line => {
                     let body = self.line.strip_suffix(b"\n").unwrap_or(&self.line);

@@ -11,6 +11,7 @@ import json
 import random
 import time
 
+import anyio
 import httpx
 import pytest
 
@@ -178,6 +179,9 @@ def test_issue_15_over_long_line_is_refused_and_not_held(kbb):
         # A long line whose id comes after the cut gets id null.
         late_id = '{"jsonrpc":"2.0","params":{"pad":"' + "b" * (20 * MIB) + '"},"id":5,"method":"ping"}'
         error_of(raw.exchange(late_id), None, -32600)
+        # ...unless it ends the line, as the official Python SDK writes it.
+        last_id = '{"method":"ping","params":{"pad":"' + "b" * (20 * MIB) + '"},"jsonrpc":"2.0","id":6}'
+        error_of(raw.exchange(last_id), 6, -32600)
         # A line without any newline inside 40 MiB: still skipped as it arrives.
         error_of(raw.exchange(b"c" * (40 * MIB)), None, -32600)
         raw.assert_quiet_then_ping()
@@ -340,3 +344,13 @@ async def test_issue_15_http_gets_the_same_answers(kbb):
                 found = _messages(response)
                 assert len(found) == 1, (line, response.text)
                 error_of(found[0], rid, code)
+
+
+async def test_an_over_long_call_from_the_python_sdk_gets_its_error_not_a_hang(kbb):
+    """The SDK writes `id` last; the refusal must still carry it, or the call waits forever."""
+    async with kbb.server(*BUSYBOX_ARGS) as srv:
+        with anyio.fail_after(60):
+            with pytest.raises(Exception, match="16 MiB"):
+                await srv.session.call_tool("terminal_execute", {"command": "true", "stdin": "x" * (17 * MIB)})
+            res = await srv.run("echo still here")
+        assert res.structured["stdout"] == "still here\n"
