@@ -48,10 +48,23 @@ impl<'a> Access<'a> {
         }
     }
 
-    /// The backend's own file system, if it has one; `None`: run the programs.
-    fn direct(&self) -> Result<Option<&'a dyn FileSystem>, FileOpError> {
+    /// The backend's own answer; `None` when it has no file system or declined this one
+    /// operation (`NotDirect`), and the programs run instead.
+    async fn directly<T, F>(
+        &self,
+        operation: impl FnOnce(&'a dyn FileSystem) -> F,
+    ) -> Result<Option<T>, FileOpError>
+    where
+        F: Future<Output = Result<T, FileOpError>>,
+    {
         Self::check_available(self.backend)?;
-        Ok(self.backend.file_system())
+        let Some(direct) = self.backend.file_system() else {
+            return Ok(None);
+        };
+        match self.cancellable(operation(direct)).await {
+            Err(FileOpError::NotDirect) => Ok(None),
+            answer => answer.map(Some),
+        }
     }
 
     /// At most `length` bytes of `path` from `offset`, never more whatever the computer sends.
@@ -62,20 +75,12 @@ impl<'a> Access<'a> {
         offset: u64,
         length: u64,
     ) -> Result<ReadAnswer, FileOpError> {
-        if let Some(direct) = self.direct()? {
-            match self
-                .cancellable(direct.read(sandbox, path, offset, length))
-                .await
-            {
-                Err(FileOpError::NotDirect) => {}
-                Ok(mut answer) => {
-                    answer
-                        .bytes
-                        .truncate(usize::try_from(length).unwrap_or(usize::MAX));
-                    return Ok(answer);
-                }
-                Err(error) => return Err(error),
-            }
+        let read = |fs: &'a dyn FileSystem| fs.read(sandbox, path, offset, length);
+        if let Some(mut answer) = self.directly(read).await? {
+            answer
+                .bytes
+                .truncate(usize::try_from(length).unwrap_or(usize::MAX));
+            return Ok(answer);
         }
         let mut args = vec![path.to_owned(), offset.to_string(), length.to_string()];
         if self.backend.exec_output_is_binary() {
@@ -102,14 +107,9 @@ impl<'a> Access<'a> {
         if path.ends_with('/') {
             return Err(FileError::WriteToDirectory(path.to_owned()).into());
         }
-        if let Some(direct) = self.direct()? {
-            match self
-                .cancellable(direct.write(sandbox, path, bytes, append, mode))
-                .await
-            {
-                Err(FileOpError::NotDirect) => {}
-                answer => return answer,
-            }
+        let write = |fs: &'a dyn FileSystem| fs.write(sandbox, path, bytes, append, mode);
+        if let Some(size) = self.directly(write).await? {
+            return Ok(size);
         }
         self.write_in_chunks(sandbox, path, bytes, append, mode)
             .await
@@ -190,11 +190,9 @@ impl<'a> Access<'a> {
         path: &str,
         depth: u8,
     ) -> Result<Listing, FileOpError> {
-        if let Some(direct) = self.direct()? {
-            match self.cancellable(direct.list(sandbox, path, depth)).await {
-                Err(FileOpError::NotDirect) => {}
-                answer => return answer,
-            }
+        let list = |fs: &'a dyn FileSystem| fs.list(sandbox, path, depth);
+        if let Some(listing) = self.directly(list).await? {
+            return Ok(listing);
         }
         let args = vec![path.to_owned(), depth.to_string()];
         let (stdout, _) = self

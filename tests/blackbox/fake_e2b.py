@@ -496,14 +496,18 @@ class FakeE2B:
             raise Reject(404, f"process with pid {pid} not found", connect_code="not_found")
         return process
 
-    def unary(self, name: str, headers: dict, body: bytes):
+    def unary_request(self, name: str, headers: dict, body: bytes):
+        """The sandbox and JSON body of a unary Connect call (process or filesystem service)."""
         sandbox = self.envd_sandbox(headers)
         if (headers.get("content-type") or "").split(";")[0].strip() != "application/json":
             raise self.violation(f"{name} is unary: Content-Type must be application/json")
         try:
-            req = json.loads(body or b"null")
+            return sandbox, json.loads(body or b"null")
         except ValueError:
             raise self.violation(f"{name} body is not JSON")
+
+    def unary(self, name: str, headers: dict, body: bytes):
+        sandbox, req = self.unary_request(name, headers, body)
         with self.lock:
             self.requests.append({"plane": "envd", "method": "POST", "path": f"/process.Process/{name}",
                                   "sandbox": sandbox.id, "body": req})
@@ -606,13 +610,7 @@ class FakeE2B:
         return value
 
     def filesystem(self, name: str, headers: dict, body: bytes):
-        sandbox = self.envd_sandbox(headers)
-        if (headers.get("content-type") or "").split(";")[0].strip() != "application/json":
-            raise self.violation(f"{name} is unary: Content-Type must be application/json")
-        try:
-            req = json.loads(body or b"null")
-        except ValueError:
-            raise self.violation(f"{name} body is not JSON")
+        sandbox, req = self.unary_request(name, headers, body)
         if name not in FS_FIELDS:
             raise Reject(404, f"procedure {name} is not implemented by this fake", connect_code="unimplemented")
         self.check_fields(f"{name}Request", req, FS_FIELDS[name])
