@@ -18,6 +18,7 @@ import {
   removeComputers,
   startHostServer,
   startServer,
+  statusWaiter,
   uniqueId,
   waitFor,
   stepsInOrder,
@@ -58,16 +59,7 @@ async function text(locator) {
   return (await locator.textContent()) ?? "";
 }
 
-async function waitStatus(expected, timeoutMs = 30_000) {
-  return waitFor(
-    async () => {
-      const t = await text(status());
-      return (typeof expected === "string" ? t === expected : expected.test(t)) ? t : false;
-    },
-    timeoutMs,
-    `status ${expected} (now: ${await text(status()).catch(() => "?")})`,
-  );
-}
+const waitStatus = statusWaiter(status);
 
 async function runCommand(command) {
   const before = toolCalls("terminal_execute").length;

@@ -16,6 +16,7 @@ import {
   launchBrowser,
   removeComputers,
   startHttpServer,
+  statusWaiter,
   uniqueId,
   waitFor,
   stepsInOrder,
@@ -34,16 +35,7 @@ let page;
 const step = stepsInOrder();
 
 const text = async (selector) => (await page.locator(selector).textContent()) ?? "";
-async function waitStatus(expected, timeoutMs = 30_000) {
-  await waitFor(
-    async () => {
-      const t = await text("#status");
-      return typeof expected === "string" ? t === expected : expected.test(t);
-    },
-    timeoutMs,
-    `status ${expected} (now: ${await text("#status").catch(() => "?")})`,
-  );
-}
+const waitStatus = statusWaiter(() => page.locator("#status"));
 const mcpRequests = (pred = () => true) => requests.filter(pred);
 const rpc = (r) => {
   try {

@@ -6,7 +6,7 @@ import assert from "node:assert/strict";
 import { createHash, randomBytes } from "node:crypto";
 import { readFileSync } from "node:fs";
 
-import { waitFor } from "./harness.mjs";
+import { statusWaiter, waitFor } from "./harness.mjs";
 
 const MIB = 1024 * 1024;
 /** UTF-8 with multibyte characters, so text is checked byte for byte. */
@@ -66,16 +66,7 @@ export function fileSteps(step, ctx) {
     $("#file-rows tr").filter({ has: ctx.root().locator("td.name", { hasText: new RegExp(`^${name.replace(/\./g, "\\.")}/?$`) }) });
   const cells = (name) => fileRow(name).locator("td").allTextContents();
   const button = (name) => ctx.root().getByRole("button", { name, exact: true });
-  async function waitStatus(expected, timeoutMs = 30_000) {
-    await waitFor(
-      async () => {
-        const t = await text("#status");
-        return typeof expected === "string" ? t === expected : expected.test(t);
-      },
-      timeoutMs,
-      `status ${expected} (now: ${await text("#status").catch(() => "?")})`,
-    );
-  }
+  const waitStatus = statusWaiter(() => $("#status"));
   const statusIsError = async () => /\berror\b/.test((await $("#status").getAttribute("class")) ?? "");
   const writes = () => ctx.toolArgs("file_write");
 

@@ -291,6 +291,23 @@ export async function waitFor(predicate, timeoutMs = 20_000, what = "condition")
   }
 }
 
+/**
+ * Waits until the page's status line (`status()` gives its locator) equals `expected` (a
+ * string) or matches it (a RegExp); returns the text.
+ */
+export function statusWaiter(status) {
+  const text = async () => (await status().textContent()) ?? "";
+  return async (expected, timeoutMs = 30_000) =>
+    waitFor(
+      async () => {
+        const t = await text();
+        return (typeof expected === "string" ? t === expected : expected.test(t)) ? t || true : false;
+      },
+      timeoutMs,
+      `status ${expected} (now: ${await text().catch(() => "?")})`,
+    );
+}
+
 export function ensureOutputDir() {
   mkdirSync(OUTPUT_DIR, { recursive: true });
   return OUTPUT_DIR;
