@@ -3,8 +3,8 @@
 
 use tokio_util::sync::CancellationToken;
 
-use super::slots::InFlight;
-use super::{Executed, Registry, RegistryError, Session, lock};
+use super::slots::{InFlight, Slot};
+use super::{Executed, Interruption, Registry, RegistryError, Session, lock};
 use crate::backends::{BackendError, NoProgress, Progress, SandboxRef};
 use crate::exec::{self, ExecError, ExecRequest};
 use crate::ids::{ComputerId, ExecId};
@@ -35,15 +35,7 @@ impl Registry {
             };
             let exec_cancel = cancel.child_token();
             let exec_id = ExecId::random();
-            {
-                let mut state = lock(&slot.state);
-                state.in_flight = Some(InFlight {
-                    cancel: exec_cancel.clone(),
-                    exec_id: exec_id.clone(),
-                    sandbox: sandbox.clone(),
-                });
-                state.interrupted_by = None;
-            }
+            Self::begin_in_flight(&slot, &sandbox, &exec_cancel, &exec_id);
             let result = exec::run(
                 self.backend.as_ref(),
                 &sandbox,
@@ -55,11 +47,7 @@ impl Registry {
                 &exec_cancel,
             )
             .await;
-            let interrupted_by = {
-                let mut state = lock(&slot.state);
-                state.in_flight = None;
-                state.interrupted_by.take()
-            };
+            let interrupted_by = Self::end_in_flight(&slot);
             Self::renew_lease(&slot, session);
             return match result {
                 Ok(outcome) => Ok(Executed { sandbox, outcome }),
@@ -116,26 +104,39 @@ impl Registry {
             return Err(RegistryError::Backend(BackendError::Vanished(id)));
         };
         let work_cancel = cancel.child_token();
-        {
-            let mut state = lock(&slot.state);
-            state.in_flight = Some(InFlight {
-                cancel: work_cancel.clone(),
-                exec_id: ExecId::random(),
-                sandbox: sandbox.clone(),
-            });
-            state.interrupted_by = None;
-        }
+        Self::begin_in_flight(&slot, &sandbox, &work_cancel, &ExecId::random());
         let answer = work(&sandbox, &work_cancel).await;
-        let interrupted_by = {
-            let mut state = lock(&slot.state);
-            state.in_flight = None;
-            state.interrupted_by.take()
-        };
+        let interrupted_by = Self::end_in_flight(&slot);
         Self::renew_lease(&slot, session);
         match interrupted_by {
             Some(op) => Err(RegistryError::Interrupted { id, op }),
             None if cancel.is_cancelled() => Err(RegistryError::Cancelled),
             None => Ok((sandbox, answer)),
         }
+    }
+
+    /// Records the work now holding the computer's turn, so a lifecycle op or shutdown can
+    /// cancel it (and kill what carries `exec_id`).
+    fn begin_in_flight(
+        slot: &Slot,
+        sandbox: &SandboxRef,
+        cancel: &CancellationToken,
+        exec_id: &ExecId,
+    ) {
+        let mut state = lock(&slot.state);
+        state.in_flight = Some(InFlight {
+            cancel: cancel.clone(),
+            exec_id: exec_id.clone(),
+            sandbox: sandbox.clone(),
+        });
+        state.interrupted_by = None;
+    }
+
+    /// Clears the record of [`Self::begin_in_flight`]; the lifecycle op that interrupted the
+    /// work, if one did.
+    fn end_in_flight(slot: &Slot) -> Option<Interruption> {
+        let mut state = lock(&slot.state);
+        state.in_flight = None;
+        state.interrupted_by.take()
     }
 }
