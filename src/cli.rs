@@ -289,6 +289,17 @@ pub struct DockerArgs {
         help_heading = "docker backend options"
     )]
     pub exec_helper: ExecHelperChoice,
+    /// Not in the Python reference: spare computers kept started (docs/warm-pool.md).
+    #[arg(
+        long,
+        env = "KILNTAINERS_WARM_POOL",
+        value_name = "N",
+        default_value_t = 0,
+        value_parser = clap::value_parser!(u16).range(0..=i64::from(crate::config::MAX_WARM_POOL)),
+        help = "Keep N started spare containers so a session's first command does not wait for a container start; spares are handed out as temporary computers only. Each spare is an idle container: its keep-alive and exec helper (~1-2 MB of memory), its memory and pid limits, and one slot in the engine's container list. 0 = off (default: 0)",
+        help_heading = "docker backend options"
+    )]
+    pub warm_pool: u16,
 }
 
 /// The E2B backend's flags.

@@ -106,6 +106,10 @@ async fn run(config: Config) -> i32 {
         config.file_tools,
     );
 
+    if backend.warm_pool().is_some() {
+        let (backend, instance) = (backend.clone(), instance.clone());
+        tokio::spawn(async move { backend.keep_warm(&instance).await });
+    }
     let state_dir_for_token = state_dir.clone();
     // Crash GC (and the eager backend check) never delays MCP traffic.
     match state_dir {

@@ -1,5 +1,6 @@
 //! Graceful shutdown (docs/decisions.md, "Shutdown"): kill in-flight command trees, remove every
-//! temporary computer this process holds, all within 20 s of the first trigger. A second
+//! temporary computer this process holds and every warm-pool spare, all within 20 s of the
+//! first trigger. A second
 //! SIGINT/SIGTERM or the bound ends it at once with the spec's message and exit code 1.
 //!
 //! When stdin EOF started the drain, the first signal that arrives during it is the *first*
@@ -75,21 +76,29 @@ pub async fn drain(registry: &Registry, trigger: Trigger, signals: &mut Signals)
     );
     let work = async {
         let _ = tokio::time::timeout(EXEC_KILL_BOUND, registry.kill_all_in_flight()).await;
-        registry.remove_all_temporary().await
+        // Warm-pool spares go with the temporary computers (docs/warm-pool.md).
+        let (failed, spares) = tokio::join!(
+            registry.remove_all_temporary(),
+            registry.backend().release_spares()
+        );
+        if let Err(error) = &spares {
+            tracing::warn!(%error, "could not remove every warm-pool spare");
+        }
+        (failed, spares.is_ok())
     };
     // Cut short, the sweep may have left computers it had not recorded yet (creations in
     // progress), so an unfinished drain always counts as a failure.
     let remaining: Vec<ComputerId> = tokio::select! {
         result = tokio::time::timeout(SHUTDOWN_BOUND, work) => match result {
-            Ok(failed) if failed.is_empty() => return 0,
-            Ok(failed) => failed,
+            Ok((failed, true)) if failed.is_empty() => return 0,
+            Ok((failed, _)) => failed,
             Err(_) => registry.temporary_ids(),
         },
         () = abort => registry.temporary_ids(),
     };
     let ids: Vec<&str> = remaining.iter().map(ComputerId::as_str).collect();
     let ids = if ids.is_empty() {
-        "(computers still being created)".to_owned()
+        "(computers still being created, or warm-pool spares)".to_owned()
     } else {
         ids.join(", ")
     };

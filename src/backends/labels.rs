@@ -11,6 +11,13 @@ pub mod docker {
     pub const INSTANCE: &str = "kilntainers.instance";
     /// Container names are `kilntainer-<computer_id>`.
     pub const NAME_PREFIX: &str = "kilntainer-";
+    /// New: set on a container born as a warm-pool spare (docs/warm-pool.md). Such a container
+    /// has no computer-id label, since it got its id only when it was handed out; its id is its
+    /// name after [`NAME_PREFIX`].
+    pub const POOLED: &str = "kilntainers.pooled";
+    /// Names of spares not yet handed out; never the name of a computer, as the `s` after
+    /// `kilntainer` keeps it from starting with [`NAME_PREFIX`].
+    pub const SPARE_NAME_PREFIX: &str = "kilntainers-spare-";
 }
 
 /// Metadata keys of the providers whose keys are dashed rather than dotted (Fly Machine

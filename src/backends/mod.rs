@@ -132,6 +132,15 @@ pub enum PortRoute {
     Provider { url: String, public: bool },
 }
 
+/// The warm pool's fill level (docs/warm-pool.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WarmPoolSize {
+    /// Spares started and ready to be handed out now.
+    pub ready: usize,
+    /// How many spares the pool keeps (`--warm-pool`).
+    pub target: usize,
+}
+
 /// Progress reports while a backend waits on its provider (image pulls, machine starts).
 pub trait Progress: Send + Sync {
     fn report(&self, progress: f64, total: Option<f64>, message: String);
@@ -277,6 +286,22 @@ pub trait Backend: Send + Sync {
             "Ports are not available on the {} backend.",
             self.kind()
         ))
+    }
+
+    /// Keeps a warm pool of started spare computers full until [`Backend::release_spares`]
+    /// (docs/warm-pool.md); [`Backend::create`] hands a spare out as a temporary computer when
+    /// one is ready. Returns at once on a backend without a pool. Spares carry `instance`, so
+    /// crash GC collects them like the temporary computers of that instance.
+    async fn keep_warm(&self, _instance: &InstanceId) {}
+
+    /// The pool's fill level, when this backend keeps a warm pool.
+    fn warm_pool(&self) -> Option<WarmPoolSize> {
+        None
+    }
+
+    /// Shutdown: stops refilling, waits for spares being made, and removes every spare.
+    async fn release_spares(&self) -> Result<(), BackendError> {
+        Ok(())
     }
 
     /// Checks reachability once; callers cache success.

@@ -30,6 +30,10 @@ pub const DEFAULT_IMAGE: &str = "debian:bookworm-slim";
 /// deadline computable and every idle session eventually reapable.
 pub const MAX_TIMEOUT_SECS: u64 = 604_800;
 
+/// Largest `--warm-pool`: every spare is a running container, and more than this many idle ones
+/// is a misconfiguration rather than a pool (docs/warm-pool.md).
+pub const MAX_WARM_POOL: u16 = 64;
+
 /// `--allowed-host` value that turns the Host check off.
 const ANY_HOST: &str = "*";
 
@@ -188,6 +192,8 @@ pub struct DockerConfig {
     pub runtime: Option<String>,
     /// `--exec-helper on`: commands go through the resident helper where it can run.
     pub exec_helper: bool,
+    /// `--warm-pool`: started spares kept for temporary computers; 0 = no pool.
+    pub warm_pool: usize,
 }
 
 impl Config {
@@ -396,12 +402,19 @@ fn docker_config(cli: &Cli) -> Result<DockerConfig, ConfigError> {
         security_opts,
         runtime: cli.docker.runtime.clone(),
         exec_helper: cli.docker.exec_helper == crate::cli::ExecHelperChoice::On,
+        warm_pool: usize::from(cli.docker.warm_pool),
     })
 }
 
 /// Rows 17-20 of docs/decisions.md, "Startup validation": value checks of the other backends, applied only when that
 /// backend is selected.
 fn check_other_backend_values(cli: &Cli) -> Result<(), ConfigError> {
+    if cli.backend != BackendKind::Docker && cli.docker.warm_pool > 0 {
+        return fail(format!(
+            "--warm-pool (KILNTAINERS_WARM_POOL) is only available with --backend docker (Docker or Podman); the {} backend starts its computers itself. Remove it or set it to 0.",
+            cli.backend.name()
+        ));
+    }
     match cli.backend {
         BackendKind::Fly => {
             if cli.fly.fly_cpus < 1 {
@@ -475,6 +488,7 @@ mod tests {
         assert_eq!(c.limits.default_timeout_secs, 120);
         assert_eq!(c.limits.output_limit, 2_097_152);
         assert_eq!(c.docker.pids_limit, Some(4096));
+        assert_eq!(c.docker.warm_pool, 0);
         assert_eq!(c.docker.security_opts, vec!["no-new-privileges:true"]);
         assert!(c.network);
         assert!(!c.lifecycle_tools);

@@ -173,7 +173,7 @@ fn info_json(row: &ComputerInfo, backend: &str) -> Value {
     Value::Object(item)
 }
 
-/// `computer_list` and `computer_dashboard` (the same payload).
+/// `computer_list` and `computer_dashboard` (the same payload; docs/warm-pool.md for `warm_pool`).
 pub async fn list(registry: &Registry) -> CallToolResult {
     let (rows, warning) = registry.list().await;
     let backend = registry.backend().kind();
@@ -183,6 +183,14 @@ pub async fn list(registry: &Registry) -> CallToolResult {
         Value::Array(rows.iter().map(|r| info_json(r, backend)).collect()),
     );
     payload.insert("count".into(), json!(rows.len()));
+    // Only with `--warm-pool`, so the payload stays the reference's without it. Not in the
+    // output schema for the same reason; the schema allows extra fields.
+    if let Some(pool) = registry.backend().warm_pool() {
+        payload.insert(
+            "warm_pool".into(),
+            json!({"ready": pool.ready, "size": pool.target}),
+        );
+    }
     if let Some(warning) = warning {
         payload.insert("warning".into(), json!(warning));
     }

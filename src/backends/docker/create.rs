@@ -1,6 +1,7 @@
 //! Container creation (docs/decisions.md, "Docker and Podman"): pull when missing (single-flight per image, with
 //! progress), create with our labels and limits, start, check it stayed up, readiness. Any
-//! failure after the container exists removes it, temporary or permanent.
+//! failure after the container exists removes it, temporary or permanent. A temporary computer
+//! of the configured image is a warm-pool spare renamed when one is ready ([`super::pool`]).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -15,7 +16,8 @@ use tracing::info;
 use super::{DockerBackend, describe, is_running, status_of};
 use crate::backends::labels::{docker as label, format_bool};
 use crate::backends::posix::keep_alive_argv;
-use crate::backends::{Backend, BackendError, CreateSpec, Progress, SandboxRef};
+use crate::backends::{Backend, BackendError, CreateSpec, NoProgress, Progress, SandboxRef};
+use crate::ids::{ComputerId, InstanceId};
 
 /// Container creations that talk to the engine at once. Two hundred simultaneous first calls
 /// (the HTTP bench) made dockerd take longer than the 30 s API timeout for single starts on a
@@ -47,54 +49,160 @@ pub(super) async fn create(
         .image
         .clone()
         .unwrap_or_else(|| backend.config.image.clone());
+    // Spares are temporary containers of the configured image (docs/warm-pool.md).
+    let from_pool = spec.temporary && image == backend.config.image;
+    if from_pool && let Some(sandbox) = backend.pool.take(backend, &spec.computer_id).await {
+        return Ok(sandbox);
+    }
     ensure_image(backend, &image, progress).await?;
     // The semaphore is never closed, so acquiring only waits.
     let _turn = backend.starts.acquire().await.ok();
-    let docker = backend.client().await?;
-    let name = DockerBackend::container_name(&spec.computer_id);
-    let mut options = CreateContainerOptionsBuilder::default().name(&name);
-    if let Some(platform) = &backend.config.run_flags.platform {
-        options = options.platform(platform);
+    // A spare may have become ready while this waited for its turn.
+    if from_pool && let Some(sandbox) = backend.pool.take(backend, &spec.computer_id).await {
+        return Ok(sandbox);
     }
-    let created = match docker
-        .create_container(Some(options.build()), container_body(backend, spec, &image))
-        .await
-    {
-        Ok(created) => created,
-        Err(e) if status_of(&e) == Some(409) => {
+    let mut labels = HashMap::from([
+        (label::MANAGED.to_owned(), "true".to_owned()),
+        (label::COMPUTER_ID.to_owned(), spec.computer_id.to_string()),
+        (
+            label::TEMPORARY.to_owned(),
+            format_bool(spec.temporary).to_owned(),
+        ),
+        (label::IMAGE.to_owned(), image.clone()),
+    ]);
+    if spec.temporary {
+        labels.insert(label::INSTANCE.to_owned(), spec.instance.to_string());
+    }
+    let name = DockerBackend::container_name(&spec.computer_id);
+    let wanted = Wanted {
+        name: &name,
+        computer_id: &spec.computer_id,
+        temporary: spec.temporary,
+        image,
+        labels,
+    };
+    match new_container(backend, wanted).await {
+        Ok(made) => Ok(made.sandbox),
+        Err(Refused::NameTaken) => {
             // Another server created it between our lookup and create: attach instead.
             let found = backend
                 .lookup(&spec.computer_id)
                 .await?
                 .ok_or_else(|| BackendError::Vanished(spec.computer_id.clone()))?;
-            return backend.ensure_running(&found.sandbox).await;
+            backend.ensure_running(&found.sandbox).await
         }
+        Err(Refused::Failed(error)) => Err(error),
+    }
+}
+
+/// A started container that is not a computer yet: a warm-pool spare of the configured image,
+/// labelled as a temporary container of `instance` without a computer id, and named so that no
+/// computer lookup finds it (docs/warm-pool.md, "Labels").
+pub(super) async fn spare(
+    backend: &DockerBackend,
+    instance: &InstanceId,
+) -> Result<Made, BackendError> {
+    let image = backend.config.image.clone();
+    ensure_image(backend, &image, &NoProgress).await?;
+    let _turn = backend.starts.acquire().await.ok();
+    let suffix = InstanceId::random();
+    let name = format!("{}{suffix}", label::SPARE_NAME_PREFIX);
+    // Only for log lines and messages about the spare; the container carries no id.
+    let placeholder = ComputerId::parse(&format!("spare-{suffix}"))
+        .map_err(|e| BackendError::Provider(e.to_string()))?;
+    let labels = HashMap::from([
+        (label::MANAGED.to_owned(), "true".to_owned()),
+        (label::TEMPORARY.to_owned(), format_bool(true).to_owned()),
+        (label::IMAGE.to_owned(), image.clone()),
+        (label::INSTANCE.to_owned(), instance.to_string()),
+        (label::POOLED.to_owned(), "true".to_owned()),
+    ]);
+    let wanted = Wanted {
+        name: &name,
+        computer_id: &placeholder,
+        temporary: true,
+        image,
+        labels,
+    };
+    new_container(backend, wanted)
+        .await
+        .map_err(|refused| match refused {
+            Refused::NameTaken => {
+                BackendError::Provider(format!("Docker name '{name}' is already in use."))
+            }
+            Refused::Failed(error) => error,
+        })
+}
+
+/// The container [`new_container`] makes.
+struct Wanted<'a> {
+    name: &'a str,
+    computer_id: &'a ComputerId,
+    /// Removed by the engine when it stops (`AutoRemove`), and in crash GC's reach.
+    temporary: bool,
+    image: String,
+    labels: HashMap<String, String>,
+}
+
+/// A container made and started, with its readiness checked.
+pub(super) struct Made {
+    pub sandbox: SandboxRef,
+    pub name: String,
+    /// `State.StartedAt` after the start: a spare started again since is not handed out.
+    pub started_at: Option<String>,
+}
+
+enum Refused {
+    /// The name belongs to another container.
+    NameTaken,
+    Failed(BackendError),
+}
+
+/// Creates and starts one container; any failure after it exists removes it.
+async fn new_container(backend: &DockerBackend, wanted: Wanted<'_>) -> Result<Made, Refused> {
+    let docker = backend.client().await.map_err(Refused::Failed)?;
+    let mut options = CreateContainerOptionsBuilder::default().name(wanted.name);
+    if let Some(platform) = &backend.config.run_flags.platform {
+        options = options.platform(platform);
+    }
+    let body = container_body(backend, &wanted);
+    let created = match docker.create_container(Some(options.build()), body).await {
+        Ok(created) => created,
+        Err(e) if status_of(&e) == Some(409) => return Err(Refused::NameTaken),
         Err(e) => {
-            return Err(BackendError::Provider(format!(
+            return Err(Refused::Failed(BackendError::Provider(format!(
                 "Docker could not create a container for computer '{}': {}",
-                spec.computer_id,
+                wanted.computer_id,
                 describe(&e)
-            )));
+            ))));
         }
     };
     let sandbox = SandboxRef {
-        computer_id: spec.computer_id.clone(),
+        computer_id: wanted.computer_id.clone(),
         sandbox_id: created.id.chars().take(12).collect(),
-        temporary: spec.temporary,
-        image,
+        temporary: wanted.temporary,
+        image: wanted.image,
     };
     match start(backend, &sandbox).await {
-        Ok(()) => Ok(sandbox),
+        Ok(started_at) => Ok(Made {
+            sandbox,
+            name: wanted.name.to_owned(),
+            started_at,
+        }),
         Err(error) => {
             // Never leave a half-made computer behind, permanent ones included.
             backend.helpers.forget(&sandbox.sandbox_id);
             let _ = backend.remove_container(&created.id).await;
-            Err(error)
+            Err(Refused::Failed(error))
         }
     }
 }
 
-async fn start(backend: &DockerBackend, sandbox: &SandboxRef) -> Result<(), BackendError> {
+/// Starts a created container and checks readiness; returns its `State.StartedAt`.
+async fn start(
+    backend: &DockerBackend,
+    sandbox: &SandboxRef,
+) -> Result<Option<String>, BackendError> {
     let docker = backend.client().await?;
     // The exec helper's upload (~1.5 MB) overlaps the start: readiness needs both, and neither
     // needs the other.
@@ -110,35 +218,26 @@ async fn start(backend: &DockerBackend, sandbox: &SandboxRef) -> Result<(), Back
         ))
     })?;
     match backend.inspect(&sandbox.sandbox_id).await? {
-        Some(inspect) if is_running(&inspect) => backend.readiness(sandbox).await,
+        Some(inspect) if is_running(&inspect) => {
+            backend.readiness(sandbox).await?;
+            Ok(inspect.state.and_then(|s| s.started_at))
+        }
         _ => Err(backend.exited_immediately(&sandbox.sandbox_id)),
     }
 }
 
-fn container_body(backend: &DockerBackend, spec: &CreateSpec, image: &str) -> ContainerCreateBody {
+fn container_body(backend: &DockerBackend, wanted: &Wanted<'_>) -> ContainerCreateBody {
     let config = &backend.config;
-    let mut labels = HashMap::from([
-        (label::MANAGED.to_owned(), "true".to_owned()),
-        (label::COMPUTER_ID.to_owned(), spec.computer_id.to_string()),
-        (
-            label::TEMPORARY.to_owned(),
-            format_bool(spec.temporary).to_owned(),
-        ),
-        (label::IMAGE.to_owned(), image.to_owned()),
-    ]);
-    if spec.temporary {
-        labels.insert(label::INSTANCE.to_owned(), spec.instance.to_string());
-    }
     let mut body = ContainerCreateBody {
-        image: Some(image.to_owned()),
+        image: Some(wanted.image.clone()),
         cmd: Some(keep_alive_argv(&backend.shell)),
         // An image entrypoint must not wrap or replace the keep-alive.
         entrypoint: Some(vec![String::new()]),
-        labels: Some(labels),
+        labels: Some(wanted.labels.clone()),
         tty: Some(false),
         open_stdin: Some(false),
         host_config: Some(HostConfig {
-            auto_remove: Some(spec.temporary),
+            auto_remove: Some(wanted.temporary),
             network_mode: (!backend.network).then(|| "none".to_owned()),
             nano_cpus: config.nano_cpus,
             memory: config.memory_bytes,

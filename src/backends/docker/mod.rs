@@ -1,6 +1,6 @@
 //! Docker and Podman through the Engine API (bollard), never the CLI (docs/decisions.md, "Docker and Podman"). Owns the
 //! connection, container lookup, inventory, restart, removal and crash GC; creation lives in
-//! [`create`] and command execution in [`exec`].
+//! [`create`], the warm pool of spares in [`pool`] and command execution in [`exec`].
 //!
 //! The word *container* appears only under this folder. Label keys come from
 //! [`crate::backends::labels::docker`] so the Python reference's containers are found as ours.
@@ -8,6 +8,7 @@
 mod create;
 mod exec;
 mod helper;
+mod pool;
 mod ports;
 mod run_flags_api;
 
@@ -31,7 +32,7 @@ use super::labels::{self, docker as label};
 use super::posix::{self, SweepReach, shell_basename};
 use super::{
     Backend, BackendError, ComputerInfo, CreateSpec, ExecEnd, ExecSpec, Found, OutputSink,
-    PortRoute, PortStream, Progress, Restarted, SandboxRef,
+    PortRoute, PortStream, Progress, Restarted, SandboxRef, WarmPoolSize,
 };
 use crate::config::{Config, DEFAULT_IMAGE, DockerConfig, Engine};
 use crate::ids::{ComputerId, ExecId, InstanceId};
@@ -59,6 +60,8 @@ pub struct DockerBackend {
     starts: tokio::sync::Semaphore,
     /// The resident exec helpers, one connection per container.
     helpers: helper::Helpers,
+    /// Started spares handed out as temporary computers (`--warm-pool`).
+    pool: pool::WarmPool,
 }
 
 impl DockerBackend {
@@ -72,6 +75,7 @@ impl DockerBackend {
             pulls: create::PullGate::default(),
             starts: tokio::sync::Semaphore::new(create::PARALLEL_STARTS),
             helpers: helper::Helpers::new(config.docker.exec_helper),
+            pool: pool::WarmPool::new(config.docker.warm_pool),
         })
     }
 
@@ -169,7 +173,7 @@ impl DockerBackend {
                 "Docker returned invalid inspect data for computer '{id}'."
             )));
         };
-        if labels.get(label::COMPUTER_ID).map(String::as_str) != Some(id.as_str()) {
+        if claimed_id(labels, inspect.name.as_deref().unwrap_or_default()) != Some(id.as_str()) {
             return Err(BackendError::Provider(format!(
                 "Docker name '{}' is already in use by a container not owned by this server.",
                 Self::container_name(id)
@@ -319,6 +323,18 @@ impl Backend for DockerBackend {
         true
     }
 
+    async fn keep_warm(&self, instance: &InstanceId) {
+        self.pool.keep(self, instance).await;
+    }
+
+    fn warm_pool(&self) -> Option<WarmPoolSize> {
+        self.pool.size()
+    }
+
+    async fn release_spares(&self) -> Result<(), BackendError> {
+        self.pool.release(self).await
+    }
+
     async fn create(
         &self,
         spec: &CreateSpec,
@@ -350,7 +366,8 @@ impl Backend for DockerBackend {
 
     async fn list(&self) -> Result<Vec<ComputerInfo>, BackendError> {
         let docker = self.client().await?;
-        let filters = HashMap::from([("label".to_owned(), vec![label::COMPUTER_ID.to_owned()])]);
+        // Every computer has the managed label; those born as spares have no computer-id label.
+        let filters = HashMap::from([("label".to_owned(), vec![label::MANAGED.to_owned()])]);
         let options = ListContainersOptionsBuilder::default()
             .all(true)
             .filters(&filters)
@@ -363,13 +380,16 @@ impl Backend for DockerBackend {
         };
         let mut targets = Vec::new();
         for summary in summaries {
-            let raw_id = summary
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(label::COMPUTER_ID))
-                .ok_or_else(invalid)?;
-            // Containers labelled by someone else with a non-slug id are not ours to show.
-            let Ok(id) = ComputerId::parse(raw_id) else {
+            let Some(labels) = summary.labels.as_ref() else {
+                continue;
+            };
+            // A spare not handed out, or a container labelled by someone else with a non-slug
+            // id, is not a computer to show.
+            let names = summary.names.iter().flatten();
+            let Some(id) = names
+                .filter_map(|name| claimed_id(labels, name))
+                .find_map(|raw| ComputerId::parse(raw).ok())
+            else {
                 continue;
             };
             if summary
@@ -502,6 +522,7 @@ impl Backend for DockerBackend {
             BackendError::Provider(format!("Docker container listing failed: {}", describe(&e)))
         })?;
         let mut removed = Vec::new();
+        let mut spares = 0;
         for summary in summaries {
             let Some(labels) = summary.labels.as_ref() else {
                 continue;
@@ -511,19 +532,46 @@ impl Backend for DockerBackend {
             let instance = labels
                 .get(label::INSTANCE)
                 .and_then(|i| InstanceId::parse(i));
-            let id = labels
-                .get(label::COMPUTER_ID)
-                .and_then(|i| ComputerId::parse(i).ok());
-            let (Some(instance), Some(id), Some(container)) = (instance, id, summary.id.as_deref())
-            else {
+            let (Some(instance), Some(container)) = (instance, summary.id.as_deref()) else {
                 continue;
             };
-            if temporary && dead.contains(&instance) {
-                self.remove_container(container).await?;
-                removed.push(id);
+            if !(temporary && dead.contains(&instance)) {
+                continue;
+            }
+            // A spare never handed out has no computer id: removed, but not a computer.
+            let id = summary
+                .names
+                .iter()
+                .flatten()
+                .filter_map(|name| claimed_id(labels, name))
+                .find_map(|raw| ComputerId::parse(raw).ok());
+            if id.is_none() && labels.get(label::COMPUTER_ID).is_some() {
+                continue;
+            }
+            self.remove_container(container).await?;
+            match id {
+                Some(id) => removed.push(id),
+                None => spares += 1,
             }
         }
+        if spares > 0 {
+            info!(spares, "removed warm-pool spares left by a previous server");
+        }
         Ok(removed)
+    }
+}
+
+/// The computer id a container claims, from its labels and its name (with or without the
+/// leading `/`): the computer-id label, or for a container born a warm-pool spare, which has
+/// none, the name after `kilntainer-` (docs/warm-pool.md, "Labels"). `None` for a spare not
+/// handed out and for containers that are not computers.
+fn claimed_id<'a>(labels: &'a HashMap<String, String>, name: &'a str) -> Option<&'a str> {
+    match labels.get(label::COMPUTER_ID) {
+        Some(id) => Some(id),
+        None if labels.get(label::POOLED).map(String::as_str) == Some("true") => name
+            .trim_start_matches('/')
+            .strip_prefix(label::NAME_PREFIX),
+        None => None,
     }
 }
 
@@ -553,4 +601,39 @@ fn describe(error: &DockerError) -> String {
 fn current_uid() -> Option<u32> {
     use std::os::unix::fs::MetadataExt;
     std::fs::metadata("/proc/self").ok().map(|m| m.uid())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn labels(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn a_computer_is_named_by_its_label_and_a_handed_out_spare_by_its_name() {
+        let reference = labels(&[(label::COMPUTER_ID, "dev-box")]);
+        assert_eq!(claimed_id(&reference, "/kilntainer-other"), Some("dev-box"));
+        let spare = labels(&[(label::POOLED, "true")]);
+        assert_eq!(
+            claimed_id(&spare, "/kilntainer-amber-otter-1a2b"),
+            Some("amber-otter-1a2b")
+        );
+        assert_eq!(claimed_id(&spare, "kilntainer-x"), Some("x"));
+        // Not handed out yet: no computer at all.
+        assert_eq!(
+            claimed_id(&spare, "/kilntainers-spare-0123456789abcdef"),
+            None
+        );
+        // Neither label: someone else's container.
+        assert_eq!(claimed_id(&labels(&[]), "/kilntainer-x"), None);
+        assert_eq!(
+            claimed_id(&labels(&[(label::POOLED, "no")]), "/kilntainer-x"),
+            None
+        );
+    }
 }
