@@ -35,6 +35,7 @@ import anyio
 from bench.common import ECHO, IMAGE, REPO, SHELL, log, perf, write_json
 from bench.harness import Harness
 from bench.phases import phase_cold, phase_concurrent, phase_many_computers, phase_warm
+from bench.pool import phase_pool
 from bench.report import build_rows, chart, machine_info, text_table, write_doc
 
 
@@ -50,18 +51,21 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--sessions", type=int, default=50)
     ap.add_argument("--commands", type=int, default=10)
     ap.add_argument("--concurrent-runs", type=int, default=1)
+    ap.add_argument("--pool-sessions", type=int, default=20, help="sessions timed for the first call with a warm pool")
+    ap.add_argument("--pool-size", type=int, default=8, help="--warm-pool of the concurrent sessions with a pool")
     ap.add_argument("--profile-calls", type=int, default=100)
     ap.add_argument("--gone-timeout", type=float, default=20.0)
     ap.add_argument("--many-gone-timeout", type=float, default=20.0)
     ap.add_argument("--no-profile", action="store_true")
     ap.add_argument("--no-doc", action="store_true", help="do not touch docs/")
     ap.add_argument("--quick", action="store_true", help="tiny run counts, for trying the harness (implies --no-doc)")
-    ap.add_argument("--only", default="cold,warm,many,concurrent", help="comma list of phases")
+    ap.add_argument("--only", default="cold,warm,many,concurrent,pool", help="comma list of phases")
     ap.add_argument("--results-dir", default=str(REPO / "bench/results"))
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory (logs, traces)")
     o = ap.parse_args()
     if o.quick:
         o.cold, o.warm, o.warmup, o.computers, o.sessions, o.commands, o.profile_calls = 2, 30, 3, 5, 5, 3, 30
+        o.pool_sessions, o.pool_size = 3, 2
         o.no_doc = True  # never publish quick numbers
     return o
 
@@ -76,6 +80,8 @@ async def amain(h: Harness, res: dict[str, Any]) -> None:
         ("many", f"{o.computers} computers in one session per server", lambda: phase_many_computers(h, res)),
         ("concurrent", f"{o.sessions} concurrent sessions × {o.commands} commands per server",
          lambda: phase_concurrent(h, res)),
+        ("pool", f"project over HTTP with a warm pool: {o.pool_sessions} first calls (pool 2), "
+                 f"{o.sessions} sessions × {o.commands} commands (pool {o.pool_size})", lambda: phase_pool(h, res)),
     ]
     # Every chosen phase has a key from the start, filled in with the load as it begins.
     load = res.setdefault("loadavg_before_phase", {name: None for name, _, _ in steps if name in chosen})

@@ -78,7 +78,8 @@ class Harness:
         """Force-remove (by exact id) whatever this run caused that is still there."""
         removed = []
         seen: dict[str, dict[str, Any]] = {}
-        for label in ("kilntainers.computer-id", f"kilntainers.bench={self.run_id}"):
+        # Warm-pool spares have no computer-id label; their instance label is the run's.
+        for label in ("kilntainers.computer-id", "kilntainers.pooled", f"kilntainers.bench={self.run_id}"):
             for c in self.engine.list_containers(label):
                 seen[c["Id"]] = c
         for cid, c in seen.items():

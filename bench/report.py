@@ -86,6 +86,22 @@ def build_rows(res: dict[str, Any], opts: argparse.Namespace) -> list[Row]:
         rows.append(Row(f"{label}: p99 of warm calls (calls 2–{opts.commands})", "ms",
                         med("project", lambda r: percentile(r["warm_latency"], 99)) * ms,
                         med("python", lambda r: percentile(r["warm_latency"], 99)) * ms))
+    pool = res.get("pool")
+    if pool:
+        first, b = pool["first"]["first_call"], pool["burst"]
+        py_first = cold["servers"]["python"]["first"] if cold else []
+        note = "python: its first call above (stdio)"
+        for p, tgt in ((50, 0.125), (95, None)):
+            rows.append(Row(f"first call with a warm pool (HTTP, pool {pool['first']['pool']}), p{p} (n={len(first)})", "ms",
+                            percentile(first, p) * ms, percentile(py_first, p) * ms if py_first else None, None, tgt,
+                            note if p == 50 else ""))
+        py_conc = conc.get("python") if conc else None
+        label = f"{opts.sessions} sessions × {opts.commands} commands, pool of {b['pool']} (HTTP)"
+        rows.append(Row(f"{label}: p99 of all calls", "ms", percentile(b["latency"], 99) * ms,
+                        statistics.median(percentile(r["latency"], 99) for r in py_conc) * ms if py_conc else None,
+                        note="python: its stdio sessions above"))
+        rows.append(Row(f"{label}: total", "s", b["total_s"],
+                        statistics.median(r["total_s"] for r in py_conc) if py_conc else None))
     if cold:
         sv = cold["servers"]
         rss = lambda k: statistics.median(x for x in sv[k]["idle_rss_kib"] if x) / 1024  # noqa: E731
@@ -348,7 +364,10 @@ reported, never asserted.
 Run counts: {opts.cold} cold runs per server (spawn → initialize → first call → close), {opts.warm}
 alternating warm calls per server (after {opts.warmup} warm-up calls), {opts.computers} computers in
 one session per server, {opts.concurrent_runs} run(s) per server of {opts.sessions} concurrent
-sessions × {opts.commands} commands. Raw samples: `bench/results/{res['results_file']}`.
+sessions × {opts.commands} commands; the project alone over Streamable HTTP with a warm pool:
+{opts.pool_sessions} sessions' first calls (each opened once the pool of 2 was full again) and
+{opts.sessions} sessions × {opts.commands} commands with a pool of {opts.pool_size}. Raw samples:
+`bench/results/{res['results_file']}`.
 
 ## Machine
 

@@ -4,7 +4,9 @@
 
 use serde_json::json;
 
-use crate::common::{ContainerGuard, TempHome, enabled, execute, start, structured, unique_id};
+use crate::common::{
+    ContainerGuard, TempHome, enabled, eventually, execute, start, structured, unique_id,
+};
 
 async fn round_trip(args: &[&str], id: &str) {
     let home = TempHome::new("engine");
@@ -82,4 +84,100 @@ async fn gvisor_exec_round_trip_without_network() {
         "/bin/sh",
     ];
     round_trip(&args, &id).await;
+}
+
+/// The `docker` CLI against `host`; its stdout.
+fn docker_on(host: &str, args: &[&str]) -> String {
+    let output = std::process::Command::new("docker")
+        .env("DOCKER_HOST", host)
+        .args(args)
+        .output()
+        .expect("docker CLI");
+    String::from_utf8_lossy(&output.stdout).trim().to_owned()
+}
+
+/// Podman renames through its Docker-compatible API too, so a spare becomes the computer there
+/// as on Docker (docs/warm-pool.md).
+#[tokio::test]
+async fn podman_hands_out_a_warm_pool_spare() {
+    if !enabled("KILNTAINERS_IT_PODMAN") {
+        return;
+    }
+    let socket = std::env::var("KILNTAINERS_PODMAN_SOCKET")
+        .unwrap_or_else(|_| "unix:///run/podman/podman.sock".into());
+    let id = unique_id("rs-podman-pool");
+    let _guard = ContainerGuard {
+        names: vec![format!("kilntainer-{id}")],
+        docker_host: Some(socket.clone()),
+    };
+    let home = TempHome::new("podman-pool");
+    let args = [
+        "--engine",
+        "podman",
+        "--docker-host",
+        &socket,
+        "--image",
+        "localhost/sandbox-busybox:full",
+        "--shell",
+        "/bin/sh",
+        "--warm-pool",
+        "1",
+    ];
+    let client = start(&args, &home.0).await;
+    let locks = home.0.join(".mcp-sandbox-computer-vm-for-ai/instances");
+    let instance = std::fs::read_dir(&locks)
+        .expect("instance locks")
+        .filter_map(Result::ok)
+        .find_map(|entry| {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            name.strip_suffix(".lock").map(str::to_owned)
+        })
+        .expect("the server's instance lock");
+    let instance_filter = format!("label=kilntainers.instance={instance}");
+    let spare_ids = || {
+        docker_on(
+            &socket,
+            &[
+                "ps",
+                "-q",
+                "--no-trunc",
+                "--filter",
+                &instance_filter,
+                "--filter",
+                "label=kilntainers.pooled=true",
+            ],
+        )
+    };
+    let mut spare = String::new();
+    assert!(
+        eventually(std::time::Duration::from_secs(60), || {
+            spare = spare_ids();
+            !spare.is_empty()
+        })
+        .await,
+        "no spare was made"
+    );
+    let result = execute(
+        &client,
+        json!({"command": "echo pooled", "computer_id": id, "temporary": true}),
+    )
+    .await;
+    assert_eq!(structured(&result)["stdout"], "pooled\n");
+    let container = docker_on(
+        &socket,
+        &[
+            "inspect",
+            "--format",
+            "{{.Id}}",
+            &format!("kilntainer-{id}"),
+        ],
+    );
+    assert_eq!(container, spare, "the computer is not the spare");
+    client.cancel().await.expect("close");
+    let all = || docker_on(&socket, &["ps", "-aq", "--filter", &instance_filter]);
+    assert!(
+        eventually(std::time::Duration::from_secs(20), || all().is_empty()).await,
+        "containers of the server outlived it: {}",
+        all()
+    );
 }
