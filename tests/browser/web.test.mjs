@@ -110,6 +110,8 @@ describe("dashboard in web mode over Streamable HTTP", () => {
     assert.equal(list.headers["mcp-protocol-version"], "2025-11-25");
     const notified = mcpRequests((r) => rpc(r)?.method === "notifications/initialized");
     assert.equal(notified.length, 1);
+    // No --warm-pool: no pool in the header.
+    assert.equal(await page.locator("#pool").isVisible(), false);
   });
 
   step("creates a temporary computer and runs a command in it", async () => {
@@ -344,5 +346,48 @@ describe("files and ports of a computer in the web dashboard (--file-tools)", ()
     toolArgs: (name) =>
       pageRequests.filter((m) => m?.method === "tools/call" && m.params?.name === name).map((m) => m.params.arguments),
     screenshot: (name) => filePage.screenshot({ path: join(OUTPUT_DIR, `web-${name}`), fullPage: true }),
+  });
+});
+
+describe("dashboard header with a warm pool", () => {
+  let poolServer;
+  let poolBrowser;
+  const ids = [];
+
+  before(async () => {
+    poolServer = await startHttpServer({ token: TOKEN, extraArgs: ["--warm-pool", "1"] });
+    poolBrowser = await launchBrowser({ viewport: { width: 1100, height: 900 } });
+    await poolBrowser.page.goto(`${poolServer.url}/#token=${TOKEN}`);
+  });
+
+  after(async () => {
+    removeComputers(ids);
+    await poolBrowser?.close();
+    await poolServer?.close();
+  });
+
+  it("shows the pool's size, never a spare as a computer, and hands a spare out", async () => {
+    const p = poolBrowser.page;
+    const badge = p.locator("#pool");
+    // The spare is made in the background: refresh until the header shows it ready.
+    await waitFor(
+      async () => {
+        if (await p.getByRole("button", { name: "Refresh" }).isEnabled()) {
+          await p.getByRole("button", { name: "Refresh" }).click();
+        }
+        return (await badge.isVisible()) && (await badge.textContent()) === "Warm pool: 1/1 ready";
+      },
+      60_000,
+      "the pool badge",
+    );
+    assert.equal(await p.locator("li[data-id]").count(), 0, "a spare is listed as a computer");
+    await p.getByRole("button", { name: "Create computer" }).click();
+    const status = statusWaiter(() => p.locator("#status"));
+    await status(/^Computer [a-z0-9-]+ is ready\.$/, 60_000);
+    const id = ((await p.locator("#status").textContent()) ?? "").match(/^Computer ([a-z0-9-]+) is ready\.$/)[1];
+    ids.push(id);
+    assert.equal(await p.locator("li[data-id]").count(), 1);
+    assert.match((await badge.textContent()) ?? "", /^Warm pool: [01]\/1 ready$/);
+    await p.screenshot({ path: join(OUTPUT_DIR, "web-warm-pool.png"), fullPage: true });
   });
 });
