@@ -54,6 +54,8 @@ pub(super) async fn create(
     if from_pool && let Some(sandbox) = backend.pool.take(backend, &spec.computer_id).await {
         return Ok(sandbox);
     }
+    // Refills wait while sessions wait for creations (a burst): they would compete with them.
+    let _creating = from_pool.then(|| backend.pool.creating());
     ensure_image(backend, &image, progress).await?;
     // The semaphore is never closed, so acquiring only waits.
     let _turn = backend.starts.acquire().await.ok();
@@ -97,14 +99,18 @@ pub(super) async fn create(
 
 /// A started container that is not a computer yet: a warm-pool spare of the configured image,
 /// labelled as a temporary container of `instance` without a computer id, and named so that no
-/// computer lookup finds it (docs/warm-pool.md, "Labels").
+/// computer lookup finds it (docs/warm-pool.md, "Labels"). `None`: not made, because a
+/// computer's creation was waiting when this one's turn came.
 pub(super) async fn spare(
     backend: &DockerBackend,
     instance: &InstanceId,
-) -> Result<Made, BackendError> {
+) -> Result<Option<Made>, BackendError> {
     let image = backend.config.image.clone();
     ensure_image(backend, &image, &NoProgress).await?;
     let _turn = backend.starts.acquire().await.ok();
+    if backend.pool.is_busy() {
+        return Ok(None);
+    }
     let suffix = InstanceId::random();
     let name = format!("{}{suffix}", label::SPARE_NAME_PREFIX);
     // Only for log lines and messages about the spare; the container carries no id.
@@ -124,14 +130,13 @@ pub(super) async fn spare(
         image,
         labels,
     };
-    new_container(backend, wanted)
-        .await
-        .map_err(|refused| match refused {
-            Refused::NameTaken => {
-                BackendError::Provider(format!("Docker name '{name}' is already in use."))
-            }
-            Refused::Failed(error) => error,
-        })
+    match new_container(backend, wanted).await {
+        Ok(made) => Ok(Some(made)),
+        Err(Refused::NameTaken) => Err(BackendError::Provider(format!(
+            "Docker name '{name}' is already in use."
+        ))),
+        Err(Refused::Failed(error)) => Err(error),
+    }
 }
 
 /// The container [`new_container`] makes.

@@ -6,6 +6,7 @@
 
 use std::collections::VecDeque;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use bollard::models::ContainerInspectResponse;
@@ -34,6 +35,21 @@ pub(super) struct WarmPool {
     wake: Notify,
     /// Held by the keeper while it runs, so [`WarmPool::release`] can wait for its last fills.
     keeper: tokio::sync::Mutex<()>,
+    /// Computers being created because no spare was ready. While there are any, the keeper
+    /// starts no new spare: a refill would only queue behind them for the engine, and make
+    /// the waiting sessions wait longer.
+    creating: AtomicUsize,
+}
+
+/// Counts one creation the pool could not serve, for as long as it lives.
+pub(super) struct Creating<'a>(&'a WarmPool);
+
+impl Drop for Creating<'_> {
+    fn drop(&mut self) {
+        if self.0.creating.fetch_sub(1, Ordering::SeqCst) == 1 {
+            self.0.wake.notify_one();
+        }
+    }
 }
 
 #[derive(Default)]
@@ -63,7 +79,19 @@ impl WarmPool {
             state: Mutex::new(PoolState::default()),
             wake: Notify::new(),
             keeper: tokio::sync::Mutex::new(()),
+            creating: AtomicUsize::new(0),
         }
+    }
+
+    /// Whether a creation the pool could not serve is under way.
+    pub(super) fn is_busy(&self) -> bool {
+        self.creating.load(Ordering::SeqCst) > 0
+    }
+
+    /// Marks a creation the pool could not serve; refills wait until the last one is done.
+    pub(super) fn creating(&self) -> Creating<'_> {
+        self.creating.fetch_add(1, Ordering::SeqCst);
+        Creating(self)
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, PoolState> {
@@ -80,8 +108,8 @@ impl WarmPool {
         })
     }
 
-    /// Makes spares until the pool is full, again whenever one is taken, until the pool closes;
-    /// then waits for the spares still being made.
+    /// Makes spares until the pool is full, again whenever one is taken and no creation is
+    /// waiting, until the pool closes; then waits for the spares still being made.
     pub(super) async fn keep(&self, backend: &DockerBackend, instance: &InstanceId) {
         if self.target == 0 {
             return;
@@ -98,7 +126,7 @@ impl WarmPool {
             if closing {
                 break;
             }
-            if retry_at.is_none_or(|at| at <= Instant::now()) {
+            if !self.is_busy() && retry_at.is_none_or(|at| at <= Instant::now()) {
                 retry_at = None;
                 for _ in ready + fills.len()..self.target {
                     fills.push(create::spare(backend, instance));
@@ -106,7 +134,9 @@ impl WarmPool {
             }
             tokio::select! {
                 Some(made) = fills.next() => match made {
-                    Ok(spare) => {
+                    // Deferred for a creation; its end wakes the keeper.
+                    Ok(None) => {}
+                    Ok(Some(spare)) => {
                         failures = 0;
                         debug!(container = %spare.sandbox.sandbox_id, "spare ready");
                         self.offer(backend, spare).await;
@@ -126,7 +156,7 @@ impl WarmPool {
         }
         // What is still being made joins the ready spares, which `release` removes.
         while let Some(made) = fills.next().await {
-            if let Ok(spare) = made {
+            if let Ok(Some(spare)) = made {
                 self.state().ready.push_back(spare);
             }
         }
