@@ -7,7 +7,9 @@ first call and its 50-session p99 from the same run (the stdio phases `cold` and
    the last one finds it), timed from the first `terminal_execute` sent to its answer.
 2. *M sessions × K commands with a pool*: one server with `--warm-pool 8`, opened once the pool
    is full; M sessions initialize, then all start their K calls at the same moment, as the stdio
-   phase does with M server processes. The first 8 get spares, the rest wait for creates.
+   phase does with M server processes. The first 8 get spares, the rest wait for creates. The
+   same burst against a server without a pool runs just before, so the pool's own effect is
+   seen under the same conditions (the engine's create rate varies a lot between runs).
 
 Spares carry the `kilntainers.instance` label of the server, whose lock file is in the run's
 HOME, so the harness's sweep finds anything left; the phase asserts none is.
@@ -196,5 +198,6 @@ async def phase_pool(h: Harness, res: dict[str, Any]) -> None:
     o = h.opts
     out: dict[str, Any] = {"transport": "http"}
     out["first"] = await first_calls(h, o.pool_sessions)
+    out["burst_without_pool"] = await burst(h, o.sessions, o.commands, 0)
     out["burst"] = await burst(h, o.sessions, o.commands, o.pool_size)
     res["pool"] = out

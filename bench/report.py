@@ -102,6 +102,11 @@ def build_rows(res: dict[str, Any], opts: argparse.Namespace) -> list[Row]:
                         note="python: its stdio sessions above"))
         rows.append(Row(f"{label}: total", "s", b["total_s"],
                         statistics.median(r["total_s"] for r in py_conc) if py_conc else None))
+        nb = pool.get("burst_without_pool")
+        if nb:
+            rows.append(Row("  same burst, no pool (HTTP): p99 of all calls", "ms", percentile(nb["latency"], 99) * ms,
+                            statistics.median(percentile(r["latency"], 99) for r in py_conc) * ms if py_conc else None,
+                            note="run just before the pooled one"))
     if cold:
         sv = cold["servers"]
         rss = lambda k: statistics.median(x for x in sv[k]["idle_rss_kib"] if x) / 1024  # noqa: E731

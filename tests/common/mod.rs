@@ -144,6 +144,26 @@ impl Drop for ContainerGuard {
     }
 }
 
+/// The Podman API socket of the test setup.
+pub fn podman_socket() -> String {
+    std::env::var("KILNTAINERS_PODMAN_SOCKET")
+        .unwrap_or_else(|_| "unix:///run/podman/podman.sock".into())
+}
+
+/// Server flags for the Podman engine at `socket` with the test BusyBox image.
+pub fn podman_args(socket: &str) -> Vec<&str> {
+    vec![
+        "--engine",
+        "podman",
+        "--docker-host",
+        socket,
+        "--image",
+        "localhost/sandbox-busybox:full",
+        "--shell",
+        "/bin/sh",
+    ]
+}
+
 /// A temporary directory removed on drop.
 pub struct TempHome(pub std::path::PathBuf);
 

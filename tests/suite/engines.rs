@@ -5,7 +5,8 @@
 use serde_json::json;
 
 use crate::common::{
-    ContainerGuard, TempHome, enabled, eventually, execute, start, structured, unique_id,
+    ContainerGuard, TempHome, enabled, eventually, execute, podman_args, podman_socket, start,
+    structured, unique_id,
 };
 
 async fn round_trip(args: &[&str], id: &str) {
@@ -44,24 +45,13 @@ async fn podman_exec_round_trip() {
     if !enabled("KILNTAINERS_IT_PODMAN") {
         return;
     }
-    let socket = std::env::var("KILNTAINERS_PODMAN_SOCKET")
-        .unwrap_or_else(|_| "unix:///run/podman/podman.sock".into());
+    let socket = podman_socket();
     let id = unique_id("rs-podman");
     let _guard = ContainerGuard {
         names: vec![format!("kilntainer-{id}")],
         docker_host: Some(socket.clone()),
     };
-    let args = [
-        "--engine",
-        "podman",
-        "--docker-host",
-        &socket,
-        "--image",
-        "localhost/sandbox-busybox:full",
-        "--shell",
-        "/bin/sh",
-    ];
-    round_trip(&args, &id).await;
+    round_trip(&podman_args(&socket), &id).await;
 }
 
 #[tokio::test]
@@ -103,26 +93,15 @@ async fn podman_hands_out_a_warm_pool_spare() {
     if !enabled("KILNTAINERS_IT_PODMAN") {
         return;
     }
-    let socket = std::env::var("KILNTAINERS_PODMAN_SOCKET")
-        .unwrap_or_else(|_| "unix:///run/podman/podman.sock".into());
+    let socket = podman_socket();
     let id = unique_id("rs-podman-pool");
     let _guard = ContainerGuard {
         names: vec![format!("kilntainer-{id}")],
         docker_host: Some(socket.clone()),
     };
     let home = TempHome::new("podman-pool");
-    let args = [
-        "--engine",
-        "podman",
-        "--docker-host",
-        &socket,
-        "--image",
-        "localhost/sandbox-busybox:full",
-        "--shell",
-        "/bin/sh",
-        "--warm-pool",
-        "1",
-    ];
+    let mut args = podman_args(&socket);
+    args.extend(["--warm-pool", "1"]);
     let client = start(&args, &home.0).await;
     let locks = home.0.join(".mcp-sandbox-computer-vm-for-ai/instances");
     let instance = std::fs::read_dir(&locks)

@@ -8,25 +8,15 @@ use mcp_sandbox_computer_vm_for_ai::cli::Cli;
 use mcp_sandbox_computer_vm_for_ai::config::Config;
 
 use super::{Harness, OUTPUT_LIMIT_FLAG};
-use crate::common::enabled;
+use crate::common::{enabled, podman_args, podman_socket};
 
 async fn harness() -> Option<Harness> {
     if !enabled("KILNTAINERS_IT_PODMAN") {
         return None;
     }
-    let socket = std::env::var("KILNTAINERS_PODMAN_SOCKET")
-        .unwrap_or_else(|_| "unix:///run/podman/podman.sock".into());
-    let mut args = vec![
-        "x",
-        "--engine",
-        "podman",
-        "--docker-host",
-        &socket,
-        "--image",
-        "localhost/sandbox-busybox:full",
-        "--shell",
-        "/bin/sh",
-    ];
+    let socket = podman_socket();
+    let mut args = vec!["x"];
+    args.extend(podman_args(&socket));
     args.extend(OUTPUT_LIMIT_FLAG);
     let config = Config::from_cli(&Cli::try_parse_from(args).unwrap(), None).unwrap();
     let backend = backends::build(&config).unwrap();
