@@ -44,10 +44,24 @@ def spares(instance: str) -> list[str]:
     return [c for _, c in sorted(found)]
 
 
-async def full_pool(instance: str, size: int = 2, timeout: float = 60.0) -> list[str]:
+async def spares_running(instance: str, size: int = 2, timeout: float = 60.0) -> list[str]:
+    """The engine's view: `size` spare containers running (not yet ready to be handed out:
+    the server checks readiness after the container runs)."""
     ready = await apoll(lambda: (s := spares(instance)) and len(s) == size and s, timeout, 0.1)
     assert ready, f"the pool did not fill to {size} spares: {spares(instance)}"
     return ready
+
+
+async def full_pool(session, instance: str, size: int = 2, timeout: float = 60.0) -> list[str]:
+    """The server's view: `computer_list` says `size` spares are ready; then their containers."""
+    deadline = time.monotonic() + timeout
+    while True:
+        listing = (await session.call({}, name="computer_list")).ok().structured
+        if listing["warm_pool"]["ready"] == size:
+            break
+        assert time.monotonic() < deadline, f"the pool did not become ready: {listing['warm_pool']}"
+        await anyio.sleep(0.1)
+    return await spares_running(instance, size)
 
 
 def containers_of(instance: str) -> list[str]:
@@ -59,8 +73,8 @@ async def test_first_call_takes_a_spare_and_the_pool_refills(kbb):
     named = kbb.new_id("pool-named")
     async with kbb.http_server(*POOL_ARGS) as srv:
         instance = srv.instance_id
-        before = await full_pool(instance)
         async with kbb.http_session(srv) as s:
+            before = await full_pool(s, instance)
             listing = (await s.call({}, name="computer_list")).ok().structured
             assert listing["computers"] == [] or all(
                 not c["computer_id"].startswith("spare-") for c in listing["computers"]
@@ -83,7 +97,7 @@ async def test_first_call_takes_a_spare_and_the_pool_refills(kbb):
             assert "kilntainers.computer-id" not in labels
 
             # The pool refills with a new spare.
-            after = await full_pool(instance)
+            after = await full_pool(s, instance)
             assert computer not in after and len(set(after) - set(before)) == 1, (before, after)
 
             # A named temporary computer is a spare too; a permanent one never is.
@@ -117,7 +131,7 @@ async def test_first_call_takes_a_spare_and_the_pool_refills(kbb):
         # The session's computers go with it; the pool stays.
         assert await await_gone(first["computer_id"], 15)
         assert await await_gone(named, 15)
-        await full_pool(instance)
+        await spares_running(instance)
     # SIGTERM (the fixture's stop, exit 0 asserted there) removed every spare.
     assert containers_of(instance) == [], "spares outlived the server"
 
@@ -125,27 +139,27 @@ async def test_first_call_takes_a_spare_and_the_pool_refills(kbb):
 async def test_a_spare_stopped_or_restarted_behind_the_servers_back_is_not_handed_out(kbb):
     async with kbb.http_server(*POOL_ARGS) as srv:
         instance = srv.instance_id
-        killed, restarted = await full_pool(instance)
-        docker("kill", killed)
-        docker("restart", "-t", "0", restarted)
         async with kbb.http_session(srv) as s:
+            killed, restarted = await full_pool(s, instance)
+            docker("kill", killed)
+            docker("restart", "-t", "0", restarted)
             result = (await s.run("echo fresh")).structured
             assert result["stdout"] == "fresh\n"
             computer = container_for(result["computer_id"])
             assert computer not in (killed, restarted), "a tampered spare was handed out"
             # The restarted spare was removed, and the pool made new ones.
             assert await apoll(lambda: inspect(restarted) is None, 15, 0.1), "the restarted spare was kept"
-            refilled = await full_pool(instance)
+            refilled = await full_pool(s, instance)
             assert not {killed, restarted} & set(refilled)
 
 
 async def test_stdio_session_end_removes_spares_and_the_handed_out_computer(kbb):
     async with kbb.server(*POOL_ARGS) as srv:
         instance = srv.instance_id
-        before = await full_pool(instance)
+        before = await full_pool(srv, instance)
         result = (await srv.run("echo stdio")).structured
         assert container_for(result["computer_id"]) in before
-        await full_pool(instance)
+        await full_pool(srv, instance)
     assert wait_exit(srv, 20) == 0, srv.stderr()
     assert containers_of(instance) == [], "the stdio session's end left spares behind"
 
@@ -154,7 +168,7 @@ async def test_sigkill_leaves_spares_that_the_next_start_collects(kbb):
     home = kbb.home()
     async with kbb.server(*POOL_ARGS, home=home) as srv:
         instance = srv.instance_id
-        left = await full_pool(instance)
+        left = await spares_running(instance)
         os.kill(srv.pid, signal.SIGKILL)
         assert wait_exit(srv, 10) == -signal.SIGKILL
     assert sorted(left) == sorted(spares(instance)), "spares vanished without a server to remove them"
@@ -166,8 +180,8 @@ async def test_sigkill_leaves_spares_that_the_next_start_collects(kbb):
 
 async def test_another_server_reads_a_handed_out_computer_by_its_name(kbb):
     async with kbb.http_server(*POOL_ARGS) as srv:
-        await full_pool(srv.instance_id)
         async with kbb.http_session(srv) as s:
+            await full_pool(s, srv.instance_id)
             computer_id = (await s.run("echo mine > /tmp/owner")).structured["computer_id"]
             async with kbb.server(*BUSYBOX_ARGS, "--lifecycle-tools") as other:
                 rows = (await other.call({}, name="computer_list")).ok().structured["computers"]
@@ -183,7 +197,8 @@ async def test_a_burst_of_sessions_takes_spares_then_creates(kbb):
     sessions = 8
     async with kbb.http_server(*POOL_ARGS) as srv:
         instance = srv.instance_id
-        before = set(await full_pool(instance))
+        async with kbb.http_session(srv) as observer:
+            before = set(await full_pool(observer, instance))
         results: list[dict] = []
 
         async def one(n: int) -> None:

@@ -101,7 +101,7 @@ async fn podman_hands_out_a_warm_pool_spare() {
     };
     let home = TempHome::new("podman-pool");
     let mut args = podman_args(&socket);
-    args.extend(["--warm-pool", "1"]);
+    args.extend(["--warm-pool", "1", "--lifecycle-tools"]);
     let client = start(&args, &home.0).await;
     let locks = home.0.join(".mcp-sandbox-computer-vm-for-ai/instances");
     let instance = std::fs::read_dir(&locks)
@@ -127,15 +127,23 @@ async fn podman_hands_out_a_warm_pool_spare() {
             ],
         )
     };
-    let mut spare = String::new();
-    assert!(
-        eventually(std::time::Duration::from_secs(60), || {
-            spare = spare_ids();
-            !spare.is_empty()
-        })
-        .await,
-        "no spare was made"
-    );
+    // Ready as the server sees it (running, and its readiness checked), not only running.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let listing = client
+            .call_tool(rmcp::model::CallToolRequestParams::new("computer_list"))
+            .await
+            .expect("computer_list");
+        if structured(&listing)["warm_pool"]["ready"] == 1 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the spare never became ready"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let spare = spare_ids();
     let result = execute(
         &client,
         json!({"command": "echo pooled", "computer_id": id, "temporary": true}),

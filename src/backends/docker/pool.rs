@@ -139,7 +139,9 @@ impl WarmPool {
                     Ok(Some(spare)) => {
                         failures = 0;
                         debug!(container = %spare.sandbox.sandbox_id, "spare ready");
-                        self.offer(backend, spare).await;
+                        // Kept even when the pool just closed: `release` removes it and
+                        // reports a failure, so a spare is never lost track of.
+                        self.state().ready.push_back(spare);
                     }
                     Err(error) => {
                         failures = failures.saturating_add(1);
@@ -159,22 +161,6 @@ impl WarmPool {
             if let Ok(Some(spare)) = made {
                 self.state().ready.push_back(spare);
             }
-        }
-    }
-
-    /// Adds a new spare, or removes it when the pool closed meanwhile.
-    async fn offer(&self, backend: &DockerBackend, spare: Made) {
-        let refused = {
-            let mut state = self.state();
-            if state.closing {
-                Some(spare)
-            } else {
-                state.ready.push_back(spare);
-                None
-            }
-        };
-        if let Some(spare) = refused {
-            discard(backend, &spare).await;
         }
     }
 
@@ -205,7 +191,7 @@ impl WarmPool {
                 }
                 Adoption::Unfit(reason) => {
                     warn!(container = %spare.sandbox.sandbox_id, %reason, "warm-pool spare removed instead of handed out");
-                    discard(backend, &spare).await;
+                    let _ = discard(backend, &spare).await;
                 }
                 Adoption::CannotRename(reason) => {
                     warn!(%reason, "the engine cannot rename containers; the warm pool is off");
@@ -216,7 +202,7 @@ impl WarmPool {
                     };
                     self.wake.notify_one();
                     for spare in std::iter::once(&spare).chain(&left) {
-                        discard(backend, spare).await;
+                        let _ = discard(backend, spare).await;
                     }
                     return None;
                 }
@@ -236,10 +222,7 @@ impl WarmPool {
         let left: Vec<Made> = self.state().ready.drain(..).collect();
         let mut outcome = Ok(());
         for spare in &left {
-            if let Err(error) = backend.remove_container(&spare.sandbox.sandbox_id).await {
-                outcome = outcome.and(Err(error));
-            }
-            backend.helpers.forget(&spare.sandbox.sandbox_id);
+            outcome = outcome.and(discard(backend, spare).await);
         }
         outcome
     }
@@ -304,11 +287,14 @@ fn still_as_made(inspect: &ContainerInspectResponse, spare: &Made) -> Result<(),
     Ok(())
 }
 
-async fn discard(backend: &DockerBackend, spare: &Made) {
+/// Removes a spare; a failure is logged and returned (shutdown reports it).
+async fn discard(backend: &DockerBackend, spare: &Made) -> Result<(), BackendError> {
     backend.helpers.forget(&spare.sandbox.sandbox_id);
-    if let Err(error) = backend.remove_container(&spare.sandbox.sandbox_id).await {
+    let removed = backend.remove_container(&spare.sandbox.sandbox_id).await;
+    if let Err(error) = &removed {
         warn!(container = %spare.sandbox.sandbox_id, %error, "could not remove a warm-pool spare");
     }
+    removed
 }
 
 async fn sleep_until(at: Option<Instant>) {
