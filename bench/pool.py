@@ -61,7 +61,7 @@ class PoolServer:
     def start(self) -> None:
         before = self._instances()
         argv = [self.h.servers["project"].command, "--transport", "http", "--port", str(self.port),
-                "--image", IMAGE, "--shell", SHELL, "--warm-pool", str(self.size)]
+                "--image", IMAGE, "--shell", SHELL, "--warm-pool", str(self.size), "--lifecycle-tools"]
         env = {**self.h.server_env(self.tag), "KILNTAINERS_AUTH_TOKEN": self.token}
         with open(self.errpath, "w") as err:
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=err, stderr=err, env=env)
@@ -85,20 +85,21 @@ class PoolServer:
         except httpx.HTTPError:
             return False
 
-    def spares(self) -> int:
-        """Running spares of this server that are not computers yet."""
-        rows = self.h.engine.list_containers(f"kilntainers.instance={self.instance}")
-        return sum(
-            1 for c in rows
-            if (c.get("Labels") or {}).get("kilntainers.pooled") == "true"
-            and any(n.lstrip("/").startswith("kilntainers-spare-") for n in c.get("Names") or [])
-            and c.get("State") == "running"
-        )
-
     async def full(self) -> None:
-        with anyio.fail_after(FILL_BOUND):
-            while await anyio.to_thread.run_sync(self.spares) < self.size:
-                await anyio.sleep(0.05)
+        """Until the server reports every spare ready (`computer_list`'s `warm_pool`): a running
+        spare container is not ready before the server has checked it."""
+        client = httpx.AsyncClient(headers={"Authorization": f"Bearer {self.token}"}, timeout=httpx.Timeout(30))
+        async with client:
+            async with streamable_http_client(self.url, http_client=client) as streams:
+                async with ClientSession(streams[0], streams[1]) as session:
+                    await session.initialize()
+                    with anyio.fail_after(FILL_BOUND):
+                        while True:
+                            res = await session.call_tool("computer_list", {})
+                            pool = (res.structuredContent or {}).get("warm_pool") or {}
+                            if pool.get("ready", 0) >= self.size:
+                                return
+                            await anyio.sleep(0.05)
 
     def containers(self) -> int:
         return len(self.h.engine.list_containers(f"kilntainers.instance={self.instance}"))
