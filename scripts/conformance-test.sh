@@ -20,7 +20,9 @@
 #      unclassified scenario fails the run instead of being ignored
 #   6. the server: --transport http on a free 127.0.0.1 port, lifecycle tools on, a private
 #      HOME (so its instance lock, and its crash GC, see nothing but this run), and
-#      --allow-unauthenticated-http (the runner sends no Authorization header)
+#      --allow-unauthenticated-http (the runner sends no Authorization header); never
+#      --oauth-issuer: the suite has no server-side auth scenario (its auth/* scenarios test
+#      clients), see docs/conformance.md, "Authorization (OAuth) scenarios"
 #   7. one `conformance server --scenario NAME` per applicable scenario; checks.json of each
 #      in tests/conformance/results/
 #   8. SIGTERM to the server (it must exit 0), then no container labelled with its instance

@@ -18,7 +18,9 @@
 #      .test-env/venv-mcp2 with mcp==2.3.0, pytest and httpx: the black-box suite runs with both
 #      generations of the official Python client (newest of the same major if a pin is
 #      unavailable)
-#   8. .test-env/env: shell-sourceable summary (KILNTAINERS_IT_* flags, paths)
+#   8. OAuth test issuer: `npm ci` in tests/oauth (oidc-provider, for tests/blackbox/test_oauth.py),
+#      skipped while its package-lock.json is unchanged since the last one; needs node >= 20
+#   9. .test-env/env: shell-sourceable summary (KILNTAINERS_IT_* flags, paths)
 #
 # Docker, the images and the venv are required (the script fails without them). Podman and
 # runsc are best effort: a failure is a WARNING and the matching flag in .test-env/env is 0.
@@ -315,6 +317,25 @@ step_venv() {
     step_end "$one in $VENV; $two in $VENV2"
 }
 
+step_oauth_issuer() {
+    step_begin "oauth issuer"
+    local dir="$REPO_ROOT/tests/oauth" node_major
+    if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+        die "node (>= 20) and npm are required for the OAuth test issuer (tests/oauth)"
+    fi
+    node_major="$(node -p 'process.versions.node.split(".")[0]')"
+    ((node_major >= 20)) || die "node >= 20 is required for tests/oauth (found $(node --version))"
+    local stamp="$dir/node_modules/.kilntainers-lock.sha256" want
+    want="$(sha256sum "$dir/package-lock.json" | cut -d' ' -f1)"
+    if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
+        step_end "npm packages up to date"
+        return 0
+    fi
+    (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error) >&2 || die "npm ci in tests/oauth failed"
+    printf '%s\n' "$want" >"$stamp"
+    step_end "npm ci in tests/oauth"
+}
+
 step_env_file() {
     step_begin "env file"
     {
@@ -370,6 +391,7 @@ main() {
     step_podman_service
     step_smoke
     step_venv
+    step_oauth_issuer
     step_env_file
     log "done in $(elapsed "$t0")"
 }

@@ -61,9 +61,9 @@ export KILNTAINERS_REQUIRE_ALL=1
 step "format and lints"
 cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
-# Each backend feature on its own and none at all: what a user's `--features` choice builds
+# Each optional feature on its own and none at all: what a user's `--features` choice builds
 # must build without warnings too (the library and binaries; the tests need every feature).
-for features in "" fly e2b modal wasm; do
+for features in "" fly e2b modal wasm oauth; do
     printf -- '-- clippy --no-default-features --features "%s"\n' "$features"
     cargo clippy -p mcp-sandbox-computer-vm-for-ai --no-default-features --features "$features" --locked -- -D warnings
 done

@@ -119,6 +119,66 @@ pub struct Cli {
     pub allow_unauthenticated_http: bool,
     #[arg(long = "allowed-host", value_name = "HOST", action = ArgAction::Append, help = "Additional Host header value accepted on /mcp (DNS-rebinding protection); '*' disables the check", help_heading = "core options")]
     pub allowed_host: Vec<String>,
+    /// Not in the Python reference: many named tokens (docs/auth.md).
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "KILNTAINERS_AUTH_TOKENS_FILE",
+        help = "HTTP: named bearer tokens, one '<principal> <token>' per line ('#' starts a comment); each principal sees only its own computers. The file must not be readable by group or others; re-read on SIGHUP",
+        help_heading = "access options"
+    )]
+    pub auth_tokens_file: Option<PathBuf>,
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "KILNTAINERS_OAUTH_ISSUER",
+        help = "HTTP: accept OAuth 2.1 JWT access tokens from this authorization server (https://, or http:// on loopback); the principal is the token's subject",
+        help_heading = "access options"
+    )]
+    pub oauth_issuer: Option<String>,
+    #[arg(
+        long,
+        value_name = "URL",
+        env = "KILNTAINERS_OAUTH_AUDIENCE",
+        help = "HTTP: the audience (RFC 8707 resource) access tokens must name; use the public URL of /mcp behind a proxy (default: http://<host>:<port>/mcp)",
+        help_heading = "access options"
+    )]
+    pub oauth_audience: Option<String>,
+    #[arg(
+        long,
+        value_name = "SCOPES",
+        env = "KILNTAINERS_OAUTH_REQUIRED_SCOPE",
+        help = "HTTP: space-separated scopes every access token must carry (default: none)",
+        help_heading = "access options"
+    )]
+    pub oauth_required_scope: Option<String>,
+    #[arg(
+        long,
+        value_name = "CLAIM",
+        env = "KILNTAINERS_OAUTH_PRINCIPAL_CLAIM",
+        default_value = "sub",
+        help = "HTTP: the access-token claim that names the principal (default: sub)",
+        help_heading = "access options"
+    )]
+    pub oauth_principal_claim: String,
+    #[arg(
+        long,
+        value_name = "N",
+        env = "KILNTAINERS_MAX_COMPUTERS_PER_USER",
+        value_parser = clap::value_parser!(u32).range(1..),
+        help = "Most computers one principal may have, temporary and permanent (default: unlimited)",
+        help_heading = "access options"
+    )]
+    pub max_computers_per_user: Option<u32>,
+    #[arg(
+        long,
+        value_name = "N",
+        env = "KILNTAINERS_MAX_RUNNING_PER_USER",
+        value_parser = clap::value_parser!(u32).range(1..),
+        help = "Most computers one principal may have running at once (default: unlimited)",
+        help_heading = "access options"
+    )]
+    pub max_running_per_user: Option<u32>,
     #[arg(
         long,
         default_value = "/bin/bash",

@@ -1,6 +1,6 @@
-//! Validated identifiers: [`ComputerId`] (the user-facing slug), [`InstanceId`] (one server
-//! process), [`ExecId`] (the tag carried by every command's process tree) and [`JobId`] (a
-//! command that outlives its tool call).
+//! Validated identifiers: [`ComputerId`] (a computer, scoped to its owner), [`Principal`] (who
+//! a request acts for), [`InstanceId`] (one server process), [`ExecId`] (the tag carried by
+//! every command's process tree) and [`JobId`] (a command that outlives its tool call).
 //!
 //! Everything past the MCP argument layer takes these types, never `&str`, so the slug rule of
 //! docs/decisions.md, "Computer ids" is checked exactly once. This module knows nothing about providers.
@@ -12,26 +12,77 @@ use rand::RngExt;
 /// The exact message for a malformed `computer_id` (docs/decisions.md, "Computer ids").
 pub const INVALID_COMPUTER_ID: &str = "computer_id must be 1-63 lowercase letters, numbers, or hyphens; it must start and end with a letter or number.";
 
-/// A canonical computer slug: trimmed, 1-63 chars of `[a-z0-9-]`, alphanumeric at both ends.
+/// Length of the owner tag in a scoped computer id (docs/auth.md, "Computer ids per principal").
+const OWNER_TAG_LEN: usize = 16;
+
+/// A computer, as providers know it: the user-facing slug (trimmed, 1-63 chars of `[a-z0-9-]`,
+/// alphanumeric at both ends), followed for a principal other than `default` by `.` and the
+/// owner tag (docs/auth.md, "Computer ids per principal"). Display and [`ComputerId::as_str`]
+/// give this whole provider-side key; clients only ever see [`ComputerId::slug`].
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct ComputerId(String);
 
+fn is_slug(slug: &str) -> bool {
+    let bytes = slug.as_bytes();
+    let edge_ok = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
+    !bytes.is_empty()
+        && bytes.len() <= 63
+        && bytes.iter().all(|&b| edge_ok(b) || b == b'-')
+        && bytes.first().copied().is_some_and(edge_ok)
+        && bytes.last().copied().is_some_and(edge_ok)
+}
+
+fn is_owner_tag(tag: &str) -> bool {
+    tag.len() == OWNER_TAG_LEN
+        && tag
+            .bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
 impl ComputerId {
-    /// Trims surrounding whitespace and checks the slug rule.
+    /// A client's id: trims surrounding whitespace and checks the slug rule. The result is the
+    /// `default` principal's computer; [`ComputerId::owned_by`] scopes it to another.
     pub fn parse(raw: &str) -> Result<Self, InvalidComputerId> {
         let slug = raw.trim();
-        let bytes = slug.as_bytes();
-        let edge_ok = |b: u8| b.is_ascii_lowercase() || b.is_ascii_digit();
-        let valid = !bytes.is_empty()
-            && bytes.len() <= 63
-            && bytes.iter().all(|&b| edge_ok(b) || b == b'-')
-            && bytes.first().copied().is_some_and(edge_ok)
-            && bytes.last().copied().is_some_and(edge_ok);
-        if valid {
+        if is_slug(slug) {
             Ok(Self(slug.to_owned()))
         } else {
             Err(InvalidComputerId)
         }
+    }
+
+    /// A provider-side key read back from a label, metadata or name: a slug, optionally
+    /// followed by `.` and an owner tag.
+    pub fn parse_stored(raw: &str) -> Result<Self, InvalidComputerId> {
+        let valid = match raw.split_once('.') {
+            Some((slug, tag)) => is_slug(slug) && is_owner_tag(tag),
+            None => is_slug(raw),
+        };
+        if valid {
+            Ok(Self(raw.to_owned()))
+        } else {
+            Err(InvalidComputerId)
+        }
+    }
+
+    /// The same slug as `principal`'s computer. The `default` principal's ids stay bare, so
+    /// the computers of the single-token and stdio modes keep their names.
+    #[must_use]
+    pub fn owned_by(&self, principal: &Principal) -> Self {
+        match principal.tag() {
+            None => Self(self.slug().to_owned()),
+            Some(tag) => Self(format!("{}.{tag}", self.slug())),
+        }
+    }
+
+    /// Whether this computer is `principal`'s.
+    pub fn belongs_to(&self, principal: &Principal) -> bool {
+        self.0.split_once('.').map(|(_, tag)| tag) == principal.tag().as_deref()
+    }
+
+    /// What a client sees: the id without its owner tag.
+    pub fn slug(&self) -> &str {
+        self.0.split_once('.').map_or(&self.0, |(slug, _)| slug)
     }
 
     /// A readable random slug `<adjective>-<noun>-<hex4>`; uniqueness is the caller's check.
@@ -66,6 +117,59 @@ impl fmt::Display for ComputerId {
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{}", INVALID_COMPUTER_ID)]
 pub struct InvalidComputerId;
+
+/// Who a request acts for: a named token's name, an OAuth claim, or `default` (stdio, the single
+/// `--auth-token`, unauthenticated HTTP). Computers are per principal (docs/auth.md).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Principal(String);
+
+/// Longest accepted principal name, in bytes.
+const MAX_PRINCIPAL_LEN: usize = 256;
+
+impl Principal {
+    pub const DEFAULT_NAME: &'static str = "default";
+
+    /// The principal of stdio and of single-token HTTP; owns every computer made before
+    /// principals existed.
+    pub fn default_principal() -> Self {
+        Self(Self::DEFAULT_NAME.to_owned())
+    }
+
+    /// 1-256 bytes without whitespace or control characters: principals end up in labels and
+    /// log lines.
+    pub fn parse(raw: &str) -> Option<Self> {
+        let ok = !raw.is_empty()
+            && raw.len() <= MAX_PRINCIPAL_LEN
+            && !raw.chars().any(|c| c.is_whitespace() || c.is_control());
+        ok.then(|| Self(raw.to_owned()))
+    }
+
+    pub fn is_default(&self) -> bool {
+        self.0 == Self::DEFAULT_NAME
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The owner tag of this principal's computer ids: the first 16 hex digits of the SHA-256
+    /// of the name; none for `default`.
+    fn tag(&self) -> Option<String> {
+        use sha2::Digest;
+        if self.is_default() {
+            return None;
+        }
+        let digest = sha2::Sha256::digest(self.0.as_bytes());
+        let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+        Some(hex[..OWNER_TAG_LEN].to_owned())
+    }
+}
+
+impl fmt::Display for Principal {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
 
 /// One running server process: 16 random lowercase hex digits.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -192,6 +296,48 @@ mod tests {
         }
         assert!(ComputerId::parse(&"a".repeat(64)).is_err());
         assert_eq!(InvalidComputerId.to_string(), INVALID_COMPUTER_ID);
+    }
+
+    #[test]
+    fn ids_are_scoped_to_their_principal() {
+        let dev_box = ComputerId::parse("dev-box").unwrap();
+        let default = Principal::default_principal();
+        let alice = Principal::parse("alice").unwrap();
+        assert_eq!(dev_box.owned_by(&default), dev_box);
+        let alices = dev_box.owned_by(&alice);
+        // sha256("alice") = 2bd806c97f0e00af...
+        assert_eq!(alices.as_str(), "dev-box.2bd806c97f0e00af");
+        assert_eq!(alices.slug(), "dev-box");
+        assert!(alices.belongs_to(&alice) && !alices.belongs_to(&default));
+        assert!(dev_box.belongs_to(&default) && !dev_box.belongs_to(&alice));
+        assert_eq!(alices.owned_by(&alice), alices);
+        assert_eq!(
+            ComputerId::parse_stored(alices.as_str()),
+            Ok(alices.clone())
+        );
+        assert_eq!(ComputerId::parse_stored("dev-box"), Ok(dev_box));
+        for bad in [
+            "dev-box.",
+            "dev-box.xyz",
+            "dev-box.2BD806C97F0E00AF",
+            "Dev.2bd806c97f0e00af",
+            "a.b.c",
+        ] {
+            assert!(ComputerId::parse_stored(bad).is_err(), "{bad}");
+        }
+        // A client cannot name another principal's key.
+        assert!(ComputerId::parse(alices.as_str()).is_err());
+    }
+
+    #[test]
+    fn principals_are_printable_names() {
+        assert!(Principal::parse("alice@example.com").is_some());
+        assert!(Principal::parse("auth0|1234").is_some());
+        for bad in ["", "a b", "a\tb", "a\u{7}"] {
+            assert!(Principal::parse(bad).is_none(), "{bad:?}");
+        }
+        assert!(Principal::parse(&"x".repeat(257)).is_none());
+        assert!(Principal::parse("default").is_some_and(|p| p.is_default()));
     }
 
     #[test]

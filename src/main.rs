@@ -32,8 +32,9 @@ fn main() -> ExitCode {
     };
     config.jobs.enabled |= config::switch_on(std::env::var("ENABLE_JOB_TOOLS").ok().as_deref());
     config.file_tools |= config::switch_on(std::env::var("ENABLE_FILE_TOOLS").ok().as_deref());
-    let filter = EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| EnvFilter::new("warn,mcp_sandbox_computer_vm_for_ai=info"));
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
+        EnvFilter::new("warn,mcp_sandbox_computer_vm_for_ai=info,kilntainers::audit=info")
+    });
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(filter)
@@ -85,6 +86,7 @@ async fn run(config: Config) -> i32 {
         instance.clone(),
         config.shell.clone(),
         config.limits,
+        config.quotas,
     );
     let jobs = config.jobs.enabled.then(|| {
         Jobs::new(

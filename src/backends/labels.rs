@@ -9,6 +9,10 @@ pub mod docker {
     pub const IMAGE: &str = "kilntainers.image";
     /// New: the creating server instance, on temporary computers only (crash GC).
     pub const INSTANCE: &str = "kilntainers.instance";
+    /// New: the principal that created the computer (docs/auth.md). Absent on computers made
+    /// before principals existed (they are `default`'s) and on warm-pool spares (labels are
+    /// fixed before a spare has an owner; the owner tag in the name says whose it is).
+    pub const OWNER: &str = "kilntainers.owner";
     /// Container names are `kilntainer-<computer_id>`.
     pub const NAME_PREFIX: &str = "kilntainer-";
     /// New: set on a container born as a warm-pool spare (docs/warm-pool.md). Such a container
@@ -29,11 +33,13 @@ pub mod dashed {
     pub const IMAGE: &str = "kilntainers-image";
     /// New: the creating server instance, on temporary computers only (crash GC).
     pub const INSTANCE: &str = "kilntainers-instance";
+    /// New: the principal that created the computer (docs/auth.md).
+    pub const OWNER: &str = "kilntainers-owner";
 }
 
 /// Fly Machine metadata keys; the Machine name is the computer id.
 pub mod fly {
-    pub use super::dashed::{COMPUTER_ID, IMAGE, INSTANCE, MANAGED, TEMPORARY};
+    pub use super::dashed::{COMPUTER_ID, IMAGE, INSTANCE, MANAGED, OWNER, TEMPORARY};
     /// New: Unix seconds until which a holder vouches for a temporary Machine (Fly has no
     /// session-bound lifetime of its own; see docs/decisions.md, "Fly leases").
     pub const LEASE_UNTIL: &str = "kilntainers-lease-until";
@@ -41,12 +47,12 @@ pub mod fly {
 
 /// E2B sandbox metadata keys. E2B has no lease.
 pub mod e2b {
-    pub use super::dashed::{COMPUTER_ID, IMAGE, INSTANCE, MANAGED, TEMPORARY};
+    pub use super::dashed::{COMPUTER_ID, IMAGE, INSTANCE, MANAGED, OWNER, TEMPORARY};
 }
 
 /// Modal sandbox tag keys; the sandbox name is also the computer id. Modal has no lease.
 pub mod modal {
-    pub use super::dashed::{COMPUTER_ID, IMAGE, INSTANCE, MANAGED, TEMPORARY};
+    pub use super::dashed::{COMPUTER_ID, IMAGE, INSTANCE, MANAGED, OWNER, TEMPORARY};
 }
 
 /// Reads a mode label: missing means temporary, values compare case-insensitively.

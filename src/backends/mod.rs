@@ -31,7 +31,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::{BackendKind, Config};
 use crate::files::{FileOpError, Listing, ReadAnswer};
-use crate::ids::{ComputerId, ExecId, InstanceId};
+use crate::ids::{ComputerId, ExecId, InstanceId, Principal};
 
 /// The provider's current incarnation of a computer, as plain data.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -60,6 +60,9 @@ pub struct CreateSpec {
     pub image: Option<String>,
     /// The creating server, recorded on temporary computers for crash GC.
     pub instance: InstanceId,
+    /// Recorded as the owner label or metadata (docs/auth.md); `computer_id` is already
+    /// scoped. `None` only when re-creating a computer that had no owner label.
+    pub owner: Option<Principal>,
 }
 
 /// One command to run. Built by `exec` from a validated request; backends only translate it.
@@ -159,7 +162,10 @@ pub enum BackendError {
     #[error("{0}")]
     Unavailable(String),
     /// The computer is gone provider-side.
-    #[error("Computer '{0}' no longer exists. Call again to create a new computer with this ID.")]
+    #[error(
+        "Computer '{}' no longer exists. Call again to create a new computer with this ID.",
+        .0.slug()
+    )]
     Vanished(ComputerId),
     /// The computer exists but is not running (stopped or died); starting it may help.
     #[error("Sandbox {0} is not running")]

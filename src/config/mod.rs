@@ -109,6 +109,8 @@ pub struct Config {
     pub jobs: JobsConfig,
     /// `--file-tools` or `ENABLE_FILE_TOOLS=true` (docs/files.md).
     pub file_tools: bool,
+    /// `--max-computers-per-user`, `--max-running-per-user` (docs/auth.md, "Quotas").
+    pub quotas: crate::registry::Quotas,
     pub description: DescriptionConfig,
     pub docker: DockerConfig,
     pub fly: FlyConfig,
@@ -120,7 +122,8 @@ pub struct Config {
 #[derive(Debug, Clone)]
 pub enum Transport {
     Stdio,
-    Http(HttpConfig),
+    /// Boxed: the HTTP settings are large, and a config is made once.
+    Http(Box<HttpConfig>),
 }
 
 #[derive(Debug, Clone)]
@@ -129,10 +132,97 @@ pub struct HttpConfig {
     pub port: u16,
     pub session_timeout: Duration,
     pub auth_token: Option<Secret>,
+    /// `--auth-tokens-file`: named tokens, read (and checked) when the server starts.
+    pub auth_tokens_file: Option<std::path::PathBuf>,
+    /// `--oauth-*`: JWT access tokens of one issuer.
+    pub oauth: Option<OAuthConfig>,
     /// `--allow-unauthenticated-http`: without a token, serve `/mcp` with no authentication
     /// instead of generating a token.
     pub allow_unauthenticated: bool,
     pub extra_allowed_hosts: Vec<String>,
+}
+
+/// The OAuth resource-server settings (docs/auth.md, "OAuth").
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OAuthConfig {
+    pub issuer: String,
+    /// `None`: the listener's own `/mcp` URL.
+    pub audience: Option<String>,
+    pub required_scopes: Vec<String>,
+    pub principal_claim: String,
+}
+
+impl OAuthConfig {
+    fn from_cli(cli: &Cli) -> Result<Option<Self>, ConfigError> {
+        let Some(issuer) = cli.oauth_issuer.as_deref().map(str::trim) else {
+            if cli.oauth_audience.is_some() || cli.oauth_required_scope.is_some() {
+                return fail("--oauth-audience and --oauth-required-scope need --oauth-issuer.");
+            }
+            return Ok(None);
+        };
+        if !cfg!(feature = "oauth") {
+            return fail(
+                "--oauth-issuer: this build has no OAuth support; build with the `oauth` cargo feature (on by default).",
+            );
+        }
+        check_oauth_url("--oauth-issuer", issuer)?;
+        if let Some(audience) = &cli.oauth_audience
+            && audience.trim().is_empty()
+        {
+            return fail("--oauth-audience must not be empty.");
+        }
+        let claim = cli.oauth_principal_claim.trim();
+        if claim.is_empty() {
+            return fail("--oauth-principal-claim must name a claim.");
+        }
+        Ok(Some(Self {
+            issuer: issuer.to_owned(),
+            audience: cli.oauth_audience.as_deref().map(|a| a.trim().to_owned()),
+            required_scopes: cli
+                .oauth_required_scope
+                .as_deref()
+                .unwrap_or_default()
+                .split_whitespace()
+                .map(str::to_owned)
+                .collect(),
+            principal_claim: claim.to_owned(),
+        }))
+    }
+}
+
+/// An issuer must be `https://`, except on a loopback host (local testing): tokens and keys
+/// fetched over plain HTTP could be forged by anyone on the path.
+pub fn check_oauth_url(flag: &str, url: &str) -> Result<(), ConfigError> {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return fail(format!(
+            "{flag} must be an absolute URL such as https://auth.example.com, got: {url}"
+        ));
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    // `user@host` would let the text before `@` pose as the host to a reader.
+    let host = if authority.contains('@') {
+        ""
+    } else if let Some(bracketed) = authority.strip_prefix('[') {
+        bracketed.split(']').next().unwrap_or_default()
+    } else {
+        authority.split(':').next().unwrap_or_default()
+    };
+    if host.is_empty() {
+        return fail(format!(
+            "{flag} must be an absolute URL such as https://auth.example.com, got: {url}"
+        ));
+    }
+    let loopback = host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback());
+    match scheme.to_ascii_lowercase().as_str() {
+        "https" => Ok(()),
+        "http" if loopback => Ok(()),
+        _ => fail(format!(
+            "{flag} must be an https:// URL (http:// is accepted only on a loopback address), got: {url}"
+        )),
+    }
 }
 
 /// The job switch and settings (docs/jobs.md, "Settings").
@@ -256,6 +346,16 @@ impl Config {
         else {
             return fail("--port must be between 1 and 65535.");
         };
+        if stdio && (cli.auth_tokens_file.is_some() || cli.oauth_issuer.is_some()) {
+            return fail(
+                "--auth-tokens-file and --oauth-issuer are only valid with --transport http. In stdio mode, the one client is the principal 'default'.",
+            );
+        }
+        let oauth = if stdio {
+            None
+        } else {
+            OAuthConfig::from_cli(cli)?
+        };
         // Only HTTP uses the token, so only HTTP reads its file.
         let auth_token = match stdio {
             true => None,
@@ -271,6 +371,8 @@ impl Config {
         if !stdio
             && !matches!(cli.host.as_str(), "127.0.0.1" | "localhost" | "::1")
             && auth_token.is_none()
+            && cli.auth_tokens_file.is_none()
+            && oauth.is_none()
             && !cli.allow_unauthenticated_http
         {
             return fail(
@@ -296,6 +398,8 @@ impl Config {
             // Without the Host check and without a token, any web page the user opens can
             // drive the server through DNS rebinding.
             if auth_token.is_none()
+                && cli.auth_tokens_file.is_none()
+                && oauth.is_none()
                 && cli.allow_unauthenticated_http
                 && extra_allowed_hosts.iter().any(|h| h.trim() == ANY_HOST)
             {
@@ -303,14 +407,16 @@ impl Config {
                     "--allowed-host '*' turns off the Host check, so /mcp needs authentication. Set KILNTAINERS_AUTH_TOKEN/--auth-token, or drop --allow-unauthenticated-http to use a generated token.",
                 );
             }
-            Transport::Http(HttpConfig {
+            Transport::Http(Box::new(HttpConfig {
                 host: cli.host.clone(),
                 port,
                 session_timeout: Duration::from_secs(cli.session_timeout.unsigned_abs()),
                 auth_token,
+                auth_tokens_file: cli.auth_tokens_file.clone(),
+                oauth,
                 allow_unauthenticated: cli.allow_unauthenticated_http,
                 extra_allowed_hosts,
-            })
+            }))
         };
         Ok(Self {
             backend: cli.backend,
@@ -323,6 +429,10 @@ impl Config {
             network: !cli.no_network,
             lifecycle_tools: cli.lifecycle_tools || switch_on(lifecycle_env),
             file_tools: cli.file_tools,
+            quotas: crate::registry::Quotas {
+                max_computers: cli.max_computers_per_user.map(|n| n as usize),
+                max_running: cli.max_running_per_user.map(|n| n as usize),
+            },
             jobs: JobsConfig {
                 enabled: cli.job_tools,
                 max_jobs: u32::try_from(cli.max_jobs).unwrap_or(u32::MAX),

@@ -114,13 +114,14 @@ pub enum JobError {
     #[error("Job {0} is not accepting input.")]
     NotAcceptingInput(JobId),
     #[error(
-        "Computer {computer} already runs {running} jobs; wait for one to end or kill one with job_kill."
+        "Computer {} already runs {running} jobs; wait for one to end or kill one with job_kill.",
+        .computer.slug()
     )]
     TooMany { computer: ComputerId, running: u32 },
     #[error("The client cancelled the call.")]
     Cancelled,
     /// A job exec failed in a way the computer explains (no writable directory, no mkfifo).
-    #[error("Could not {action} job on computer '{computer}': {reason}")]
+    #[error("Could not {action} job on computer '{}': {reason}", .computer.slug())]
     Failed {
         action: &'static str,
         computer: ComputerId,

@@ -198,11 +198,15 @@ fn decode_path(args: &Args<'_>) -> Result<String, CallError> {
     Ok(path)
 }
 
-pub(super) fn decode_computer(args: &Args<'_>) -> Result<Option<ComputerId>, CallError> {
+/// The optional `computer_id`, as the caller's computer.
+pub(super) fn decode_computer(
+    args: &Args<'_>,
+    session: &Session,
+) -> Result<Option<ComputerId>, CallError> {
     args.string("computer_id")
         .map_err(|e| CallError::Invalid(e.to_string()))?
         .filter(|raw| !raw.is_empty())
-        .map(|raw| ComputerId::parse(&raw))
+        .map(|raw| ComputerId::parse(&raw).map(|id| id.owned_by(session.principal())))
         .transpose()
         .map_err(|e| CallError::Invalid(e.to_string()))
 }
@@ -336,7 +340,7 @@ async fn read_call(
 ) -> Result<CallToolResult, CallError> {
     let args = Args::new(READ, arguments);
     let path = decode_path(&args)?;
-    let computer = decode_computer(&args)?;
+    let computer = decode_computer(&args, session)?;
     let limit = registry.limits().output_limit.max(1);
     let offset = match args.integer("offset").map_err(invalid)? {
         Some(o) if o < 0 => return Err(invalid("offset must be 0 or more.")),
@@ -357,7 +361,7 @@ async fn read_call(
         None => ("base64", BASE64.encode(&page.bytes)),
     };
     let mut payload = Map::new();
-    payload.insert("computer_id".into(), json!(id.as_str()));
+    payload.insert("computer_id".into(), json!(id.slug()));
     payload.insert("path".into(), json!(path));
     payload.insert("size".into(), json!(page.size));
     payload.insert("offset".into(), json!(page.offset));
@@ -391,7 +395,7 @@ async fn write_call(
     let args = Args::new(WRITE, arguments);
     let path = decode_path(&args)?;
     let content = args.required_string("content").map_err(invalid)?;
-    let computer = decode_computer(&args)?;
+    let computer = decode_computer(&args, session)?;
     let append = args.boolean("append").map_err(invalid)?.unwrap_or(false);
     let mode = args
         .string("mode")
@@ -458,7 +462,7 @@ async fn list_call(
 ) -> Result<CallToolResult, CallError> {
     let args = Args::new(LIST, arguments);
     let path = decode_path(&args)?;
-    let computer = decode_computer(&args)?;
+    let computer = decode_computer(&args, session)?;
     let depth = match args.integer("depth").map_err(invalid)? {
         None => 1,
         Some(d) if (1..=i64::from(files::MAX_DEPTH)).contains(&d) => d,
@@ -524,11 +528,12 @@ pub async fn read_resource(
     path: String,
     cancel: &CancellationToken,
 ) -> Result<ReadResourceResult, ErrorData> {
+    let id = id.owned_by(session.principal());
     let sandbox = match registry.attach_existing(session, &id).await {
         Ok(sandbox) => sandbox,
         Err(RegistryError::NotFound(_)) => {
             return Err(ErrorData::resource_not_found(
-                format!("Computer {id} not found."),
+                format!("Computer {} not found.", id.slug()),
                 None,
             ));
         }

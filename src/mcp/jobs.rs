@@ -223,7 +223,7 @@ fn stdout_text(snapshot: &Snapshot) -> String {
 fn job_payload(job: &JobId, computer: &ComputerId, snapshot: &Snapshot) -> CallToolResult {
     let mut payload = Map::new();
     payload.insert("job_id".into(), json!(job.as_str()));
-    payload.insert("computer_id".into(), json!(computer.as_str()));
+    payload.insert("computer_id".into(), json!(computer.slug()));
     payload.insert("running".into(), json!(snapshot.running));
     payload.insert("exit_code".into(), json!(snapshot.exit_code));
     payload.insert("stdout".into(), json!(stdout_text(snapshot)));
@@ -287,7 +287,7 @@ pub async fn execute(
     };
     jobs.set_cursor(session.id(), &job, snapshot.next_since);
     let mut payload = Map::new();
-    payload.insert("computer_id".into(), json!(sandbox.computer_id.as_str()));
+    payload.insert("computer_id".into(), json!(sandbox.computer_id.slug()));
     payload.insert("temporary".into(), json!(sandbox.temporary));
     payload.insert("stdout".into(), json!(stdout_text(&snapshot)));
     payload.insert("stderr".into(), json!(text(&snapshot.stderr)));
@@ -329,7 +329,10 @@ async fn locate(
         }
     }
     if let Ok(all) = registry.backend().list().await {
-        for info in all.into_iter().filter(|info| info.state == "running") {
+        let mine = |info: &crate::backends::ComputerInfo| {
+            info.state == "running" && info.sandbox.computer_id.belongs_to(session.principal())
+        };
+        for info in all.into_iter().filter(mine) {
             if !candidates
                 .iter()
                 .any(|c| c.computer_id == info.sandbox.computer_id)
@@ -525,7 +528,7 @@ pub async fn list(
     let computer = match args.string("computer_id") {
         Err(error) => return Some(format::error(error.to_string())),
         Ok(Some(raw)) => match ComputerId::parse(&raw) {
-            Ok(id) => Some(id),
+            Ok(id) => Some(id.owned_by(session.principal())),
             Err(error) => return Some(format::error(error.to_string())),
         },
         Ok(None) => session.default_id(),

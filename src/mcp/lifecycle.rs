@@ -160,10 +160,7 @@ pub fn tools() -> Vec<Tool> {
 
 fn info_json(row: &ComputerInfo, backend: &str) -> Value {
     let mut item = Map::new();
-    item.insert(
-        "computer_id".into(),
-        json!(row.sandbox.computer_id.as_str()),
-    );
+    item.insert("computer_id".into(), json!(row.sandbox.computer_id.slug()));
     item.insert("sandbox_id".into(), json!(row.sandbox.sandbox_id));
     item.insert("backend".into(), json!(backend));
     item.insert("state".into(), json!(row.state));
@@ -174,8 +171,8 @@ fn info_json(row: &ComputerInfo, backend: &str) -> Value {
 }
 
 /// `computer_list` and `computer_dashboard` (the same payload; docs/warm-pool.md for `warm_pool`).
-pub async fn list(registry: &Registry) -> CallToolResult {
-    let (rows, warning) = registry.list().await;
+pub async fn list(registry: &Registry, session: &Session) -> CallToolResult {
+    let (rows, warning) = registry.list(session.principal()).await;
     let backend = registry.backend().kind();
     let mut payload = Map::new();
     payload.insert(
@@ -197,8 +194,49 @@ pub async fn list(registry: &Registry) -> CallToolResult {
     format::success(payload)
 }
 
-fn parse_id(raw: &str) -> Result<ComputerId, String> {
-    ComputerId::parse(raw).map_err(|e| e.to_string())
+/// A client's id, as `session`'s principal's computer.
+fn parse_id(raw: &str, session: &Session) -> Result<ComputerId, String> {
+    ComputerId::parse(raw)
+        .map(|id| id.owned_by(session.principal()))
+        .map_err(|e| e.to_string())
+}
+
+/// The audit line of a lifecycle action (docs/auth.md, "Audit"): who, on what, and how it
+/// ended.
+fn audit(
+    action: &'static str,
+    session: &Session,
+    arguments: Option<&JsonObject>,
+    result: &Result<Map<String, Value>, String>,
+) {
+    let requested = arguments
+        .and_then(|a| a.get("computer_id"))
+        .and_then(Value::as_str)
+        .map(str::trim);
+    let computer_id = match result {
+        Ok(payload) => payload.get("computer_id").and_then(Value::as_str),
+        Err(_) => requested,
+    }
+    .unwrap_or("");
+    match result {
+        Ok(_) => tracing::info!(
+            target: "kilntainers::audit",
+            principal = %session.principal(),
+            action,
+            computer_id,
+            result = "ok",
+            "lifecycle"
+        ),
+        Err(error) => tracing::info!(
+            target: "kilntainers::audit",
+            principal = %session.principal(),
+            action,
+            computer_id,
+            result = "error",
+            error = error.as_str(),
+            "lifecycle"
+        ),
+    }
 }
 
 /// A lifecycle payload or message, in the reference's result shapes.
@@ -215,52 +253,59 @@ pub async fn create(
     arguments: Option<&JsonObject>,
     progress: &dyn Progress,
 ) -> CallToolResult {
-    respond(
-        async {
-            let args = Args::new(CREATE, arguments);
-            let raw_id = args.string("computer_id").map_err(|e| e.to_string())?;
-            let temporary = args.boolean("temporary").map_err(|e| e.to_string())?;
-            let computer_id = raw_id
-                .filter(|id| !id.is_empty())
-                .map(|raw| parse_id(&raw))
-                .transpose()?;
-            let sandbox = registry
-                .acquire(
-                    session,
-                    computer_id,
-                    temporary.unwrap_or(true),
-                    false,
-                    progress,
-                )
-                .await
-                .map_err(|e| user_message(&e))?;
-            let mut payload = Map::new();
-            payload.insert("ok".into(), json!(true));
-            payload.insert("computer_id".into(), json!(sandbox.computer_id.as_str()));
-            payload.insert("sandbox_id".into(), json!(sandbox.sandbox_id));
-            payload.insert("temporary".into(), json!(sandbox.temporary));
-            Ok(payload)
-        }
-        .await,
-    )
+    let result = async {
+        let args = Args::new(CREATE, arguments);
+        let raw_id = args.string("computer_id").map_err(|e| e.to_string())?;
+        let temporary = args.boolean("temporary").map_err(|e| e.to_string())?;
+        let computer_id = raw_id
+            .filter(|id| !id.is_empty())
+            .map(|raw| parse_id(&raw, session))
+            .transpose()?;
+        let sandbox = registry
+            .acquire(
+                session,
+                computer_id,
+                temporary.unwrap_or(true),
+                false,
+                progress,
+            )
+            .await
+            .map_err(|e| user_message(&e))?;
+        let mut payload = Map::new();
+        payload.insert("ok".into(), json!(true));
+        payload.insert("computer_id".into(), json!(sandbox.computer_id.slug()));
+        payload.insert("sandbox_id".into(), json!(sandbox.sandbox_id));
+        payload.insert("temporary".into(), json!(sandbox.temporary));
+        Ok(payload)
+    }
+    .await;
+    audit("create", session, arguments, &result);
+    respond(result)
 }
 
 /// Decodes the required `computer_id` of restart, reset and delete.
-fn required_id(tool: &'static str, arguments: Option<&JsonObject>) -> Result<ComputerId, String> {
+fn required_id(
+    tool: &'static str,
+    session: &Session,
+    arguments: Option<&JsonObject>,
+) -> Result<ComputerId, String> {
     let raw = Args::new(tool, arguments)
         .required_string("computer_id")
         .map_err(|e| e.to_string())?;
-    parse_id(&raw)
+    parse_id(&raw, session)
 }
 
-pub async fn restart(registry: &Registry, arguments: Option<&JsonObject>) -> CallToolResult {
-    respond(
-        async {
-            let id = required_id(RESTART, arguments)?;
+pub async fn restart(
+    registry: &Registry,
+    session: &Session,
+    arguments: Option<&JsonObject>,
+) -> CallToolResult {
+    let result = async {
+            let id = required_id(RESTART, session, arguments)?;
             let restarted = registry.restart(&id).await.map_err(|e| user_message(&e))?;
             let mut payload = Map::new();
             payload.insert("ok".into(), json!(true));
-            payload.insert("computer_id".into(), json!(id.as_str()));
+            payload.insert("computer_id".into(), json!(id.slug()));
             payload.insert("sandbox_id".into(), json!(restarted.sandbox.sandbox_id));
             payload.insert("temporary".into(), json!(restarted.sandbox.temporary));
             payload.insert("state_preserved".into(), json!(restarted.state_preserved));
@@ -269,50 +314,57 @@ pub async fn restart(registry: &Registry, arguments: Option<&JsonObject>) -> Cal
                 payload.insert(
                     "warning".into(),
                     json!(format!(
-                        "{backend} cannot restart a computer and keep its files; '{id}' was recreated from its base image and its previous files are gone."
+                        "{backend} cannot restart a computer and keep its files; '{id}' was recreated from its base image and its previous files are gone.",
+                        id = id.slug()
                     )),
                 );
             }
             Ok(payload)
         }
-        .await,
-    )
+        .await;
+    audit("restart", session, arguments, &result);
+    respond(result)
 }
 
 pub async fn factory_reset(
     registry: &Registry,
+    session: &Session,
     arguments: Option<&JsonObject>,
     progress: &dyn Progress,
 ) -> CallToolResult {
-    respond(
-        async {
-            let id = required_id(FACTORY_RESET, arguments)?;
-            let sandbox = registry
-                .factory_reset(&id, progress)
-                .await
-                .map_err(|e| user_message(&e))?;
-            let mut payload = Map::new();
-            payload.insert("ok".into(), json!(true));
-            payload.insert("computer_id".into(), json!(id.as_str()));
-            payload.insert("sandbox_id".into(), json!(sandbox.sandbox_id));
-            payload.insert("temporary".into(), json!(sandbox.temporary));
-            Ok(payload)
-        }
-        .await,
-    )
+    let result = async {
+        let id = required_id(FACTORY_RESET, session, arguments)?;
+        let sandbox = registry
+            .factory_reset(&id, session.principal(), progress)
+            .await
+            .map_err(|e| user_message(&e))?;
+        let mut payload = Map::new();
+        payload.insert("ok".into(), json!(true));
+        payload.insert("computer_id".into(), json!(id.slug()));
+        payload.insert("sandbox_id".into(), json!(sandbox.sandbox_id));
+        payload.insert("temporary".into(), json!(sandbox.temporary));
+        Ok(payload)
+    }
+    .await;
+    audit("factory_reset", session, arguments, &result);
+    respond(result)
 }
 
-pub async fn delete(registry: &Registry, arguments: Option<&JsonObject>) -> CallToolResult {
-    respond(
-        async {
-            let id = required_id(DELETE, arguments)?;
-            registry.delete(&id).await.map_err(|e| user_message(&e))?;
-            let mut payload = Map::new();
-            payload.insert("ok".into(), json!(true));
-            payload.insert("computer_id".into(), json!(id.as_str()));
-            payload.insert("deleted".into(), json!(true));
-            Ok(payload)
-        }
-        .await,
-    )
+pub async fn delete(
+    registry: &Registry,
+    session: &Session,
+    arguments: Option<&JsonObject>,
+) -> CallToolResult {
+    let result = async {
+        let id = required_id(DELETE, session, arguments)?;
+        registry.delete(&id).await.map_err(|e| user_message(&e))?;
+        let mut payload = Map::new();
+        payload.insert("ok".into(), json!(true));
+        payload.insert("computer_id".into(), json!(id.slug()));
+        payload.insert("deleted".into(), json!(true));
+        Ok(payload)
+    }
+    .await;
+    audit("delete", session, arguments, &result);
+    respond(result)
 }

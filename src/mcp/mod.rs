@@ -28,6 +28,7 @@ use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde_json::json;
 
 use crate::dashboard;
+use crate::ids::Principal;
 use crate::jobs::Jobs;
 use crate::ports::Ports;
 use crate::registry::{Registry, Session};
@@ -129,15 +130,19 @@ pub struct SessionHandler {
 }
 
 impl SessionHandler {
-    /// A handler for a new session of its own.
-    pub fn new(surface: Arc<Surface>) -> Self {
-        let session = surface.registry.open_session();
+    /// A handler for a new session of its own, acting for `principal`.
+    pub fn new(surface: Arc<Surface>, principal: Principal) -> Self {
+        let session = surface.registry.open_session(principal);
         Self::with_session(surface, session)
     }
 
     /// A handler for one sessionless request, holding computers by lease.
-    pub fn sessionless(surface: Arc<Surface>, lease_ttl: std::time::Duration) -> Self {
-        let session = surface.registry.sessionless(lease_ttl);
+    pub fn sessionless(
+        surface: Arc<Surface>,
+        lease_ttl: std::time::Duration,
+        principal: Principal,
+    ) -> Self {
+        let session = surface.registry.sessionless(lease_ttl, principal);
         Self::with_session(surface, session)
     }
 
@@ -337,7 +342,9 @@ impl ServerHandler for SessionHandler {
                 return Err(ErrorData::invalid_params("tool not found", None));
             }
             (name, _) => match name {
-                lifecycle::DASHBOARD | lifecycle::LIST => Some(lifecycle::list(registry).await),
+                lifecycle::DASHBOARD | lifecycle::LIST => {
+                    Some(lifecycle::list(registry, &self.session).await)
+                }
                 lifecycle::CREATE => Some(
                     lifecycle::create(
                         registry,
@@ -347,15 +354,21 @@ impl ServerHandler for SessionHandler {
                     )
                     .await,
                 ),
-                lifecycle::RESTART => {
-                    Some(lifecycle::restart(registry, request.arguments.as_ref()).await)
-                }
-                lifecycle::FACTORY_RESET => Some(
-                    lifecycle::factory_reset(registry, request.arguments.as_ref(), &progress).await,
+                lifecycle::RESTART => Some(
+                    lifecycle::restart(registry, &self.session, request.arguments.as_ref()).await,
                 ),
-                lifecycle::DELETE => {
-                    Some(lifecycle::delete(registry, request.arguments.as_ref()).await)
-                }
+                lifecycle::FACTORY_RESET => Some(
+                    lifecycle::factory_reset(
+                        registry,
+                        &self.session,
+                        request.arguments.as_ref(),
+                        &progress,
+                    )
+                    .await,
+                ),
+                lifecycle::DELETE => Some(
+                    lifecycle::delete(registry, &self.session, request.arguments.as_ref()).await,
+                ),
                 _ => return Err(ErrorData::invalid_params("tool not found", None)),
             },
         };

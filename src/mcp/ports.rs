@@ -75,7 +75,7 @@ async fn call(
         }
         None => return Err(invalid("port is required.")),
     };
-    let computer = decode_computer(&args)?;
+    let computer = decode_computer(&args, session)?;
     if !registry.backend().has_ports() {
         return Err(CallError::Registry(
             registry.backend().no_ports().to_string(),
@@ -85,7 +85,7 @@ async fn call(
     let sandbox = registry
         .acquire(session, computer, temporary, true, Registry::no_progress())
         .await?;
-    let id = sandbox.computer_id.as_str().to_owned();
+    let id = sandbox.computer_id.slug().to_owned();
     let url = ports
         .url(&sandbox, port)
         .await

@@ -207,7 +207,7 @@ pub async fn terminal_execute(
     progress: &dyn Progress,
     cancel: &CancellationToken,
 ) -> Option<CallToolResult> {
-    let call = match decode_execute(
+    let mut call = match decode_execute(
         arguments,
         registry.limits().default_timeout_secs,
         jobs.is_some(),
@@ -215,6 +215,7 @@ pub async fn terminal_execute(
         Ok(call) => call,
         Err(message) => return Some(format::error(message)),
     };
+    call.computer_id = call.computer_id.map(|id| id.owned_by(session.principal()));
     if let (Some(jobs), Some(job)) = (jobs, &call.job)
         && let Some(yield_after) = job.yield_after
     {
@@ -291,7 +292,7 @@ pub async fn terminal_execute(
     let mut payload = Map::new();
     payload.insert(
         "computer_id".into(),
-        json!(executed.sandbox.computer_id.as_str()),
+        json!(executed.sandbox.computer_id.slug()),
     );
     payload.insert("temporary".into(), json!(executed.sandbox.temporary));
     payload.insert("stdout".into(), json!(stdout));

@@ -27,7 +27,7 @@ const CONNECTIONS_PER_FORWARDER: usize = 64;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PortError {
-    #[error("Computer '{0}' was not found.")]
+    #[error("Computer '{}' was not found.", .0.slug())]
     NotFound(ComputerId),
     #[error("Cannot listen on a loopback port for the forwarder: {0}")]
     Listen(std::io::Error),

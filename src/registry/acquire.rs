@@ -3,6 +3,7 @@
 
 use tracing::{info, instrument};
 
+use super::quotas::Admission;
 use super::{Registry, RegistryError, Session, lock};
 use crate::backends::{CreateSpec, Progress, SandboxRef};
 use crate::ids::ComputerId;
@@ -41,7 +42,7 @@ impl Registry {
         }
         // Sessionless requests have no default: each omitted-id call gets a new computer.
         if !use_default || session.lease_ttl.is_some() {
-            let id = self.unused_random_id().await?;
+            let id = self.unused_random_id(session).await?;
             return self
                 .acquire_for(session, &id, temporary, Origin::Named, progress)
                 .await;
@@ -54,7 +55,7 @@ impl Registry {
                 .acquire_for(session, &id, recorded, Origin::Named, progress)
                 .await;
         }
-        let id = self.unused_random_id().await?;
+        let id = self.unused_random_id(session).await?;
         let sandbox = self
             .acquire_for(session, &id, temporary, Origin::CheckedFree, progress)
             .await?;
@@ -69,6 +70,9 @@ impl Registry {
         session: &Session,
         id: &ComputerId,
     ) -> Result<SandboxRef, RegistryError> {
+        if !id.belongs_to(session.principal()) {
+            return Err(RegistryError::NotFound(id.clone()));
+        }
         if let Some(sandbox) = self
             .existing_slot(id)
             .and_then(|s| lock(&s.state).record.clone())
@@ -89,9 +93,9 @@ impl Registry {
     }
 
     /// A random id checked free by one provider lookup; creating it needs no second one.
-    async fn unused_random_id(&self) -> Result<ComputerId, RegistryError> {
+    async fn unused_random_id(&self, session: &Session) -> Result<ComputerId, RegistryError> {
         for _ in 0..RANDOM_ID_TRIES {
-            let id = ComputerId::random();
+            let id = ComputerId::random().owned_by(session.principal());
             let known = self
                 .existing_slot(&id)
                 .is_some_and(|s| lock(&s.state).record.is_some());
@@ -110,6 +114,10 @@ impl Registry {
         origin: Origin,
         progress: &dyn Progress,
     ) -> Result<SandboxRef, RegistryError> {
+        // Callers scope ids to the session's principal; anything else is somebody else's.
+        if !id.belongs_to(session.principal()) {
+            return Err(RegistryError::NotFound(id.clone()));
+        }
         if let Some(recorded) = session.owned_mode(id) {
             if recorded != temporary {
                 return Err(RegistryError::AlreadyAttached {
@@ -145,7 +153,7 @@ impl Registry {
                     return Err(RegistryError::ShuttingDown(id.clone()));
                 }
                 None => {
-                    self.attach_or_create(id, temporary, origin, progress)
+                    self.attach_or_create(session, id, temporary, origin, progress)
                         .await?
                 }
             };
@@ -169,6 +177,7 @@ impl Registry {
 
     async fn attach_or_create(
         &self,
+        session: &Session,
         id: &ComputerId,
         temporary: bool,
         origin: Origin,
@@ -187,18 +196,28 @@ impl Registry {
                 })
             }
             Some(found) => {
-                info!(computer_id = %id, sandbox_id = %found.sandbox.sandbox_id, "attaching");
+                info!(target: "kilntainers::audit", principal = %session.principal(), computer_id = %id, sandbox_id = %found.sandbox.sandbox_id, "attaching");
+                let _admitted = if found.running {
+                    None
+                } else {
+                    self.admit(session.principal(), id, Admission::Start)
+                        .await?
+                };
                 Ok(self.backend.ensure_running(&found.sandbox).await?)
             }
             None => {
+                let _admitted = self
+                    .admit(session.principal(), id, Admission::Create)
+                    .await?;
                 let spec = CreateSpec {
                     computer_id: id.clone(),
                     temporary,
                     image: None,
                     instance: self.instance.clone(),
+                    owner: Some(session.principal().clone()),
                 };
                 let sandbox = self.backend.create(&spec, progress).await?;
-                info!(computer_id = %id, sandbox_id = %sandbox.sandbox_id, temporary, "created");
+                info!(target: "kilntainers::audit", principal = %session.principal(), computer_id = %id, sandbox_id = %sandbox.sandbox_id, temporary, "created");
                 Ok(sandbox)
             }
         }

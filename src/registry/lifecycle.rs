@@ -6,25 +6,28 @@ use std::collections::HashSet;
 
 use super::{Interruption, Registry, RegistryError, Removal, lock};
 use crate::backends::{ComputerInfo, CreateSpec, Progress, SandboxRef};
-use crate::ids::ComputerId;
+use crate::ids::{ComputerId, Principal};
 
 /// The state listed for a record the provider did not return: a record exists only once its
 /// computer was created or found and started, and nothing records a later provider state.
 const RECORDED_STATE: &str = "running";
 
 impl Registry {
-    /// Provider inventory ∪ this process's records, provider entry winning, sorted by id
-    /// (docs/decisions.md, "Listing computers"). A provider failure becomes a warning, not an error.
-    pub async fn list(&self) -> (Vec<ComputerInfo>, Option<String>) {
+    /// `principal`'s computers: provider inventory ∪ this process's records, provider entry
+    /// winning, sorted by id (docs/decisions.md, "Listing computers"). A provider failure
+    /// becomes a warning, not an error.
+    pub async fn list(&self, principal: &Principal) -> (Vec<ComputerInfo>, Option<String>) {
         let (mut rows, warning) = match self.backend.list().await {
             Ok(rows) => (rows, None),
             Err(error) => (Vec::new(), Some(error.to_string())),
         };
+        rows.retain(|row| row.sandbox.computer_id.belongs_to(principal));
         let listed: HashSet<ComputerId> =
             rows.iter().map(|r| r.sandbox.computer_id.clone()).collect();
         for slot in lock(&self.slots).values() {
             let state = lock(&slot.state);
             if let Some(record) = &state.record
+                && record.computer_id.belongs_to(principal)
                 && !listed.contains(&record.computer_id)
             {
                 rows.push(ComputerInfo {
@@ -37,8 +40,8 @@ impl Registry {
         rows.sort_by(|a, b| {
             a.sandbox
                 .computer_id
-                .as_str()
-                .cmp(b.sandbox.computer_id.as_str())
+                .slug()
+                .cmp(b.sandbox.computer_id.slug())
         });
         (rows, warning)
     }
@@ -95,9 +98,11 @@ impl Registry {
         .await
     }
 
+    /// Replaces `owner`'s computer `id` with a fresh one.
     pub async fn factory_reset(
         &self,
         id: &ComputerId,
+        owner: &Principal,
         progress: &dyn Progress,
     ) -> Result<SandboxRef, RegistryError> {
         self.with_lifecycle(id, Interruption::Reset, async |sandbox| {
@@ -108,6 +113,7 @@ impl Registry {
                 temporary: sandbox.temporary,
                 image: Some(sandbox.image.clone()),
                 instance: self.instance.clone(),
+                owner: Some(owner.clone()),
             };
             let fresh = self.backend.create(&spec, progress).await?;
             Ok((fresh.clone(), Some(fresh)))

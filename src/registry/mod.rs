@@ -11,13 +11,18 @@
 //! Files: `slots.rs` (a computer's locks and state, the slot map), `acquire.rs` (session default,
 //! named and random ids, attach or create), `execute.rs` (the FIFO exec turn, restart-once on a
 //! stopped computer), `lifecycle.rs` (list, restart, reset, delete), `leases.rs` (sessionless
-//! holds), `shutdown.rs` (session close, shutdown sweep), `sessions.rs`, `orphans.rs`.
+//! holds), `shutdown.rs` (session close, shutdown sweep), `quotas.rs` (per-principal limits),
+//! `sessions.rs`, `orphans.rs`.
+//!
+//! Computers are per principal (docs/auth.md): every id handled here is already scoped to its
+//! owner, and a session acts only on ids of its own principal.
 
 mod acquire;
 mod execute;
 mod leases;
 mod lifecycle;
 pub mod orphans;
+mod quotas;
 mod sessions;
 mod shutdown;
 mod slots;
@@ -28,12 +33,13 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+pub use quotas::Quotas;
 pub use sessions::Session;
 
 use crate::backends::{Backend, BackendError, NoProgress, Progress, SandboxRef};
 use crate::config::ExecLimits;
 use crate::exec::ExecOutcome;
-use crate::ids::{ComputerId, InstanceId};
+use crate::ids::{ComputerId, InstanceId, Principal};
 use slots::{Slot, lock};
 
 /// A lifecycle operation that interrupts an exec in flight (docs/decisions.md, "Lifecycle operations").
@@ -56,27 +62,32 @@ impl Interruption {
 
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum RegistryError {
-    #[error("Computer '{id}' is already attached with temporary={temporary}.")]
+    #[error("Computer '{}' is already attached with temporary={temporary}.", .id.slug())]
     AlreadyAttached { id: ComputerId, temporary: bool },
     #[error(
-        "Computer '{id}' already exists with temporary={temporary}; lifecycle mode cannot be changed without a factory reset or delete."
+        "Computer '{}' already exists with temporary={temporary}; lifecycle mode cannot be changed without a factory reset or delete.",
+        .id.slug()
     )]
     ModeFixed { id: ComputerId, temporary: bool },
     #[error(
-        "Computer '{id}' already exists with temporary={actual}; requested temporary={requested}."
+        "Computer '{}' already exists with temporary={actual}; requested temporary={requested}.",
+        .id.slug()
     )]
     ModeConflict {
         id: ComputerId,
         actual: bool,
         requested: bool,
     },
+    /// A per-principal limit; the message names it and what to do.
+    #[error("{0}")]
+    QuotaReached(String),
     #[error("Could not generate an unused computer_id; pass one explicitly.")]
     NoFreeId,
-    #[error("The server is shutting down; computer '{0}' was not started.")]
+    #[error("The server is shutting down; computer '{}' was not started.", .0.slug())]
     ShuttingDown(ComputerId),
-    #[error("Computer '{0}' was not found.")]
+    #[error("Computer '{}' was not found.", .0.slug())]
     NotFound(ComputerId),
-    #[error("Command interrupted because computer '{id}' is being {}.", .op.verb())]
+    #[error("Command interrupted because computer '{}' is being {}.", .id.slug(), .op.verb())]
     Interrupted { id: ComputerId, op: Interruption },
     /// The client cancelled the call; no result is expected.
     #[error("cancelled")]
@@ -103,6 +114,7 @@ pub struct Registry {
     closing: std::sync::atomic::AtomicBool,
     /// Called with the id of every computer this process removed provider-side.
     removal_hooks: Mutex<Vec<RemovalHook>>,
+    quotas: quotas::QuotaGate,
 }
 
 /// See [`Registry::on_removed`].
@@ -124,6 +136,7 @@ impl Registry {
         instance: InstanceId,
         shell: String,
         limits: ExecLimits,
+        quotas: Quotas,
     ) -> Arc<Self> {
         Arc::new(Self {
             backend,
@@ -135,6 +148,7 @@ impl Registry {
             next_session: std::sync::atomic::AtomicU64::new(1),
             closing: std::sync::atomic::AtomicBool::new(false),
             removal_hooks: Mutex::new(Vec::new()),
+            quotas: quotas::QuotaGate::new(quotas),
         })
     }
 
@@ -165,23 +179,23 @@ impl Registry {
         &self.shell
     }
 
-    /// Opens a session; call [`Registry::close_session`] when it ends.
-    pub fn open_session(&self) -> Arc<Session> {
+    /// Opens a session acting for `principal`; call [`Registry::close_session`] when it ends.
+    pub fn open_session(&self, principal: Principal) -> Arc<Session> {
         let id = self
             .next_session
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let session = Arc::new(Session::new(id, None));
+        let session = Arc::new(Session::new(id, None, principal));
         lock(&self.sessions).insert(id, Arc::downgrade(&session));
         session
     }
 
     /// A holder for one sessionless request: computers it touches are kept alive by a lease of
     /// `ttl`, renewed on every use (docs/decisions.md, "Sessions, holders and leases"). Nothing needs closing afterwards.
-    pub fn sessionless(&self, ttl: Duration) -> Arc<Session> {
+    pub fn sessionless(&self, ttl: Duration, principal: Principal) -> Arc<Session> {
         let id = self
             .next_session
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Arc::new(Session::new(id, Some(ttl)))
+        Arc::new(Session::new(id, Some(ttl), principal))
     }
 
     /// For callers without progress reporting.

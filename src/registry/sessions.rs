@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use crate::ids::ComputerId;
+use crate::ids::{ComputerId, Principal};
 
 use super::lock;
 
@@ -18,12 +18,15 @@ pub struct Session {
     /// `Some(ttl)` for a sessionless (2026-07-28) request: it holds temporary computers by a
     /// lease renewed on use instead of as an owner, and has no default computer.
     pub(super) lease_ttl: Option<Duration>,
+    /// Who the session acts for: it sees and touches only this principal's computers.
+    principal: Principal,
 }
 
 impl Session {
-    pub(super) fn new(id: u64, lease_ttl: Option<Duration>) -> Self {
+    pub(super) fn new(id: u64, lease_ttl: Option<Duration>, principal: Principal) -> Self {
         Self {
             lease_ttl,
+            principal,
             id,
             default_lock: tokio::sync::Mutex::new(()),
             default_id: Mutex::new(None),
@@ -34,6 +37,10 @@ impl Session {
     /// Unique among the sessions of this process.
     pub fn id(&self) -> u64 {
         self.id
+    }
+
+    pub fn principal(&self) -> &Principal {
+        &self.principal
     }
 
     /// The computers this session holds.

@@ -19,7 +19,7 @@ use crate::backends::BackendError;
 use crate::backends::fake::{Call, Counts, ExecScript, FakeBackend, Op, within};
 use crate::config::ExecLimits;
 use crate::exec::{ExecOutcome, ExecRequest, Program};
-use crate::ids::{ComputerId, InstanceId};
+use crate::ids::{ComputerId, InstanceId, Principal};
 
 const LIMITS: ExecLimits = ExecLimits {
     default_timeout_secs: 60,
@@ -33,6 +33,7 @@ fn setup() -> (Arc<FakeBackend>, Arc<Registry>) {
         InstanceId::random(),
         "/bin/sh".to_owned(),
         LIMITS,
+        crate::registry::Quotas::default(),
     );
     (backend, registry)
 }
@@ -158,7 +159,7 @@ async fn a_lifecycle_op_interrupts_the_exec_in_flight_and_waits_for_its_kill() {
         Interruption::Delete,
     ] {
         let (backend, registry) = setup();
-        let session = registry.open_session();
+        let session = registry.open_session(Principal::default_principal());
         let box_id = id("box");
         execute(&registry, &session, Some(&box_id), false, "warm")
             .await
@@ -171,9 +172,13 @@ async fn a_lifecycle_op_interrupts_the_exec_in_flight_and_waits_for_its_kill() {
 
         let lifecycle_call = match op {
             Interruption::Restart => within(registry.restart(&box_id)).await.map(drop),
-            Interruption::Reset => within(registry.factory_reset(&box_id, Registry::no_progress()))
-                .await
-                .map(drop),
+            Interruption::Reset => within(registry.factory_reset(
+                &box_id,
+                &Principal::default_principal(),
+                Registry::no_progress(),
+            ))
+            .await
+            .map(drop),
             Interruption::Delete => within(registry.delete(&box_id)).await,
         };
         lifecycle_call.unwrap();
@@ -203,7 +208,7 @@ async fn a_lifecycle_op_interrupts_the_exec_in_flight_and_waits_for_its_kill() {
 #[tokio::test(start_paused = true)]
 async fn an_exec_arriving_during_a_restart_waits_and_runs_on_the_new_incarnation() {
     let (backend, registry) = setup();
-    let session = registry.open_session();
+    let session = registry.open_session(Principal::default_principal());
     let box_id = id("box");
     let before = execute(&registry, &session, Some(&box_id), false, "warm")
         .await
@@ -241,7 +246,7 @@ async fn an_exec_arriving_during_a_restart_waits_and_runs_on_the_new_incarnation
 #[tokio::test(start_paused = true)]
 async fn an_exec_queued_behind_a_delete_reports_the_computer_gone() {
     let (backend, registry) = setup();
-    let session = registry.open_session();
+    let session = registry.open_session(Principal::default_principal());
     let box_id = id("box");
     execute(&registry, &session, Some(&box_id), false, "warm")
         .await
@@ -273,7 +278,7 @@ async fn execs_on_one_computer_run_one_at_a_time_in_arrival_order() {
     let box_id = id("box");
     let gate = Arc::new(Notify::new());
     backend.script_exec_on(&box_id, ExecScript::Gate(gate.clone()));
-    let first_session = registry.open_session();
+    let first_session = registry.open_session(Principal::default_principal());
     let first = spawn_execute(&registry, &first_session, Some(&box_id), false, "first");
     backend
         .wait_until(|log| log.iter().any(started("first")))
@@ -284,7 +289,7 @@ async fn execs_on_one_computer_run_one_at_a_time_in_arrival_order() {
     let mut queued = Vec::new();
     for command in ["second", "third", "fourth", "fifth"] {
         // Each from its own session: the order holds across sessions.
-        let session = registry.open_session();
+        let session = registry.open_session(Principal::default_principal());
         queued.push(spawn_execute(
             &registry,
             &session,
@@ -326,7 +331,7 @@ async fn execs_on_one_computer_run_one_at_a_time_in_arrival_order() {
 async fn concurrent_first_calls_of_a_session_create_exactly_one_default() {
     let (backend, registry) = setup();
     backend.set_delay(Op::Create, Duration::from_secs(5));
-    let session = registry.open_session();
+    let session = registry.open_session(Principal::default_principal());
     let calls: Vec<_> = (0..8)
         .map(|n| spawn_execute(&registry, &session, None, true, &format!("call{n}")))
         .collect();
@@ -346,7 +351,7 @@ async fn concurrent_first_calls_of_a_session_create_exactly_one_default() {
     assert_eq!(backend.counts(&default).exec, 8);
 
     // Defaults are per session.
-    let other = registry.open_session();
+    let other = registry.open_session(Principal::default_principal());
     let theirs = execute(&registry, &other, None, true, "other")
         .await
         .unwrap()
@@ -361,7 +366,10 @@ async fn concurrent_first_calls_of_a_session_create_exactly_one_default() {
 #[tokio::test(start_paused = true)]
 async fn closing_sessions_leaves_no_record_without_an_owner() {
     let (backend, registry) = setup();
-    let (one, two) = (registry.open_session(), registry.open_session());
+    let (one, two) = (
+        registry.open_session(Principal::default_principal()),
+        registry.open_session(Principal::default_principal()),
+    );
     let (shared, kept) = (id("shared"), id("kept"));
     execute(&registry, &one, Some(&shared), true, "a")
         .await
@@ -401,7 +409,7 @@ async fn closing_sessions_leaves_no_record_without_an_owner() {
 #[tokio::test(start_paused = true)]
 async fn closing_a_session_interrupts_the_exec_on_its_temporary_computer() {
     let (backend, registry) = setup();
-    let session = registry.open_session();
+    let session = registry.open_session(Principal::default_principal());
     let scratch = id("scratch");
     backend.script_exec_on(&scratch, ExecScript::Hang);
     let long = spawn_execute(&registry, &session, Some(&scratch), true, "long");
@@ -428,16 +436,20 @@ async fn removal_hooks_hear_a_reset_as_replaced_and_a_delete_as_gone() {
     registry.on_removed(Box::new(move |id, how| {
         lock(&sink).push((id.to_string(), how));
     }));
-    let session = registry.open_session();
+    let session = registry.open_session(Principal::default_principal());
     let box_id = id("box");
     execute(&registry, &session, Some(&box_id), false, "a")
         .await
         .unwrap();
     within(registry.restart(&box_id)).await.unwrap();
     assert!(lock(&heard).is_empty(), "a restart removes nothing");
-    within(registry.factory_reset(&box_id, Registry::no_progress()))
-        .await
-        .unwrap();
+    within(registry.factory_reset(
+        &box_id,
+        &Principal::default_principal(),
+        Registry::no_progress(),
+    ))
+    .await
+    .unwrap();
     within(registry.delete(&box_id)).await.unwrap();
     assert_eq!(
         *lock(&heard),
@@ -451,7 +463,10 @@ async fn removal_hooks_hear_a_reset_as_replaced_and_a_delete_as_gone() {
 #[tokio::test(start_paused = true)]
 async fn delete_drops_every_sessions_hold() {
     let (backend, registry) = setup();
-    let (one, two) = (registry.open_session(), registry.open_session());
+    let (one, two) = (
+        registry.open_session(Principal::default_principal()),
+        registry.open_session(Principal::default_principal()),
+    );
     let shared = id("shared");
     execute(&registry, &one, Some(&shared), false, "a")
         .await
@@ -475,7 +490,10 @@ async fn delete_drops_every_sessions_hold() {
 
 /// Three temporary computers, `a` and `b` held by the first session and `c` by the second.
 async fn three_temporaries(registry: &Registry) -> (Arc<Session>, Arc<Session>, [ComputerId; 3]) {
-    let (one, two) = (registry.open_session(), registry.open_session());
+    let (one, two) = (
+        registry.open_session(Principal::default_principal()),
+        registry.open_session(Principal::default_principal()),
+    );
     let ids = [id("a"), id("b"), id("c")];
     for (session, computer) in [(&one, &ids[0]), (&one, &ids[1]), (&two, &ids[2])] {
         execute(registry, session, Some(computer), true, "x")
@@ -542,7 +560,7 @@ async fn session_close_during_the_shutdown_sweep_removes_each_temporary_once() {
 #[tokio::test(start_paused = true)]
 async fn shutdown_sweep_waits_for_a_creation_in_progress_and_removes_it() {
     let (backend, registry) = setup();
-    let session = registry.open_session();
+    let session = registry.open_session(Principal::default_principal());
     let fresh = id("fresh");
     backend.set_delay(Op::Create, Duration::from_secs(10));
     let call = spawn_execute(&registry, &session, Some(&fresh), true, "x");
@@ -563,7 +581,7 @@ async fn shutdown_sweep_waits_for_a_creation_in_progress_and_removes_it() {
 async fn nothing_is_created_after_the_shutdown_sweep_starts() {
     let (backend, registry) = setup();
     within(registry.remove_all_temporary()).await;
-    let session = registry.open_session();
+    let session = registry.open_session(Principal::default_principal());
     let late = id("late");
     match execute(&registry, &session, Some(&late), true, "x").await {
         Err(RegistryError::ShuttingDown(refused)) => assert_eq!(refused, late),
@@ -600,7 +618,7 @@ async fn a_failed_removal_keeps_the_record_for_the_shutdown_sweep() {
 #[tokio::test(start_paused = true)]
 async fn shutdown_kills_execs_in_flight_on_permanent_computers_itself() {
     let (backend, registry) = setup();
-    let session = registry.open_session();
+    let session = registry.open_session(Principal::default_principal());
     let (kept, scratch) = (id("kept"), id("scratch"));
     backend.script_exec_on(&kept, ExecScript::Hang);
     backend.script_exec_on(&scratch, ExecScript::Hang);
@@ -631,7 +649,7 @@ async fn shutdown_kills_execs_in_flight_on_permanent_computers_itself() {
 #[tokio::test(start_paused = true)]
 async fn a_stopped_computer_is_started_once_and_the_command_retried() {
     let (backend, registry) = setup();
-    let session = registry.open_session();
+    let session = registry.open_session(Principal::default_principal());
     let box_id = id("box");
     execute(&registry, &session, Some(&box_id), false, "warm")
         .await
@@ -648,7 +666,7 @@ async fn a_stopped_computer_is_started_once_and_the_command_retried() {
 #[tokio::test(start_paused = true)]
 async fn not_running_again_after_the_restart_is_an_error_not_a_loop() {
     let (backend, registry) = setup();
-    let session = registry.open_session();
+    let session = registry.open_session(Principal::default_principal());
     let box_id = id("box");
     execute(&registry, &session, Some(&box_id), false, "warm")
         .await
@@ -675,7 +693,7 @@ async fn not_running_again_after_the_restart_is_an_error_not_a_loop() {
 #[tokio::test(start_paused = true)]
 async fn not_running_on_a_computer_that_is_gone_drops_it_everywhere() {
     let (backend, registry) = setup();
-    let session = registry.open_session();
+    let session = registry.open_session(Principal::default_principal());
     let default = execute(&registry, &session, None, false, "warm")
         .await
         .unwrap()

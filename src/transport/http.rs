@@ -8,6 +8,7 @@
 //! headers) is decided here. Computers are never touched here: sessions are opened and closed
 //! through [`crate::mcp::SessionHandler`] ([`sessions`] says how each request is held).
 
+mod auth;
 mod guard;
 mod listener;
 mod pages;
@@ -32,7 +33,8 @@ use crate::config::HttpConfig;
 use crate::mcp::Surface;
 use crate::shutdown;
 use crate::state::GeneratedToken;
-use guard::{AllowedHosts, Guard, MAX_REQUEST_BODY_BYTES, Token};
+use auth::{Authenticator, NamedTokens};
+use guard::{AllowedHosts, Guard, MAX_REQUEST_BODY_BYTES};
 use sessions::IdleSessions;
 
 /// Sessions that never finish `initialize` are dropped after this long (docs/decisions.md, "Streamable HTTP service").
@@ -96,7 +98,16 @@ pub async fn serve(surface: Arc<Surface>, config: &HttpConfig, options: ServeOpt
         .map_or(config.port, |addr: SocketAddr| addr.port());
     // Without a configured token, a fresh one guards `/mcp` unless the user opted out: on
     // loopback, computers with host networking and neighbouring containers reach us too.
-    let generated = if config.auth_token.is_none() && !config.allow_unauthenticated {
+    let named = match config.auth_tokens_file.as_deref().map(NamedTokens::load) {
+        Some(Ok(named)) => Some(Arc::new(named)),
+        Some(Err(message)) => {
+            eprintln!("kilntainers: error: {message}");
+            return 1;
+        }
+        None => None,
+    };
+    let configured = config.auth_token.is_some() || named.is_some() || config.oauth.is_some();
+    let generated = if !configured && !config.allow_unauthenticated {
         match generate_token(options.state_dir, port) {
             Ok(generated) => Some(generated),
             Err(message) => {
@@ -107,12 +118,33 @@ pub async fn serve(surface: Arc<Surface>, config: &HttpConfig, options: ServeOpt
     } else {
         None
     };
-    let token = Token::new(
-        config
-            .auth_token
-            .clone()
-            .or_else(|| generated.as_ref().map(|g| g.secret().clone())),
-    );
+    let single = config
+        .auth_token
+        .clone()
+        .or_else(|| generated.as_ref().map(|g| g.secret().clone()));
+    let auth = Authenticator::new(single, named.clone());
+    #[cfg(feature = "oauth")]
+    let auth = match &config.oauth {
+        Some(oauth) => {
+            let default_audience = format!("http://{}:{port}/mcp", url_host(&config.host));
+            match auth::oauth::Verifier::new(oauth, default_audience) {
+                Ok(verifier) => {
+                    eprintln!(
+                        "kilntainers: OAuth: accepting access tokens of {} for resource {} (metadata: {})",
+                        verifier.issuer(),
+                        verifier.audience(),
+                        auth::oauth::metadata_url(verifier.audience())
+                    );
+                    auth.with_oauth(Arc::new(verifier))
+                }
+                Err(message) => {
+                    eprintln!("kilntainers: error: {message}");
+                    return 1;
+                }
+            }
+        }
+        None => auth,
+    };
     let allowed = if hosts.any() {
         "*".to_owned()
     } else {
@@ -131,12 +163,12 @@ pub async fn serve(surface: Arc<Surface>, config: &HttpConfig, options: ServeOpt
         );
     }
     let loopback_bind = matches!(config.host.as_str(), "127.0.0.1" | "localhost" | "::1");
-    if !loopback_bind && !token.enabled() {
+    if !loopback_bind && !auth.enabled() {
         eprintln!(
             "kilntainers: warning: serving without authentication on a non-loopback address ({}); anyone who can reach it can run commands.",
             config.host
         );
-    } else if !token.enabled() {
+    } else if !auth.enabled() {
         eprintln!(
             "kilntainers: warning: serving without authentication (--allow-unauthenticated-http); anything that reaches this machine's loopback, such as a computer with host networking, can run commands."
         );
@@ -150,7 +182,9 @@ pub async fn serve(surface: Arc<Surface>, config: &HttpConfig, options: ServeOpt
         );
     }
     info!(
-        auth = if token.enabled() { "on" } else { "off" },
+        auth = if auth.enabled() { "on" } else { "off" },
+        named_tokens = named.is_some(),
+        oauth = config.oauth.is_some(),
         "bearer authentication on /mcp"
     );
 
@@ -158,7 +192,13 @@ pub async fn serve(surface: Arc<Surface>, config: &HttpConfig, options: ServeOpt
     let end_sessions = CancellationToken::new();
     // Closes the listener (connections in progress continue).
     let stop_accepting = CancellationToken::new();
-    let guard = Arc::new(Guard::new(hosts, token));
+    let guard = Arc::new(Guard::new(hosts, auth));
+    // Watched from here on, before the first request: SIGHUP's default action ends the process.
+    let reloader = named.map(|named| {
+        use tokio::signal::unix::{SignalKind, signal};
+        let hangups = signal(SignalKind::hangup());
+        tokio::spawn(reload_on_hangup(named, hangups))
+    });
     let sessions = Arc::new(IdleSessions::new(
         INIT_TIMEOUT,
         options.default_call_timeout,
@@ -191,6 +231,9 @@ pub async fn serve(surface: Arc<Surface>, config: &HttpConfig, options: ServeOpt
     guard.start_draining();
     stop_accepting.cancel();
     reaper.abort();
+    if let Some(reloader) = reloader {
+        reloader.abort();
+    }
     let code = shutdown::drain(&registry, trigger, &mut signals).await;
     end_sessions.cancel();
     // Connections still open after the drain are cut when the runtime goes away.
@@ -245,7 +288,7 @@ fn router(
         .disable_allowed_origins();
     let mcp = StreamableHttpService::new(
         sessions::handler_factory(surface.clone(), session_timeout),
-        sessions,
+        sessions.clone(),
         config,
     );
     // The last layer added runs first: Host/Origin, the token, the shutdown gate, the declared
@@ -256,23 +299,43 @@ fn router(
         .route_service("/mcp/", mcp)
         .layer(from_fn(screen_body::screen_post))
         .layer(from_fn(sessions::scope_holder))
+        .layer(from_fn_with_state(
+            sessions.clone(),
+            sessions::refuse_foreign_session,
+        ))
         .layer(from_fn(sessions::delete_answers_ok))
         .layer(from_fn(guard::refuse_declared_oversize))
         .layer(from_fn_with_state(
             guard.clone(),
             guard::refuse_while_draining,
         ))
-        .layer(from_fn_with_state(guard.clone(), guard::require_token))
+        .layer(from_fn_with_state(guard.clone(), auth::require_auth))
         .layer(from_fn_with_state(
             guard.clone(),
             guard::check_host_and_origin,
         ));
-    let root = Router::new()
-        .route("/", any(pages::root).with_state(lifecycle_tools))
-        .layer(from_fn_with_state(
-            guard.clone(),
-            guard::check_host_and_origin,
-        ));
+    let mut root = Router::new().route("/", any(pages::root).with_state(lifecycle_tools));
+    if let Some(document) = guard.auth.resource_metadata() {
+        // RFC 9728: at the root, and under the path of the resource (`/mcp`). Public: a
+        // client reads it before it has a token.
+        let body = document.to_string();
+        let serve = any(move || {
+            let body = body.clone();
+            async move {
+                (
+                    [(axum::http::header::CONTENT_TYPE, "application/json")],
+                    body,
+                )
+            }
+        });
+        root = root
+            .route("/.well-known/oauth-protected-resource", serve.clone())
+            .route("/.well-known/oauth-protected-resource/{*resource}", serve);
+    }
+    let root = root.layer(from_fn_with_state(
+        guard.clone(),
+        guard::check_host_and_origin,
+    ));
     let mut app = Router::new().merge(mcp_routes).merge(root);
     if let Some(ports) = &surface.ports {
         // The same gates as `/mcp`, in the same order (docs/files.md, "Ports").
@@ -285,12 +348,44 @@ fn router(
                 guard.clone(),
                 guard::refuse_while_draining,
             ))
-            .layer(from_fn_with_state(guard.clone(), guard::require_token))
+            .layer(from_fn_with_state(guard.clone(), auth::require_auth))
             .layer(from_fn_with_state(guard, guard::check_host_and_origin));
         app = app.merge(port_routes);
     }
     app.route("/healthz", any(pages::healthz))
         .fallback(pages::not_found)
+}
+
+/// Re-reads `--auth-tokens-file` on every SIGHUP until aborted; a broken file keeps the
+/// tokens in use and says why.
+async fn reload_on_hangup(
+    named: Arc<NamedTokens>,
+    hangups: std::io::Result<tokio::signal::unix::Signal>,
+) {
+    let mut hangups = match hangups {
+        Ok(hangups) => hangups,
+        Err(error) => {
+            warn!(%error, "cannot watch SIGHUP; --auth-tokens-file is read only at startup");
+            return;
+        }
+    };
+    while hangups.recv().await.is_some() {
+        match named.reload() {
+            Ok(count) => info!(
+                target: auth::AUDIT,
+                path = %named.path().display(),
+                principals = count,
+                "reloaded --auth-tokens-file"
+            ),
+            Err(message) => {
+                tracing::error!(
+                    target: auth::AUDIT,
+                    error = message,
+                    "cannot reload --auth-tokens-file; keeping the tokens loaded before"
+                );
+            }
+        }
+    }
 }
 
 /// Closes idle sessions and expired leases every [`reaper_period`] until aborted.

@@ -44,7 +44,7 @@ const RETAINED_LINE_CAPACITY: usize = 64 * 1024;
 pub async fn serve(surface: Arc<Surface>) -> i32 {
     let mut signals = shutdown::Signals::install();
     let registry = surface.registry.clone();
-    let handler = SessionHandler::new(surface);
+    let handler = SessionHandler::new(surface, crate::ids::Principal::default_principal());
     let (reader, writer) = stdio_pipes();
     let eof = CancellationToken::new();
     let reader = EofWatch {

@@ -66,7 +66,7 @@ async def test_exec_and_temporary_sandbox_killed_when_the_session_ends(kbb, fake
         assert body["envVars"] == {"GREETING": "hi"}
         assert body["metadata"] == {
             "team": "qa", "kilntainers": "true", "kilntainers-computer-id": cid, "kilntainers-temporary": "true",
-            "kilntainers-image": "base", "kilntainers-instance": srv.instance_id,
+            "kilntainers-image": "base", "kilntainers-instance": srv.instance_id, "kilntainers-owner": "default",
         }
         start = starts(fake)[-1]
         assert start["body"]["process"]["cmd"] == "/bin/sh" and start["body"]["stdin"] is False

@@ -115,6 +115,7 @@ async def test_first_call_takes_a_spare_and_the_pool_refills(kbb):
                 "kilntainers.computer-id": permanent,
                 "kilntainers.temporary": "false",
                 "kilntainers.image": BUSYBOX_ARGS[1],
+                "kilntainers.owner": "default",
             }
 
             # Spares never show as computers; the handed-out ones do, under their ids.

@@ -93,6 +93,7 @@ pub fn create_spec(id: &ComputerId, temporary: bool, instance: &InstanceId) -> C
         temporary,
         image: None,
         instance: instance.clone(),
+        owner: None,
     }
 }
 

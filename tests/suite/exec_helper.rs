@@ -51,6 +51,7 @@ async fn computer(label: &str, extra: &[&str]) -> Computer {
         temporary: true,
         image: None,
         instance: InstanceId::random(),
+        owner: None,
     };
     let sandbox = backend.create(&spec, &NoProgress).await.expect("create");
     Computer {

@@ -189,8 +189,10 @@ const CONFINED: &[(&str, &[&str])] = &[
             "src/backends/fly/",
             "src/backends/e2b/",
             "src/backends/rest.rs",
+            "src/transport/http/auth/oauth.rs",
         ],
     ),
+    ("jsonwebtoken::", &["src/transport/http/auth/oauth.rs"]),
     (
         "percent_encoding::",
         &["src/backends/rest.rs", "src/mcp/files.rs"],
@@ -207,7 +209,7 @@ const CONFINED: &[(&str, &[&str])] = &[
     ("cap_std::", &["src/backends/wasm/"]),
     ("zip::", &["src/backends/wasm/"]),
     ("glob::", &["src/backends/wasm/"]),
-    ("sha2::", &["src/backends/wasm/"]),
+    ("sha2::", &["src/backends/wasm/", "src/ids.rs"]),
     ("rmcp::", &["src/mcp/", "src/transport/"]),
     ("clap::", &["src/cli.rs"]),
 ];

@@ -24,6 +24,7 @@ async fn create(backend: &dyn Backend, id: &str, temporary: bool) -> SandboxRef 
                 temporary,
                 image: None,
                 instance: InstanceId::random(),
+                owner: None,
             },
             &NoProgress,
         )

@@ -72,6 +72,9 @@ pub(super) async fn create(
         ),
         (label::IMAGE.to_owned(), image.clone()),
     ]);
+    if let Some(owner) = &spec.owner {
+        labels.insert(label::OWNER.to_owned(), owner.to_string());
+    }
     if spec.temporary {
         labels.insert(label::INSTANCE.to_owned(), spec.instance.to_string());
     }

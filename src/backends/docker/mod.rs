@@ -388,7 +388,7 @@ impl Backend for DockerBackend {
             let names = summary.names.iter().flatten();
             let Some(id) = names
                 .filter_map(|name| claimed_id(labels, name))
-                .find_map(|raw| ComputerId::parse(raw).ok())
+                .find_map(|raw| ComputerId::parse_stored(raw).ok())
             else {
                 continue;
             };
@@ -544,7 +544,7 @@ impl Backend for DockerBackend {
                 .iter()
                 .flatten()
                 .filter_map(|name| claimed_id(labels, name))
-                .find_map(|raw| ComputerId::parse(raw).ok());
+                .find_map(|raw| ComputerId::parse_stored(raw).ok());
             if id.is_none() && labels.get(label::COMPUTER_ID).is_some() {
                 continue;
             }

@@ -33,7 +33,7 @@ use super::{
     OutputSink, PortRoute, Progress, Restarted, SandboxRef, SinkControl, Stream,
 };
 use crate::config::{Config, E2bConfig};
-use crate::ids::{ComputerId, ExecId, InstanceId};
+use crate::ids::{ComputerId, ExecId, InstanceId, Principal};
 use api::{Api, ApiError, Connected, KEY_HINT, NewSandbox};
 use process::{Command, Envd, RunError};
 
@@ -382,6 +382,9 @@ impl E2bBackend {
             labels::format_bool(spec.temporary).to_owned(),
         );
         metadata.insert(meta::IMAGE.to_owned(), template.clone());
+        if let Some(owner) = &spec.owner {
+            metadata.insert(meta::OWNER.to_owned(), owner.to_string());
+        }
         if spec.temporary {
             metadata.insert(meta::INSTANCE.to_owned(), spec.instance.to_string());
         }
@@ -433,17 +436,21 @@ impl E2bBackend {
     }
 
     async fn recreate(&self, sandbox: &SandboxRef) -> Result<Restarted, BackendError> {
-        let instance = self
-            .find(&sandbox.computer_id)
-            .await?
+        let row = self.find(&sandbox.computer_id).await?;
+        let instance = row
+            .as_ref()
             .and_then(|row| row.meta(meta::INSTANCE).and_then(InstanceId::parse))
             .unwrap_or_else(InstanceId::random);
+        let owner = row
+            .as_ref()
+            .and_then(|row| row.meta(meta::OWNER).and_then(Principal::parse));
         self.remove_sandbox(sandbox).await?;
         let spec = CreateSpec {
             computer_id: sandbox.computer_id.clone(),
             temporary: sandbox.temporary,
             image: Some(sandbox.image.clone()),
             instance,
+            owner,
         };
         let fresh = self.create_sandbox(&spec, &super::NoProgress).await?;
         Ok(Restarted {
@@ -552,7 +559,7 @@ impl Backend for E2bBackend {
         Ok(rows
             .iter()
             .filter_map(|row| {
-                let id = ComputerId::parse(row.meta(meta::COMPUTER_ID)?).ok()?;
+                let id = ComputerId::parse_stored(row.meta(meta::COMPUTER_ID)?).ok()?;
                 Some(ComputerInfo {
                     sandbox: self.sandbox_from(&id, row),
                     state: row.state.clone().unwrap_or_else(|| "running".to_owned()),
@@ -688,7 +695,7 @@ impl Backend for E2bBackend {
         for row in rows {
             let Some(id) = row
                 .meta(meta::COMPUTER_ID)
-                .and_then(|i| ComputerId::parse(i).ok())
+                .and_then(|i| ComputerId::parse_stored(i).ok())
             else {
                 continue;
             };

@@ -325,6 +325,9 @@ impl FlyInner {
             ),
             (meta::IMAGE.to_owned(), image.clone()),
         ]);
+        if let Some(owner) = &spec.owner {
+            metadata.insert(meta::OWNER.to_owned(), owner.to_string());
+        }
         if spec.temporary {
             metadata.insert(meta::INSTANCE.to_owned(), spec.instance.to_string());
             metadata.insert(meta::LEASE_UNTIL.to_owned(), Self::lease_value());
@@ -508,7 +511,7 @@ impl FlyInner {
             .iter()
             .filter(|m| !m.is_gone())
             .filter_map(|m| {
-                let id = ComputerId::parse(m.metadata(meta::COMPUTER_ID)?).ok()?;
+                let id = ComputerId::parse_stored(m.metadata(meta::COMPUTER_ID)?).ok()?;
                 Some(ComputerInfo {
                     sandbox: self.sandbox_from(&id, m),
                     state: m.state.clone(),
@@ -533,7 +536,7 @@ impl FlyInner {
         for machine in all.iter().filter(|m| !m.is_gone()) {
             let Some(id) = machine
                 .metadata(meta::COMPUTER_ID)
-                .and_then(|i| ComputerId::parse(i).ok())
+                .and_then(|i| ComputerId::parse_stored(i).ok())
             else {
                 continue;
             };

@@ -28,7 +28,7 @@ use super::{
     PortRoute, Progress, Restarted, SandboxRef,
 };
 use crate::config::{Config, ModalConfig};
-use crate::ids::{ComputerId, ExecId, InstanceId};
+use crate::ids::{ComputerId, ExecId, InstanceId, Principal};
 use api::{Api, ApiError, pb};
 
 /// Readiness exec after create/attach (docs/decisions.md, "Constants": E2B/Modal 10 s).
@@ -566,6 +566,9 @@ impl ModalInner {
             ),
             (tag::IMAGE, image),
         ];
+        if let Some(owner) = &spec.owner {
+            tags.push((tag::OWNER, owner.to_string()));
+        }
         if let Some(instance) = instance_tag.filter(|_| spec.temporary) {
             tags.push((tag::INSTANCE, instance));
         }
@@ -739,7 +742,7 @@ impl Backend for ModalBackend {
             };
             let Some(id) = tags
                 .get(tag::COMPUTER_ID)
-                .and_then(|i| ComputerId::parse(i).ok())
+                .and_then(|i| ComputerId::parse_stored(i).ok())
             else {
                 continue;
             };
@@ -754,12 +757,16 @@ impl Backend for ModalBackend {
 
     async fn restart(&self, sandbox: &SandboxRef) -> Result<Restarted, BackendError> {
         let inner = &self.inner;
-        // Keep the creating instance of a temporary computer, so crash GC still applies.
-        let instance = inner
-            .tags(&sandbox.sandbox_id)
-            .await
-            .ok()
+        // Keep the creating instance of a temporary computer, so crash GC still applies, and
+        // the owner.
+        let old_tags = inner.tags(&sandbox.sandbox_id).await.ok();
+        let instance = old_tags
+            .as_ref()
             .and_then(|t| t.get(tag::INSTANCE).cloned());
+        let owner = old_tags
+            .as_ref()
+            .and_then(|t| t.get(tag::OWNER))
+            .and_then(|o| Principal::parse(o));
         inner.terminate(sandbox).await?;
         let spec = CreateSpec {
             computer_id: sandbox.computer_id.clone(),
@@ -767,6 +774,7 @@ impl Backend for ModalBackend {
             image: Some(sandbox.image.clone()),
             // Unused: the instance tag is carried over (or stays absent) below.
             instance: InstanceId::random(),
+            owner,
         };
         let created = inner.create(&spec, instance, &super::NoProgress).await?;
         Ok(Restarted {
@@ -827,7 +835,7 @@ impl Backend for ModalBackend {
                 .is_some_and(|i| dead.contains(&i));
             let Some(id) = tags
                 .get(tag::COMPUTER_ID)
-                .and_then(|i| ComputerId::parse(i).ok())
+                .and_then(|i| ComputerId::parse_stored(i).ok())
             else {
                 continue;
             };

@@ -213,7 +213,7 @@ impl WasmBackend {
     }
 
     fn sandbox_of(&self, dir: &Path, meta: &Meta) -> Option<SandboxRef> {
-        let computer_id = ComputerId::parse(&meta.computer_id).ok()?;
+        let computer_id = ComputerId::parse_stored(&meta.computer_id).ok()?;
         let sandbox_id = if meta.temporary {
             dir.file_name()?.to_string_lossy().into_owned()
         } else {
@@ -739,7 +739,7 @@ impl Backend for WasmBackend {
                     .is_some_and(|i| dead.contains(&i));
             if orphan
                 && std::fs::remove_dir_all(&dir).is_ok()
-                && let Ok(id) = ComputerId::parse(&meta.computer_id)
+                && let Ok(id) = ComputerId::parse_stored(&meta.computer_id)
             {
                 removed.push(id);
             }

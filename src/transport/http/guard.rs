@@ -1,8 +1,8 @@
 //! What stands between the network and `/mcp` (docs/decisions.md, "Host and Origin checks"–4): the Host and Origin checks
-//! against DNS rebinding (421 / 403), bearer-token authentication (401), and the refusal of a
-//! body declared larger than any legal request (413, before a byte of it is read). Pure decisions are
-//! plain functions over header values, unit-tested here; the axum middleware only maps them to
-//! responses. The token is compared in constant time and never logged.
+//! against DNS rebinding (421 / 403), the refusal of a body declared larger than any legal
+//! request (413, before a byte of it is read) and the shutdown gate (503); authentication is
+//! [`super::auth`]'s. Pure decisions are plain functions over header values, unit-tested here;
+//! the axum middleware only maps them to responses.
 
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -10,15 +10,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::header::{
-    AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, HOST, ORIGIN, WWW_AUTHENTICATE,
-};
+use axum::http::header::{CONTENT_LENGTH, CONTENT_TYPE, HOST, ORIGIN};
 use axum::http::{HeaderValue, StatusCode, Uri};
 use axum::middleware::Next;
 use axum::response::Response;
-use subtle::ConstantTimeEq;
-
-use crate::config::Secret;
 
 /// Host names every listener accepts: the loopback names a local client uses.
 const LOOPBACK_NAMES: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
@@ -126,68 +121,21 @@ impl AllowedHosts {
     }
 }
 
-/// The configured bearer token, if any (docs/decisions.md, "HTTP authentication").
-#[derive(Clone)]
-pub struct Token(Option<Secret>);
-
-impl std::fmt::Debug for Token {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // Secrets get a redacting Debug (docs/decisions.md, "Logging and secrets").
-        f.write_str(if self.0.is_some() {
-            "Token(<redacted>)"
-        } else {
-            "Token(None)"
-        })
-    }
-}
-
-impl Token {
-    pub fn new(token: Option<Secret>) -> Self {
-        Self(token.filter(|t| !t.expose().is_empty()))
-    }
-
-    pub fn enabled(&self) -> bool {
-        self.0.is_some()
-    }
-
-    /// Whether an `Authorization` header value grants access.
-    pub fn accepts(&self, authorization: Option<&[u8]>) -> bool {
-        let Some(expected) = &self.0 else {
-            return true;
-        };
-        let Some(value) = authorization.and_then(|v| std::str::from_utf8(v).ok()) else {
-            return false;
-        };
-        let Some((scheme, presented)) = value.trim().split_once(char::is_whitespace) else {
-            return false;
-        };
-        if !scheme.eq_ignore_ascii_case("bearer") {
-            return false;
-        }
-        // `ct_eq` over slices fails on a length mismatch without looking at the content, and
-        // otherwise compares every byte.
-        presented
-            .trim()
-            .as_bytes()
-            .ct_eq(expected.expose().as_bytes())
-            .into()
-    }
-}
-
 /// Shared state of the guard middleware.
 #[derive(Debug)]
 pub struct Guard {
     pub hosts: AllowedHosts,
-    pub token: Token,
+    /// Who may call, and as whom (docs/auth.md).
+    pub auth: super::auth::Authenticator,
     /// Set at shutdown: `/mcp` takes no new requests while computers are being removed.
     draining: AtomicBool,
 }
 
 impl Guard {
-    pub fn new(hosts: AllowedHosts, token: Token) -> Self {
+    pub fn new(hosts: AllowedHosts, auth: super::auth::Authenticator) -> Self {
         Self {
             hosts,
-            token,
+            auth,
             draining: AtomicBool::new(false),
         }
     }
@@ -272,27 +220,6 @@ pub async fn refuse_declared_oversize(request: Request, next: Next) -> Response 
         return response;
     }
     next.run(request).await
-}
-
-/// Bearer authentication on `/mcp` when a token is configured.
-pub async fn require_token(
-    State(guard): State<Arc<Guard>>,
-    request: Request,
-    next: Next,
-) -> Response {
-    let presented = request
-        .headers()
-        .get(AUTHORIZATION)
-        .map(HeaderValue::as_bytes);
-    if guard.token.accepts(presented) {
-        return next.run(request).await;
-    }
-    let mut response = Response::new(Body::from(r#"{"error":"unauthorized"}"#));
-    *response.status_mut() = StatusCode::UNAUTHORIZED;
-    let headers = response.headers_mut();
-    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    headers.insert(WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-    response
 }
 
 #[cfg(test)]
@@ -381,29 +308,5 @@ mod tests {
         let any = hosts("127.0.0.1", &["*"]);
         assert!(any.origin_ok(Some(b"https://anything.example")));
         assert!(!any.origin_ok(Some(b"null")));
-    }
-
-    #[test]
-    fn bearer_scheme_is_case_insensitive_and_token_exact() {
-        let token = Token::new(Some(Secret::new("s3cret")));
-        assert!(token.accepts(Some(b"Bearer s3cret")));
-        assert!(token.accepts(Some(b"bearer s3cret")));
-        assert!(token.accepts(Some(b"BEARER   s3cret")));
-        for bad in [
-            &b"Bearer s3cre"[..],
-            b"Bearer s3cret2",
-            b"Basic s3cret",
-            b"s3cret",
-            b"Bearer",
-            b"Bearer ",
-            b"",
-            b"Bearer S3CRET",
-        ] {
-            assert!(!token.accepts(Some(bad)), "{bad:?}");
-        }
-        assert!(!token.accepts(None));
-        assert!(Token::new(None).accepts(None));
-        assert!(!Token::new(Some(Secret::new(""))).enabled());
-        assert_eq!(format!("{token:?}"), "Token(<redacted>)");
     }
 }

@@ -22,7 +22,7 @@ use hyper::client::conn::http1 as client;
 use hyper_util::rt::TokioIo;
 use tracing::debug;
 
-use crate::ids::ComputerId;
+use crate::ids::{ComputerId, Principal};
 use crate::mcp::ports::message;
 use crate::ports::{PortError, Ports};
 
@@ -129,7 +129,14 @@ pub async fn proxy(State(ports): State<Arc<Ports>>, mut request: Request) -> Res
         }
         return response;
     };
-    let stream = match ports.connect(&target.computer, target.port).await {
+    // Only the caller's own computers are reachable (docs/auth.md).
+    let principal = request
+        .extensions()
+        .get::<Principal>()
+        .cloned()
+        .unwrap_or_else(Principal::default_principal);
+    let computer = target.computer.owned_by(&principal);
+    let stream = match ports.connect(&computer, target.port).await {
         Ok(stream) => stream,
         Err(error @ PortError::NotFound(_)) => return text(StatusCode::NOT_FOUND, message(&error)),
         Err(error) => return text(StatusCode::BAD_GATEWAY, message(&error)),

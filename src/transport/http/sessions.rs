@@ -30,7 +30,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use axum::extract::Request;
+use axum::extract::{Request, State};
 use axum::http::HeaderMap;
 use axum::middleware::Next;
 use axum::response::Response;
@@ -49,10 +49,13 @@ use rmcp::transport::streamable_http_server::{SessionId, SessionManager};
 use tracing::info;
 
 use crate::config::MAX_TIMEOUT_SECS;
+use crate::ids::Principal;
 use crate::mcp::{SessionHandler, Surface};
 
 /// Header naming the protocol revision of a request (rmcp's `HEADER_MCP_PROTOCOL_VERSION`).
 const PROTOCOL_VERSION_HEADER: &str = "mcp-protocol-version";
+/// The session header of Streamable HTTP.
+const SESSION_ID_HEADER: &str = "mcp-session-id";
 /// SEP-2243 header naming the JSON-RPC method; rmcp requires it on stateless requests.
 const METHOD_HEADER: &str = "mcp-method";
 /// The first revision without sessions: requests naming it (or later) are served statelessly.
@@ -67,9 +70,17 @@ pub enum Holder {
     Sessionless,
 }
 
+/// Who a request is for, as the handler factory needs it.
+#[derive(Debug, Clone)]
+struct Caller {
+    holder: Holder,
+    principal: Principal,
+}
+
 tokio::task_local! {
-    /// The holder kind of the request rmcp is handling on this task (see the module doc).
-    static HOLDER: Holder;
+    /// The holder kind and principal of the request rmcp is handling on this task (see the
+    /// module doc).
+    static CALLER: Caller;
 }
 
 /// Classifies a `/mcp` request from its headers (see the module doc for why this is exact).
@@ -86,10 +97,46 @@ pub fn classify(headers: &HeaderMap) -> Holder {
     }
 }
 
-/// axum middleware around the rmcp service: runs it with the request's [`Holder`] in scope.
+/// The principal [`super::auth::require_auth`] attached to the request.
+fn principal_of(request: &Request) -> Principal {
+    request
+        .extensions()
+        .get::<Principal>()
+        .cloned()
+        .unwrap_or_else(Principal::default_principal)
+}
+
+/// axum middleware around the rmcp service: runs it with the request's [`Holder`] and
+/// principal in scope.
 pub async fn scope_holder(request: Request, next: Next) -> Response {
-    let holder = classify(request.headers());
-    HOLDER.scope(holder, next.run(request)).await
+    let caller = Caller {
+        holder: classify(request.headers()),
+        principal: principal_of(&request),
+    };
+    CALLER.scope(caller, next.run(request)).await
+}
+
+/// axum middleware: a session belongs to the principal that opened it. Anyone else naming its
+/// `Mcp-Session-Id` gets exactly rmcp's answer for an unknown session (docs/auth.md).
+pub async fn refuse_foreign_session(
+    State(sessions): State<Arc<IdleSessions>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let named = request
+        .headers()
+        .get(SESSION_ID_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| SessionId::from(v.to_owned()));
+    if let Some(id) = named
+        && let Some(owner) = lock(&sessions.owners).get(&id).cloned()
+        && owner != principal_of(&request)
+    {
+        let mut response = Response::new(axum::body::Body::from("Not Found: Session not found"));
+        *response.status_mut() = axum::http::StatusCode::NOT_FOUND;
+        return response;
+    }
+    next.run(request).await
 }
 
 /// axum middleware: a session ended by `DELETE /mcp` is answered 200 rather than rmcp's 202.
@@ -112,10 +159,17 @@ pub fn handler_factory(
     move || {
         // Outside a scope (never expected) the safe default is a session: its holds end
         // with the handler rather than lingering for a lease.
-        let holder = HOLDER.try_with(|holder| *holder).unwrap_or(Holder::Session);
-        Ok(match holder {
-            Holder::Session => SessionHandler::new(surface.clone()),
-            Holder::Sessionless => SessionHandler::sessionless(surface.clone(), lease_ttl),
+        // Outside a scope the principal is `default`, which only unauthenticated servers
+        // have anyway: every authenticated route runs inside `scope_holder`.
+        let caller = CALLER.try_with(Caller::clone).unwrap_or(Caller {
+            holder: Holder::Session,
+            principal: Principal::default_principal(),
+        });
+        Ok(match caller.holder {
+            Holder::Session => SessionHandler::new(surface.clone(), caller.principal),
+            Holder::Sessionless => {
+                SessionHandler::sessionless(surface.clone(), lease_ttl, caller.principal)
+            }
         })
     }
 }
@@ -171,6 +225,8 @@ type SharedActivity = Arc<Mutex<Activity>>;
 pub struct IdleSessions {
     inner: LocalSessionManager,
     activity: Mutex<HashMap<SessionId, SharedActivity>>,
+    /// The principal that opened each session.
+    owners: Mutex<HashMap<SessionId, Principal>>,
     default_call_timeout: Duration,
 }
 
@@ -187,6 +243,7 @@ impl IdleSessions {
         Self {
             inner,
             activity: Mutex::new(HashMap::new()),
+            owners: Mutex::new(HashMap::new()),
             default_call_timeout,
         }
     }
@@ -222,6 +279,9 @@ impl SessionManager for IdleSessions {
             default_call_timeout: self.default_call_timeout,
         }));
         lock(&self.activity).insert(id.clone(), activity.clone());
+        if let Ok(principal) = CALLER.try_with(|caller| caller.principal.clone()) {
+            lock(&self.owners).insert(id.clone(), principal);
+        }
         Ok((
             id,
             Tracked {
@@ -245,6 +305,7 @@ impl SessionManager for IdleSessions {
 
     async fn close_session(&self, id: &SessionId) -> Result<(), Self::Error> {
         lock(&self.activity).remove(id);
+        lock(&self.owners).remove(id);
         self.inner.close_session(id).await
     }
 

@@ -1,0 +1,453 @@
+//! Who is calling (docs/auth.md): every request to `/mcp` and the port routes is authenticated
+//! to a [`Principal`] by the single token (`default`), a named token of `--auth-tokens-file`,
+//! or an OAuth access token ([`oauth`]); or refused with 401/403 and a `WWW-Authenticate`
+//! challenge that tells an OAuth client where to find the protected-resource metadata. The
+//! principal travels on in the request's extensions. Tokens are compared in constant time and
+//! never logged; one audit line records each request's outcome.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, RwLock};
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::header::{AUTHORIZATION, CONTENT_TYPE, WWW_AUTHENTICATE};
+use axum::http::{HeaderValue, StatusCode};
+use axum::middleware::Next;
+use axum::response::Response;
+use subtle::ConstantTimeEq;
+
+use super::guard::Guard;
+use crate::config::Secret;
+use crate::ids::Principal;
+
+#[cfg(feature = "oauth")]
+pub mod oauth;
+
+/// The audit log's target: `RUST_LOG=kilntainers::audit=info` keeps it when others are off.
+pub const AUDIT: &str = "kilntainers::audit";
+
+/// Largest tokens file read.
+const MAX_TOKENS_FILE_BYTES: u64 = 1024 * 1024;
+
+/// Why a request was not let in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// No `Authorization: Bearer` at all.
+    Missing,
+    /// A token that no configured source accepts; the text says why (never the token).
+    Invalid(String),
+    /// A valid OAuth token without every required scope.
+    #[cfg_attr(
+        not(feature = "oauth"),
+        expect(dead_code, reason = "only OAuth tokens carry scopes")
+    )]
+    InsufficientScope,
+}
+
+/// `--auth-tokens-file`: principals by token, re-read on SIGHUP.
+pub struct NamedTokens {
+    path: PathBuf,
+    entries: RwLock<Vec<(Principal, Secret)>>,
+}
+
+impl std::fmt::Debug for NamedTokens {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NamedTokens")
+            .field("path", &self.path)
+            .finish_non_exhaustive()
+    }
+}
+
+impl NamedTokens {
+    /// Reads and checks the file; the error is the startup message.
+    pub fn load(path: &Path) -> Result<Self, String> {
+        Ok(Self {
+            path: path.to_owned(),
+            entries: RwLock::new(read_tokens_file(path)?),
+        })
+    }
+
+    /// Re-reads the file. On any error the tokens in use stay as they were.
+    pub fn reload(&self) -> Result<usize, String> {
+        let entries = read_tokens_file(&self.path)?;
+        let count = entries.len();
+        *self
+            .entries
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = entries;
+        Ok(count)
+    }
+
+    /// The principal whose token `presented` is. Every entry is compared, in constant time
+    /// each, so the time taken says nothing about which (or whether one) matched.
+    fn principal(&self, presented: &str) -> Option<Principal> {
+        let entries = self
+            .entries
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut found = None;
+        for (principal, token) in entries.iter() {
+            let equal: bool = presented.as_bytes().ct_eq(token.expose().as_bytes()).into();
+            if equal {
+                found = Some(principal.clone());
+            }
+        }
+        found
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// Parses a tokens file: `<principal> <token>` per line, `#` comment lines, blank lines.
+/// Refused when group or others may read it, since every line is a credential.
+fn read_tokens_file(path: &Path) -> Result<Vec<(Principal, Secret)>, String> {
+    use std::io::Read;
+    use std::os::unix::fs::PermissionsExt;
+    let shown = path.display();
+    let file = std::fs::File::open(path)
+        .map_err(|e| format!("Cannot read --auth-tokens-file {shown}: {e}"))?;
+    let meta = file
+        .metadata()
+        .map_err(|e| format!("Cannot read --auth-tokens-file {shown}: {e}"))?;
+    if !meta.is_file() {
+        return Err(format!("--auth-tokens-file {shown} is not a regular file."));
+    }
+    if meta.permissions().mode() & 0o077 != 0 {
+        return Err(format!(
+            "--auth-tokens-file {shown} is readable or writable by group or others (mode {:o}); its lines are credentials. Run: chmod 600 {shown}",
+            meta.permissions().mode() & 0o777
+        ));
+    }
+    let mut text = String::new();
+    file.take(MAX_TOKENS_FILE_BYTES + 1)
+        .read_to_string(&mut text)
+        .map_err(|e| format!("Cannot read --auth-tokens-file {shown}: {e}"))?;
+    if text.len() as u64 > MAX_TOKENS_FILE_BYTES {
+        return Err(format!(
+            "--auth-tokens-file {shown} is larger than {MAX_TOKENS_FILE_BYTES} bytes."
+        ));
+    }
+    parse_tokens(&text).map_err(|e| format!("--auth-tokens-file {shown}: {e}"))
+}
+
+fn parse_tokens(text: &str) -> Result<Vec<(Principal, Secret)>, String> {
+    let mut entries: Vec<(Principal, Secret)> = Vec::new();
+    for (index, line) in text.lines().enumerate() {
+        let number = index + 1;
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let [name, token] = fields[..] else {
+            return Err(format!(
+                "line {number}: expected '<principal> <token>' (two fields separated by whitespace), got {} fields.",
+                fields.len()
+            ));
+        };
+        let Some(principal) = Principal::parse(name) else {
+            return Err(format!(
+                "line {number}: the principal name must be 1-256 printable characters."
+            ));
+        };
+        if entries.iter().any(|(p, _)| *p == principal) {
+            return Err(format!(
+                "line {number}: principal '{principal}' appears twice."
+            ));
+        }
+        if entries.iter().any(|(_, t)| t.expose() == token) {
+            return Err(format!(
+                "line {number}: this token is already given to another principal."
+            ));
+        }
+        entries.push((principal, Secret::new(token)));
+    }
+    if entries.is_empty() {
+        return Err("no '<principal> <token>' line.".to_owned());
+    }
+    Ok(entries)
+}
+
+/// Every way this server accepts a caller. With none configured, everyone is `default`.
+pub struct Authenticator {
+    /// `--auth-token` (or the generated one): principal `default`.
+    single: Option<Secret>,
+    named: Option<Arc<NamedTokens>>,
+    #[cfg(feature = "oauth")]
+    oauth: Option<Arc<oauth::Verifier>>,
+}
+
+impl std::fmt::Debug for Authenticator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Authenticator")
+            .field("single", &self.single.is_some())
+            .field("named", &self.named)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Authenticator {
+    pub fn new(single: Option<Secret>, named: Option<Arc<NamedTokens>>) -> Self {
+        Self {
+            single: single.filter(|t| !t.expose().is_empty()),
+            named,
+            #[cfg(feature = "oauth")]
+            oauth: None,
+        }
+    }
+
+    #[cfg(feature = "oauth")]
+    pub fn with_oauth(mut self, verifier: Arc<oauth::Verifier>) -> Self {
+        self.oauth = Some(verifier);
+        self
+    }
+
+    /// Whether any credential is required.
+    pub fn enabled(&self) -> bool {
+        self.single.is_some() || self.named.is_some() || self.oauth_enabled()
+    }
+
+    fn oauth_enabled(&self) -> bool {
+        #[cfg(feature = "oauth")]
+        return self.oauth.is_some();
+        #[cfg(not(feature = "oauth"))]
+        false
+    }
+
+    /// The caller of a request with this `Authorization` header value.
+    pub async fn authenticate(&self, authorization: Option<&[u8]>) -> Result<Principal, Refusal> {
+        if !self.enabled() {
+            return Ok(Principal::default_principal());
+        }
+        let Some(presented) = bearer(authorization) else {
+            return Err(if authorization.is_some() {
+                Refusal::Invalid("expected 'Authorization: Bearer <token>'".to_owned())
+            } else {
+                Refusal::Missing
+            });
+        };
+        if let Some(single) = &self.single {
+            let equal: bool = presented
+                .as_bytes()
+                .ct_eq(single.expose().as_bytes())
+                .into();
+            if equal {
+                return Ok(Principal::default_principal());
+            }
+        }
+        if let Some(principal) = self.named.as_ref().and_then(|n| n.principal(presented)) {
+            return Ok(principal);
+        }
+        #[cfg(feature = "oauth")]
+        if let Some(verifier) = &self.oauth {
+            return verifier.verify(presented).await;
+        }
+        Err(Refusal::Invalid("unknown token".to_owned()))
+    }
+
+    /// The `WWW-Authenticate` value for a refusal.
+    fn challenge(&self, refusal: &Refusal) -> String {
+        #[cfg(feature = "oauth")]
+        if let Some(verifier) = &self.oauth {
+            return verifier.challenge(refusal);
+        }
+        let _ = refusal;
+        // Without OAuth the answer stays what single-token clients have always seen.
+        "Bearer".to_owned()
+    }
+
+    /// The protected-resource metadata document, when OAuth is on.
+    pub fn resource_metadata(&self) -> Option<serde_json::Value> {
+        #[cfg(feature = "oauth")]
+        if let Some(verifier) = &self.oauth {
+            return Some(verifier.resource_metadata());
+        }
+        None
+    }
+}
+
+/// The token of an `Authorization: Bearer <token>` value (scheme case-insensitive).
+fn bearer(authorization: Option<&[u8]>) -> Option<&str> {
+    let value = std::str::from_utf8(authorization?).ok()?;
+    let (scheme, token) = value.trim().split_once(char::is_whitespace)?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
+}
+
+/// The response to a refused request.
+fn refused(auth: &Authenticator, refusal: &Refusal) -> Response {
+    let (status, body) = match refusal {
+        Refusal::InsufficientScope => (StatusCode::FORBIDDEN, r#"{"error":"insufficient_scope"}"#),
+        Refusal::Missing | Refusal::Invalid(_) if !auth.oauth_enabled() => {
+            (StatusCode::UNAUTHORIZED, r#"{"error":"unauthorized"}"#)
+        }
+        Refusal::Missing => (StatusCode::UNAUTHORIZED, r#"{"error":"unauthorized"}"#),
+        Refusal::Invalid(_) => (StatusCode::UNAUTHORIZED, r#"{"error":"invalid_token"}"#),
+    };
+    let mut response = Response::new(Body::from(body));
+    *response.status_mut() = status;
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    let challenge = auth.challenge(refusal);
+    headers.insert(
+        WWW_AUTHENTICATE,
+        HeaderValue::try_from(challenge).unwrap_or_else(|_| HeaderValue::from_static("Bearer")),
+    );
+    response
+}
+
+/// Authenticates the request, puts its [`Principal`] in the extensions, and logs the outcome.
+pub async fn require_auth(
+    State(guard): State<Arc<Guard>>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let presented = request
+        .headers()
+        .get(AUTHORIZATION)
+        .map(HeaderValue::as_bytes);
+    let method = request.method().clone();
+    let path = request.uri().path().to_owned();
+    match guard.auth.authenticate(presented).await {
+        Ok(principal) => {
+            request.extensions_mut().insert(principal.clone());
+            let response = next.run(request).await;
+            tracing::info!(
+                target: AUDIT,
+                principal = %principal,
+                %method,
+                path,
+                status = response.status().as_u16(),
+                "request"
+            );
+            response
+        }
+        Err(refusal) => {
+            let response = refused(&guard.auth, &refusal);
+            let reason = match &refusal {
+                Refusal::Missing => "no bearer token".to_owned(),
+                Refusal::Invalid(reason) => reason.clone(),
+                Refusal::InsufficientScope => "missing required scope".to_owned(),
+            };
+            tracing::warn!(
+                target: AUDIT,
+                %method,
+                path,
+                status = response.status().as_u16(),
+                reason,
+                "request refused"
+            );
+            response
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A file in a scratch directory of this test process, removed by [`Scratch`]'s drop.
+    struct Scratch(PathBuf);
+
+    impl Scratch {
+        fn file(name: &str, text: &str, mode: u32) -> Self {
+            use std::os::unix::fs::PermissionsExt;
+            let dir = std::env::temp_dir().join(format!(
+                "kilntainers-auth-test-{}-{name}",
+                std::process::id()
+            ));
+            std::fs::create_dir_all(&dir).unwrap();
+            let path = dir.join("tokens");
+            std::fs::write(&path, text).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+            Self(path)
+        }
+    }
+
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            if let Some(dir) = self.0.parent() {
+                let _ = std::fs::remove_dir_all(dir);
+            }
+        }
+    }
+
+    fn block_on<T>(future: impl std::future::Future<Output = T>) -> T {
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(future)
+    }
+
+    #[test]
+    fn tokens_file_lines_name_principals() {
+        let entries = parse_tokens("# team\nalice  s3cret-a\n\n  bob\ts3cret-b  \n").unwrap();
+        let names: Vec<&str> = entries.iter().map(|(p, _)| p.as_str()).collect();
+        assert_eq!(names, ["alice", "bob"]);
+        for (bad, why) in [
+            ("alice", "expected"),
+            ("alice a b", "3 fields"),
+            ("alice a\nalice b", "appears twice"),
+            ("alice a\nbob a", "already given"),
+            ("# only a comment", "no '<principal>"),
+        ] {
+            let error = parse_tokens(bad).unwrap_err();
+            assert!(error.contains(why), "{bad:?}: {error}");
+        }
+    }
+
+    #[test]
+    fn tokens_file_readable_by_others_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let scratch = Scratch::file("perm", "alice s3cret\n", 0o644);
+        let path = scratch.0.clone();
+        let error = NamedTokens::load(&path).unwrap_err();
+        assert!(error.contains("chmod 600"), "{error}");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let tokens = NamedTokens::load(&path).unwrap();
+        assert_eq!(tokens.principal("s3cret").unwrap().as_str(), "alice");
+        // A broken edit keeps the tokens in use.
+        std::fs::write(&path, "alice\n").unwrap();
+        assert!(tokens.reload().is_err());
+        assert_eq!(tokens.principal("s3cret").unwrap().as_str(), "alice");
+        std::fs::write(&path, "bob other\n").unwrap();
+        assert_eq!(tokens.reload(), Ok(1));
+        assert!(tokens.principal("s3cret").is_none());
+    }
+
+    #[test]
+    fn callers_map_to_principals() {
+        let scratch = Scratch::file("map", "alice token-a\nbob token-b\n", 0o600);
+        let named = Arc::new(NamedTokens::load(&scratch.0).unwrap());
+        let auth = Authenticator::new(Some(Secret::new("single")), Some(named));
+        let who = |header: Option<&'static [u8]>| block_on(auth.authenticate(header));
+        assert_eq!(who(Some(b"Bearer single")).unwrap().as_str(), "default");
+        assert_eq!(who(Some(b"BEARER   single")).unwrap().as_str(), "default");
+        assert!(matches!(
+            who(Some(b"Bearer singl")),
+            Err(Refusal::Invalid(_))
+        ));
+        assert!(matches!(
+            who(Some(b"Bearer SINGLE")),
+            Err(Refusal::Invalid(_))
+        ));
+        assert_eq!(who(Some(b"bearer token-a")).unwrap().as_str(), "alice");
+        assert_eq!(who(Some(b"Bearer token-b")).unwrap().as_str(), "bob");
+        assert_eq!(who(None), Err(Refusal::Missing));
+        assert!(matches!(
+            who(Some(b"Bearer token-c")),
+            Err(Refusal::Invalid(_))
+        ));
+        assert!(matches!(
+            who(Some(b"Basic token-a")),
+            Err(Refusal::Invalid(_))
+        ));
+        let open = Authenticator::new(None, None);
+        assert_eq!(
+            block_on(open.authenticate(None)).unwrap(),
+            Principal::default_principal()
+        );
+    }
+}
