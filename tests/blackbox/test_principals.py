@@ -232,3 +232,28 @@ async def test_stdio_rejects_principal_flags(kbb, tmp_path):
 def test_owner_tags_match_the_server() -> None:
     # sha256("alice")[:16], as the Rust unit test in src/ids.rs pins it.
     assert tag("alice") == "2bd806c97f0e00af"
+
+
+async def test_computers_made_before_principals_belong_to_default(kbb, tmp_path):
+    """A container labelled as the Python server (and this one before principals) labels them,
+    with no owner label: `default` lists and uses it; a named principal neither sees nor
+    reaches it, and the same id gets that principal a computer of its own."""
+    tokens = tmp_path / "tokens"
+    write_tokens(tokens, TOKENS)
+    old = kbb.new_id("old-box")
+    kbb.track(f"{old}.{tag('alice')}", temporary=True)
+    kbb.python_style_container(old, BUSYBOX_ARGS[1])
+    docker("exec", f"kilntainer-{old}", "sh", "-c", "echo legacy > /marker")
+    async with kbb.http_server(
+        "--auth-tokens-file", str(tokens), "--auth-token", SINGLE, "--lifecycle-tools", *BUSYBOX_ARGS
+    ) as srv:
+        async with kbb.http_session(srv, headers=bearer(SINGLE)) as default, \
+                kbb.http_session(srv, headers=bearer(TOKENS["alice"])) as alice:
+            listed = (await default.call({}, name="computer_list")).structured["computers"]
+            assert [c["computer_id"] for c in listed] == [old]
+            out = await default.run("cat /marker", computer_id=old, temporary=False)
+            assert out.structured["stdout"].strip() == "legacy"
+            assert (await alice.call({}, name="computer_list")).structured["computers"] == []
+            mine = await alice.run("cat /marker 2>/dev/null || echo fresh", computer_id=old, temporary=True)
+            assert mine.structured["stdout"].strip() == "fresh"
+            assert inspect(f"kilntainer-{old}")["Config"]["Labels"].get("kilntainers.owner") is None
