@@ -8,13 +8,15 @@
 # Steps:
 #   1. apt: chromium (+ fonts-liberation, fonts-dejavu-core for stable screenshots) if missing
 #   2. node >= 20 and npm must be present (Debian 12's own nodejs is 18: not enough)
-#   3. `npm ci` in tests/browser, skipped while package-lock.json is unchanged since the last one
+#   3. `npm ci` in tests/browser and in tests/oauth (the OAuth test issuer), each skipped while
+#      its package-lock.json is unchanged since the last one
 #   4. Docker and the sandbox-busybox:full image: scripts/setup-test-env.sh when either is
 #      missing (with SKIP_PODMAN=1 SKIP_RUNSC=1 unless set otherwise)
 #   5. the server: $KILNTAINERS_BIN if set, else `cargo build --locked` (the dashboard HTML is
 #      compiled into the binary, so a stale binary would test a stale page)
 #   6. node --test: dashboard.test.mjs (app mode via the ext-apps AppBridge), web.test.mjs
-#      (GET / over HTTP), inspector.test.mjs (MCP Inspector CLI 0.15.0)
+#      (GET / over HTTP), oauth.test.mjs (the web dashboard's OAuth sign-in against
+#      tests/oauth/issuer.mjs), inspector.test.mjs (MCP Inspector CLI 0.15.0)
 #
 # Screenshots land in tests/browser/output/. Exit status is the test runner's.
 set -euo pipefail
@@ -29,7 +31,7 @@ cd "$REPO_ROOT"
 BROWSER_DIR="$REPO_ROOT/tests/browser"
 TEST_FILES=("$@")
 if ((${#TEST_FILES[@]} == 0)); then
-    TEST_FILES=(dashboard.test.mjs web.test.mjs inspector.test.mjs)
+    TEST_FILES=(dashboard.test.mjs web.test.mjs oauth.test.mjs inspector.test.mjs)
 fi
 
 # 1. Chromium from Debian (Playwright's own browser download cannot work here).
@@ -44,18 +46,20 @@ command -v npm >/dev/null 2>&1 || die "npm is required"
 node_major="$(node -p 'process.versions.node.split(".")[0]')"
 ((node_major >= 20)) || die "node >= 20 is required (found $(node --version))"
 
-# 3. npm packages, pinned by package-lock.json.
-t0="$(now)"
-stamp="$BROWSER_DIR/node_modules/.kilntainers-lock.sha256"
-want="$(sha256sum "$BROWSER_DIR/package-lock.json" | cut -d' ' -f1)"
-if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
-    log "npm ci in tests/browser"
-    (cd "$BROWSER_DIR" && npm ci --no-audit --no-fund --loglevel=error) || die "npm ci failed"
-    printf '%s\n' "$want" >"$stamp"
-    log "npm ci           $(elapsed "$t0")"
-else
-    log "npm packages     up to date"
-fi
+# 3. npm packages, pinned by each package-lock.json.
+for dir in "$BROWSER_DIR" "$REPO_ROOT/tests/oauth"; do
+    t0="$(now)"
+    stamp="$dir/node_modules/.kilntainers-lock.sha256"
+    want="$(sha256sum "$dir/package-lock.json" | cut -d' ' -f1)"
+    if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
+        log "npm ci in ${dir#"$REPO_ROOT"/}"
+        (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error) || die "npm ci in $dir failed"
+        printf '%s\n' "$want" >"$stamp"
+        log "npm ci           $(elapsed "$t0")"
+    else
+        log "npm packages     up to date (${dir#"$REPO_ROOT"/})"
+    fi
+done
 
 # 4. Docker engine and the test image.
 if ! docker info >/dev/null 2>&1 || ! docker image inspect sandbox-busybox:full >/dev/null 2>&1; then

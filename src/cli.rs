@@ -161,6 +161,15 @@ pub struct Cli {
         help_heading = "access options"
     )]
     pub oauth_principal_claim: String,
+    /// Not in the Python reference: the web dashboard's sign-in (docs/auth.md, "Web dashboard sign-in").
+    #[arg(
+        long,
+        value_name = "CLIENT_ID",
+        env = "KILNTAINERS_OAUTH_DASHBOARD_CLIENT_ID",
+        help = "HTTP: the web dashboard signs in as this public client, registered at the authorization server with the redirect URI <dashboard URL>/ (default: register one through the server's dynamic client registration)",
+        help_heading = "access options"
+    )]
+    pub oauth_dashboard_client_id: Option<String>,
     #[arg(
         long,
         value_name = "N",

@@ -150,6 +150,9 @@ pub struct OAuthConfig {
     pub audience: Option<String>,
     pub required_scopes: Vec<String>,
     pub principal_claim: String,
+    /// `--oauth-dashboard-client-id`: the web dashboard's pre-registered public client; `None`:
+    /// registered dynamically when the issuer offers it.
+    pub dashboard_client_id: Option<String>,
 }
 
 impl OAuthConfig {
@@ -157,6 +160,9 @@ impl OAuthConfig {
         let Some(issuer) = cli.oauth_issuer.as_deref().map(str::trim) else {
             if cli.oauth_audience.is_some() || cli.oauth_required_scope.is_some() {
                 return fail("--oauth-audience and --oauth-required-scope need --oauth-issuer.");
+            }
+            if cli.oauth_dashboard_client_id.is_some() {
+                return fail("--oauth-dashboard-client-id needs --oauth-issuer.");
             }
             return Ok(None);
         };
@@ -175,6 +181,15 @@ impl OAuthConfig {
         if claim.is_empty() {
             return fail("--oauth-principal-claim must name a claim.");
         }
+        let dashboard_client_id = cli.oauth_dashboard_client_id.as_deref().map(str::trim);
+        // RFC 6749 §A.1: a client_id is printable ASCII; it goes into the page and a URL.
+        if let Some(id) = dashboard_client_id
+            && (id.is_empty() || !id.chars().all(|c| c.is_ascii_graphic() || c == ' '))
+        {
+            return fail(
+                "--oauth-dashboard-client-id must be a client id of printable ASCII characters.",
+            );
+        }
         Ok(Some(Self {
             issuer: issuer.to_owned(),
             audience: cli.oauth_audience.as_deref().map(|a| a.trim().to_owned()),
@@ -186,6 +201,7 @@ impl OAuthConfig {
                 .map(str::to_owned)
                 .collect(),
             principal_claim: claim.to_owned(),
+            dashboard_client_id: dashboard_client_id.map(str::to_owned),
         }))
     }
 }
@@ -667,6 +683,36 @@ mod tests {
         assert_eq!(
             config(&["--memory", "512m"]).unwrap().docker.memory_bytes,
             Some(512 << 20)
+        );
+    }
+
+    #[test]
+    fn dashboard_client_id_needs_the_issuer_and_printable_text() {
+        let http = [
+            "--transport",
+            "http",
+            "--oauth-issuer",
+            "http://127.0.0.1:9",
+        ];
+        let with = |id: &str| config(&[&http[..], &["--oauth-dashboard-client-id", id]].concat());
+        let Transport::Http(named) = with(" dash-board ").unwrap().transport else {
+            panic!("not HTTP");
+        };
+        let oauth = named.oauth.unwrap();
+        assert_eq!(oauth.dashboard_client_id.as_deref(), Some("dash-board"));
+        let Transport::Http(unnamed) = config(&http).unwrap().transport else {
+            panic!("not HTTP");
+        };
+        assert_eq!(unnamed.oauth.unwrap().dashboard_client_id, None);
+        for bad in ["  ", "tab\there", "é"] {
+            assert_eq!(
+                with(bad).unwrap_err(),
+                "--oauth-dashboard-client-id must be a client id of printable ASCII characters."
+            );
+        }
+        assert_eq!(
+            config(&["--transport", "http", "--oauth-dashboard-client-id", "x"]).unwrap_err(),
+            "--oauth-dashboard-client-id needs --oauth-issuer."
         );
     }
 

@@ -1,8 +1,9 @@
 //! The Streamable HTTP transport (docs/decisions.md, "HTTP transport"): an axum router with rmcp's
 //! `StreamableHttpService` at `/mcp` (behind the Host/Origin check, bearer auth and body limit
-//! of [`guard`]), `/healthz` and `GET /` ([`pages`]), served by the bounded accept loop of
-//! [`listener`]; the access token generated when none is configured; session and lease
-//! reaping; and the shutdown sequence of docs/decisions.md, "Shutdown".
+//! of [`guard`]), `/healthz`, `GET /` and the dashboard's sign-in routes ([`pages`]), served by
+//! the bounded accept loop of [`listener`]; the access token generated when none is
+//! configured; session and lease reaping; and the shutdown sequence of docs/decisions.md,
+//! "Shutdown".
 //!
 //! **API boundary:** everything an HTTP client observes besides MCP itself (routes, status codes,
 //! headers) is decided here. Computers are never touched here: sessions are opened and closed
@@ -123,8 +124,10 @@ pub async fn serve(surface: Arc<Surface>, config: &HttpConfig, options: ServeOpt
         .clone()
         .or_else(|| generated.as_ref().map(|g| g.secret().clone()));
     let auth = Authenticator::new(single, named.clone());
+    // The web dashboard's sign-in routes: only with OAuth and the dashboard both on.
+    let sign_in: Option<Router> = None;
     #[cfg(feature = "oauth")]
-    let auth = match &config.oauth {
+    let (auth, sign_in) = match &config.oauth {
         Some(oauth) => {
             let default_audience = format!("http://{}:{port}/mcp", url_host(&config.host));
             match auth::oauth::Verifier::new(oauth, default_audience) {
@@ -135,7 +138,20 @@ pub async fn serve(surface: Arc<Surface>, config: &HttpConfig, options: ServeOpt
                         verifier.audience(),
                         auth::oauth::metadata_url(verifier.audience())
                     );
-                    auth.with_oauth(Arc::new(verifier))
+                    let verifier = Arc::new(verifier);
+                    let sign_in = options.lifecycle_tools.then(|| {
+                        eprintln!(
+                            "kilntainers: web dashboard: http://{}:{port}/ signs in with {} ({})",
+                            url_host(&config.host),
+                            verifier.issuer(),
+                            match &oauth.dashboard_client_id {
+                                Some(id) => format!("client {id}"),
+                                None => "a client registered on first use".to_owned(),
+                            }
+                        );
+                        pages::sign_in::routes(verifier.clone(), oauth.dashboard_client_id.clone())
+                    });
+                    (auth.with_oauth(verifier), sign_in)
                 }
                 Err(message) => {
                     eprintln!("kilntainers: error: {message}");
@@ -143,7 +159,7 @@ pub async fn serve(surface: Arc<Surface>, config: &HttpConfig, options: ServeOpt
                 }
             }
         }
-        None => auth,
+        None => (auth, sign_in),
     };
     let allowed = if hosts.any() {
         "*".to_owned()
@@ -209,6 +225,7 @@ pub async fn serve(surface: Arc<Surface>, config: &HttpConfig, options: ServeOpt
         config.session_timeout,
         guard.clone(),
         options.lifecycle_tools,
+        sign_in,
         end_sessions.child_token(),
     );
     surface.set_proxy_base(format!("http://{}:{port}", url_host(&config.host)));
@@ -274,6 +291,7 @@ fn router(
     session_timeout: Duration,
     guard: Arc<Guard>,
     lifecycle_tools: bool,
+    sign_in: Option<Router>,
     cancellation: CancellationToken,
 ) -> Router {
     let config = StreamableHttpServerConfig::default()
@@ -331,6 +349,13 @@ fn router(
         root = root
             .route("/.well-known/oauth-protected-resource", serve.clone())
             .route("/.well-known/oauth-protected-resource/{*resource}", serve);
+    }
+    if let Some(sign_in) = sign_in {
+        // Public like the metadata (the browser has no token yet), but closed at shutdown.
+        root = root.merge(sign_in.layer(from_fn_with_state(
+            guard.clone(),
+            guard::refuse_while_draining,
+        )));
     }
     let root = root.layer(from_fn_with_state(
         guard.clone(),

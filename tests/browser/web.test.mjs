@@ -27,6 +27,7 @@ import { HOSTILE, TICK, jobSteps, startJob } from "./lib/jobs.mjs";
 const TOKEN = randomBytes(12).toString("hex");
 const created = new Set();
 const requests = []; // every /mcp request the page made: {method, headers, body}
+const elsewhere = []; // the paths of every other request the page made
 let server;
 let browser;
 let page;
@@ -56,6 +57,8 @@ describe("dashboard in web mode over Streamable HTTP", () => {
     page.on("request", (req) => {
       if (new URL(req.url()).pathname === "/mcp") {
         requests.push({ method: req.method(), headers: req.headers(), body: req.postData() });
+      } else {
+        elsewhere.push(new URL(req.url()).pathname);
       }
     });
   });
@@ -88,6 +91,12 @@ describe("dashboard in web mode over Streamable HTTP", () => {
     const init = mcpRequests((r) => rpc(r)?.method === "initialize");
     assert.equal(init.length, 1);
     assert.equal(init[0].headers.authorization, undefined);
+    // Without --oauth-issuer the 401 offers no sign-in, and the page asks nothing else
+    // (docs/auth.md, "Web dashboard sign-in"); the server has no sign-in routes.
+    assert.equal(await page.locator("#signin").isVisible(), false);
+    assert.equal(await page.locator("#account").isVisible(), false);
+    assert.deepEqual(elsewhere, ["/"]);
+    assert.equal((await fetch(`${server.url}/dashboard/oauth`)).status, 404);
     await page.screenshot({ path: join(OUTPUT_DIR, "web-token-prompt.png"), fullPage: true });
   });
 

@@ -2,6 +2,7 @@
 // TypeScript SDK client), a loopback host page, headless Debian Chromium, Docker checks and
 // cleanup. Everything started here is stopped by the returned close functions.
 import { execFileSync, spawn } from "node:child_process";
+import { createHash } from "node:crypto";
 import { existsSync, mkdirSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
 import { createServer } from "node:http";
 import { tmpdir } from "node:os";
@@ -106,6 +107,31 @@ export function containerListed(id) {
 
 export function removeComputers(ids) {
   for (const id of ids) docker(["rm", "-f", containerName(id)]);
+}
+
+/** The tag of a principal other than `default` in its computers' names (docs/auth.md). */
+export function principalTag(principal) {
+  return createHash("sha256").update(principal).digest("hex").slice(0, 16);
+}
+
+/** The container name of computer `id` of `principal`: `kilntainer-<id>.<tag>`. */
+export function ownedContainerName(id, principal) {
+  return `${containerName(id)}.${principalTag(principal)}`;
+}
+
+/** Names of every container labelled as made for `principal`, running or not. */
+export function containersOwnedBy(principal) {
+  const out = docker(["ps", "-a", "--filter", `label=kilntainers.owner=${principal}`, "--format", "{{.Names}}"]);
+  if (out === null) throw new Error("docker ps failed");
+  return out.split("\n").map((n) => n.trim()).filter(Boolean);
+}
+
+/** Removes every container labelled as made for one of `principals`. */
+export function removeOwnedBy(principals) {
+  for (const principal of principals) {
+    const names = docker(["ps", "-a", "-q", "--filter", `label=kilntainers.owner=${principal}`]);
+    if (names) docker(["rm", "-f", ...names.split("\n").filter(Boolean)]);
+  }
 }
 
 // ------------------------------------------------------------------ the server
@@ -344,12 +370,12 @@ export async function freePort() {
 }
 
 /**
- * Start the real server in HTTP mode on a free loopback port with its own HOME.
+ * Start the real server in HTTP mode on a free loopback port (or `port`) with its own HOME.
  * Returns {url, port, stderr(), close()}.
  */
-export async function startHttpServer({ token, extraArgs = [] } = {}) {
+export async function startHttpServer({ token, extraArgs = [], port: chosenPort } = {}) {
   const home = tempDir("home");
-  const port = await freePort();
+  const port = chosenPort ?? (await freePort());
   const args = ["--transport", "http", "--host", "127.0.0.1", "--port", String(port), ...SERVER_ARGS, ...extraArgs];
   if (token) args.push("--auth-token", token);
   const env = { HOME: home, XDG_CACHE_HOME: join(home, ".cache") };

@@ -7,7 +7,15 @@
 //! and kept; a token signed with a key id not in the set refetches the keys, at most once per
 //! [`REFETCH_INTERVAL`] so that made-up key ids cannot turn us into a load generator against the
 //! issuer. Everything fetched is bounded in time and size.
+//!
+//! The same metadata names the endpoints the web dashboard signs a browser in with
+//! (docs/auth.md, "Web dashboard sign-in"): [`Verifier::sign_in_endpoints`] exposes them, and
+//! [`Verifier::register_client`] and [`Verifier::redeem_code`] are the two calls the server
+//! relays for the page (registration and the code exchange), since authorization servers
+//! rarely allow cross-origin requests to their registration endpoint. They live here because
+//! this module owns the HTTP client for the issuer and the token check.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use jsonwebtoken::jwk::JwkSet;
@@ -16,7 +24,7 @@ use serde_json::{Value, json};
 use tokio::sync::Mutex;
 
 use super::Refusal;
-use crate::config::OAuthConfig;
+use crate::config::{OAuthConfig, Secret, check_oauth_url};
 use crate::ids::Principal;
 
 /// Clock skew tolerated on `exp` and `nbf`.
@@ -42,9 +50,93 @@ const ALGORITHMS: [Algorithm; 9] = [
 
 #[derive(Default)]
 struct Keys {
-    jwks_uri: Option<String>,
     set: Option<JwkSet>,
     fetched: Option<Instant>,
+}
+
+/// The issuer's metadata (RFC 8414 §2), as far as this server uses it: where its keys are, for
+/// checking tokens, and the endpoints the web dashboard signs in with.
+#[derive(Debug)]
+struct ServerMetadata {
+    /// The document's own `issuer`, spelled exactly as it is (RFC 9207 compares it so).
+    issuer: String,
+    jwks_uri: String,
+    authorization_endpoint: Option<String>,
+    token_endpoint: Option<String>,
+    registration_endpoint: Option<String>,
+    code_challenge_methods: Vec<String>,
+    /// `authorization_response_iss_parameter_supported` (RFC 9207).
+    iss_parameter: bool,
+}
+
+/// The metadata once found, or the last failure: a broken issuer is asked again at most once
+/// per [`REFETCH_INTERVAL`], however many requests arrive.
+#[derive(Default)]
+struct Discovery {
+    found: Option<Arc<ServerMetadata>>,
+    failed: Option<(Instant, String)>,
+}
+
+/// Where the web dashboard signs in, checked: every endpoint `https://` (or `http://` on
+/// loopback) without a fragment, and PKCE with S256 offered.
+#[derive(Debug, Clone)]
+pub struct SignInEndpoints {
+    /// As the metadata spells it: the page compares the `iss` of the answer with it.
+    pub issuer: String,
+    pub authorization_endpoint: String,
+    pub token_endpoint: String,
+    pub registration_endpoint: Option<String>,
+    /// The answer carries `iss` (RFC 9207), so the page requires it.
+    pub iss_parameter: bool,
+}
+
+/// Why a dashboard sign-in step could not go on. Texts for the page are written at the edge
+/// (`pages.rs`); the `String`s here are details for the log.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SignInError {
+    /// The issuer's metadata cannot be fetched or is unusable.
+    Discovery(String),
+    /// This metadata field is missing, or not an `https://` URL without a fragment.
+    Endpoint(&'static str),
+    /// `code_challenge_methods_supported` does not list S256.
+    NoS256,
+    /// No `registration_endpoint`, and no client named by the operator.
+    NoRegistration,
+    /// The authorization server answered with an OAuth error (RFC 6749 §5.2, RFC 7591 §3.2.2).
+    Refused {
+        error: String,
+        description: Option<String>,
+    },
+    /// The authorization server cannot be reached, or its answer is not usable.
+    Upstream(String),
+    /// The access token issued is not one this server accepts.
+    Rejected(Refusal),
+}
+
+/// An authorization code to redeem for the dashboard (RFC 6749 §4.1.3, RFC 7636 §4.5).
+pub struct CodeGrant<'a> {
+    pub client_id: &'a str,
+    pub code: &'a str,
+    pub code_verifier: &'a str,
+    pub redirect_uri: &'a str,
+}
+
+/// The code and verifier are credentials: never shown.
+impl std::fmt::Debug for CodeGrant<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CodeGrant")
+            .field("client_id", &self.client_id)
+            .field("redirect_uri", &self.redirect_uri)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A redeemed code: the access token, checked as every request's token will be.
+#[derive(Debug)]
+pub struct SignedIn {
+    pub access_token: Secret,
+    pub expires_in: Option<u64>,
+    pub principal: Principal,
 }
 
 /// Checks access tokens for one issuer and audience.
@@ -55,6 +147,7 @@ pub struct Verifier {
     principal_claim: String,
     http: reqwest::Client,
     keys: Mutex<Keys>,
+    discovery: Mutex<Discovery>,
 }
 
 /// `scheme://authority` and the path of an absolute URL.
@@ -93,6 +186,7 @@ impl Verifier {
             principal_claim: config.principal_claim.clone(),
             http,
             keys: Mutex::new(Keys::default()),
+            discovery: Mutex::new(Discovery::default()),
         })
     }
 
@@ -226,14 +320,7 @@ impl Verifier {
 
     async fn fetch_keys(&self, keys: &mut Keys) -> Result<(), String> {
         keys.fetched = Some(Instant::now());
-        let jwks_uri = match &keys.jwks_uri {
-            Some(uri) => uri.clone(),
-            None => {
-                let uri = self.discover_jwks_uri().await?;
-                keys.jwks_uri = Some(uri.clone());
-                uri
-            }
-        };
+        let jwks_uri = self.metadata().await?.jwks_uri.clone();
         let document = self.fetch_json(&jwks_uri).await?;
         let set: JwkSet = serde_json::from_value(document)
             .map_err(|e| format!("{jwks_uri} is not a JWK set: {e}"))?;
@@ -242,9 +329,34 @@ impl Verifier {
         Ok(())
     }
 
-    /// `jwks_uri` from the issuer's RFC 8414 metadata, else its OpenID configuration; the
-    /// document must name the configured issuer exactly.
-    async fn discover_jwks_uri(&self) -> Result<String, String> {
+    /// The issuer's metadata, fetched on first use and kept.
+    async fn metadata(&self) -> Result<Arc<ServerMetadata>, String> {
+        let mut discovery = self.discovery.lock().await;
+        if let Some(found) = &discovery.found {
+            return Ok(found.clone());
+        }
+        if let Some((at, error)) = &discovery.failed
+            && at.elapsed() < REFETCH_INTERVAL
+        {
+            return Err(error.clone());
+        }
+        match self.discover().await {
+            Ok(metadata) => {
+                let metadata = Arc::new(metadata);
+                discovery.found = Some(metadata.clone());
+                discovery.failed = None;
+                Ok(metadata)
+            }
+            Err(error) => {
+                discovery.failed = Some((Instant::now(), error.clone()));
+                Err(error)
+            }
+        }
+    }
+
+    /// The issuer's RFC 8414 metadata, else its OpenID configuration; the document must name
+    /// the configured issuer exactly and have a `jwks_uri`.
+    async fn discover(&self) -> Result<ServerMetadata, String> {
         let issuer = self.issuer.trim_end_matches('/');
         let (origin, path) = split_url(issuer);
         let candidates = [
@@ -266,8 +378,35 @@ impl Verifier {
                         .get("jwks_uri")
                         .and_then(Value::as_str)
                         .ok_or_else(|| format!("{url} has no jwks_uri"))?;
-                    crate::config::check_oauth_url("jwks_uri", jwks_uri).map_err(|e| e.0)?;
-                    return Ok(jwks_uri.to_owned());
+                    check_oauth_url("jwks_uri", jwks_uri).map_err(|e| e.0)?;
+                    let text = |field: &str| {
+                        document
+                            .get(field)
+                            .and_then(Value::as_str)
+                            .map(str::to_owned)
+                    };
+                    return Ok(ServerMetadata {
+                        issuer: named.unwrap_or(issuer).to_owned(),
+                        jwks_uri: jwks_uri.to_owned(),
+                        authorization_endpoint: text("authorization_endpoint"),
+                        token_endpoint: text("token_endpoint"),
+                        registration_endpoint: text("registration_endpoint"),
+                        code_challenge_methods: document
+                            .get("code_challenge_methods_supported")
+                            .and_then(Value::as_array)
+                            .map(|methods| {
+                                methods
+                                    .iter()
+                                    .filter_map(Value::as_str)
+                                    .map(str::to_owned)
+                                    .collect()
+                            })
+                            .unwrap_or_default(),
+                        iss_parameter: document
+                            .get("authorization_response_iss_parameter_supported")
+                            .and_then(Value::as_bool)
+                            .unwrap_or(false),
+                    });
                 }
                 Err(error) => errors.push(error),
             }
@@ -275,8 +414,135 @@ impl Verifier {
         Err(errors.join("; "))
     }
 
+    /// The endpoints the web dashboard signs in with, from the issuer's metadata.
+    pub async fn sign_in_endpoints(&self) -> Result<SignInEndpoints, SignInError> {
+        let metadata = self.metadata().await.map_err(SignInError::Discovery)?;
+        // Each URL reaches the browser (the authorization endpoint is navigated to) or gets
+        // codes and tokens: the issuer's own https rule, and no fragment (RFC 6749 §3.1).
+        let usable = |field: &'static str, value: Option<&String>| {
+            value
+                .filter(|url| !url.contains('#') && check_oauth_url(field, url).is_ok())
+                .cloned()
+                .ok_or(SignInError::Endpoint(field))
+        };
+        // OAuth 2.1 and the MCP authorization spec: without S256 advertised, do not sign in.
+        if !metadata.code_challenge_methods.iter().any(|m| m == "S256") {
+            return Err(SignInError::NoS256);
+        }
+        Ok(SignInEndpoints {
+            issuer: metadata.issuer.clone(),
+            authorization_endpoint: usable(
+                "authorization_endpoint",
+                metadata.authorization_endpoint.as_ref(),
+            )?,
+            token_endpoint: usable("token_endpoint", metadata.token_endpoint.as_ref())?,
+            // Optional, but when named it must be usable like the others.
+            registration_endpoint: metadata
+                .registration_endpoint
+                .as_ref()
+                .map(|url| usable("registration_endpoint", Some(url)))
+                .transpose()?,
+            iss_parameter: metadata.iss_parameter,
+        })
+    }
+
+    /// Registers the dashboard as a public client whose one redirect URI is `redirect_uri`
+    /// (RFC 7591); returns its `client_id`.
+    pub async fn register_client(&self, redirect_uri: &str) -> Result<String, SignInError> {
+        let endpoints = self.sign_in_endpoints().await?;
+        let url = endpoints
+            .registration_endpoint
+            .ok_or(SignInError::NoRegistration)?;
+        let mut request = json!({
+            "client_name": "Sandbox Computers dashboard",
+            "redirect_uris": [redirect_uri],
+            "grant_types": ["authorization_code"],
+            "response_types": ["code"],
+            "token_endpoint_auth_method": "none",
+            "application_type": "web",
+        });
+        if !self.required_scopes.is_empty() {
+            request["scope"] = json!(self.required_scopes.join(" "));
+        }
+        let response = self
+            .http
+            .post(&url)
+            .header(reqwest::header::ACCEPT, "application/json")
+            .json(&request)
+            .send()
+            .await
+            .map_err(|e| SignInError::Upstream(format!("POST {url}: {e}")))?;
+        let answer = answer_of(&url, response).await?;
+        // A browser cannot keep a client secret: a client the server made confidential
+        // anyway would fail at the token endpoint, so say so now.
+        if let Some(method) = answer
+            .get("token_endpoint_auth_method")
+            .and_then(Value::as_str)
+            && method != "none"
+        {
+            return Err(SignInError::Upstream(format!(
+                "POST {url}: registered a client with token_endpoint_auth_method {method:?}, not a public one"
+            )));
+        }
+        answer
+            .get("client_id")
+            .and_then(Value::as_str)
+            .filter(|id| !id.is_empty())
+            .map(str::to_owned)
+            .ok_or_else(|| SignInError::Upstream(format!("POST {url}: no client_id")))
+    }
+
+    /// Redeems an authorization code at the token endpoint, for this server's audience
+    /// (RFC 8707 `resource`), and checks the access token it gives.
+    pub async fn redeem_code(&self, grant: &CodeGrant<'_>) -> Result<SignedIn, SignInError> {
+        let url = self.sign_in_endpoints().await?.token_endpoint;
+        let body = form_encode(&[
+            ("grant_type", "authorization_code"),
+            ("code", grant.code),
+            ("redirect_uri", grant.redirect_uri),
+            ("client_id", grant.client_id),
+            ("code_verifier", grant.code_verifier),
+            ("resource", &self.audience),
+        ]);
+        let response = self
+            .http
+            .post(&url)
+            .header(reqwest::header::ACCEPT, "application/json")
+            .header(
+                reqwest::header::CONTENT_TYPE,
+                "application/x-www-form-urlencoded",
+            )
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| SignInError::Upstream(format!("POST {url}: {e}")))?;
+        let answer = answer_of(&url, response).await?;
+        let access_token = answer
+            .get("access_token")
+            .and_then(Value::as_str)
+            .filter(|token| !token.is_empty())
+            .ok_or_else(|| SignInError::Upstream(format!("POST {url}: no access_token")))?;
+        // A DPoP-bound or other non-bearer token cannot be sent as the page sends it.
+        if let Some(kind) = answer.get("token_type").and_then(Value::as_str)
+            && !kind.eq_ignore_ascii_case("bearer")
+        {
+            return Err(SignInError::Upstream(format!(
+                "POST {url}: token_type {kind:?}, not Bearer"
+            )));
+        }
+        let principal = self
+            .verify(access_token)
+            .await
+            .map_err(SignInError::Rejected)?;
+        Ok(SignedIn {
+            access_token: Secret::new(access_token),
+            expires_in: answer.get("expires_in").and_then(Value::as_u64),
+            principal,
+        })
+    }
+
     async fn fetch_json(&self, url: &str) -> Result<Value, String> {
-        let mut response = self
+        let response = self
             .http
             .get(url)
             .header(reqwest::header::ACCEPT, "application/json")
@@ -286,19 +552,64 @@ impl Verifier {
         if !response.status().is_success() {
             return Err(format!("GET {url}: HTTP {}", response.status()));
         }
-        let mut body = Vec::new();
-        while let Some(chunk) = response
-            .chunk()
+        read_json(url, response)
             .await
-            .map_err(|e| format!("GET {url}: {e}"))?
-        {
-            if body.len() + chunk.len() > MAX_DOCUMENT_BYTES {
-                return Err(format!("GET {url}: larger than {MAX_DOCUMENT_BYTES} bytes"));
-            }
-            body.extend_from_slice(&chunk);
-        }
-        serde_json::from_slice(&body).map_err(|e| format!("GET {url}: not JSON: {e}"))
+            .map_err(|e| format!("GET {e}"))
     }
+}
+
+/// A response body as JSON, read up to [`MAX_DOCUMENT_BYTES`]; errors start with `url`.
+async fn read_json(url: &str, mut response: reqwest::Response) -> Result<Value, String> {
+    let mut body = Vec::new();
+    while let Some(chunk) = response.chunk().await.map_err(|e| format!("{url}: {e}"))? {
+        if body.len() + chunk.len() > MAX_DOCUMENT_BYTES {
+            return Err(format!("{url}: larger than {MAX_DOCUMENT_BYTES} bytes"));
+        }
+        body.extend_from_slice(&chunk);
+    }
+    serde_json::from_slice(&body).map_err(|e| format!("{url}: not JSON: {e}"))
+}
+
+/// The JSON of a successful answer to a POST; for an unsuccessful one the OAuth error it
+/// names, else its status.
+async fn answer_of(url: &str, response: reqwest::Response) -> Result<Value, SignInError> {
+    let status = response.status();
+    let answer = read_json(url, response).await;
+    if status.is_success() {
+        return answer.map_err(|e| SignInError::Upstream(format!("POST {e}")));
+    }
+    let answer = answer.unwrap_or_default();
+    let text = |field: &str| answer.get(field).and_then(Value::as_str).map(str::to_owned);
+    Err(match text("error") {
+        Some(error) => SignInError::Refused {
+            error,
+            description: text("error_description"),
+        },
+        None => SignInError::Upstream(format!("POST {url}: HTTP {status}")),
+    })
+}
+
+/// `application/x-www-form-urlencoded` as browsers write it: ASCII letters, digits and `*-._`
+/// as they are, space as `+`, every other byte as `%XX`.
+fn form_encode(pairs: &[(&str, &str)]) -> String {
+    let encode = |text: &str| {
+        let mut out = String::with_capacity(text.len());
+        for byte in text.bytes() {
+            match byte {
+                b'a'..=b'z' | b'A'..=b'Z' | b'0'..=b'9' | b'*' | b'-' | b'.' | b'_' => {
+                    out.push(char::from(byte));
+                }
+                b' ' => out.push('+'),
+                _ => out.push_str(&format!("%{byte:02X}")),
+            }
+        }
+        out
+    };
+    pairs
+        .iter()
+        .map(|(name, value)| format!("{}={}", encode(name), encode(value)))
+        .collect::<Vec<_>>()
+        .join("&")
 }
 
 /// The key for `kid` (or the only key, when the token names none) usable with `alg`.
@@ -367,6 +678,7 @@ mod tests {
             audience: None,
             required_scopes: scopes.iter().map(|s| (*s).to_owned()).collect(),
             principal_claim: "sub".to_owned(),
+            dashboard_client_id: None,
         };
         Verifier::new(&config, "http://127.0.0.1:8435/mcp".to_owned()).unwrap()
     }
@@ -411,6 +723,19 @@ mod tests {
         assert_eq!(document["resource"], "http://127.0.0.1:8435/mcp");
         assert_eq!(document["authorization_servers"][0], "http://127.0.0.1:9/");
         assert_eq!(document["scopes_supported"][1], "openid");
+    }
+
+    #[test]
+    fn form_bodies_are_encoded_as_browsers_do() {
+        assert_eq!(
+            form_encode(&[
+                ("grant_type", "authorization_code"),
+                ("redirect_uri", "http://127.0.0.1:8435/"),
+                ("code", "a b+c~d*e"),
+            ]),
+            "grant_type=authorization_code&redirect_uri=http%3A%2F%2F127.0.0.1%3A8435%2F&code=a+b%2Bc%7Ed*e"
+        );
+        assert_eq!(form_encode(&[("x", "é")]), "x=%C3%A9");
     }
 
     #[test]
