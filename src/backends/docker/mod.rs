@@ -372,9 +372,7 @@ impl Backend for DockerBackend {
             .all(true)
             .filters(&filters)
             .build();
-        let summaries = docker.list_containers(Some(options)).await.map_err(|e| {
-            BackendError::Provider(format!("Docker container listing failed: {}", describe(&e)))
-        })?;
+        let summaries = list_containers(docker, options).await?;
         let invalid = || {
             BackendError::Provider("Docker returned invalid computer inventory data.".to_owned())
         };
@@ -518,9 +516,7 @@ impl Backend for DockerBackend {
             .all(true)
             .filters(&filters)
             .build();
-        let summaries = docker.list_containers(Some(options)).await.map_err(|e| {
-            BackendError::Provider(format!("Docker container listing failed: {}", describe(&e)))
-        })?;
+        let summaries = list_containers(docker, options).await?;
         let mut removed = Vec::new();
         let mut spares = 0;
         for summary in summaries {
@@ -591,6 +587,35 @@ fn status_of(error: &DockerError) -> Option<u16> {
 }
 
 /// The engine's own message when it sent one, else the client error.
+/// Attempts at a container listing whose answer did not parse.
+const LISTING_ATTEMPTS: u32 = 4;
+
+/// The engine's container list. Podman's compat API briefly reports a container being stopped
+/// in the state `stopped`, which is not in Docker's API and so fails bollard's parsing of the
+/// whole list; such an answer is asked for again a few times before it counts as a failure.
+async fn list_containers(
+    docker: &Docker,
+    options: bollard::query_parameters::ListContainersOptions,
+) -> Result<Vec<bollard::models::ContainerSummary>, BackendError> {
+    let mut attempt = 1;
+    loop {
+        match docker.list_containers(Some(options.clone())).await {
+            Ok(summaries) => return Ok(summaries),
+            Err(DockerError::JsonDataError { .. }) if attempt < LISTING_ATTEMPTS => {
+                tokio::time::sleep(std::time::Duration::from_millis(100 * u64::from(attempt)))
+                    .await;
+                attempt += 1;
+            }
+            Err(error) => {
+                return Err(BackendError::Provider(format!(
+                    "Docker container listing failed: {}",
+                    describe(&error)
+                )));
+            }
+        }
+    }
+}
+
 fn describe(error: &DockerError) -> String {
     match error {
         DockerError::DockerResponseServerError { message, .. } => message.trim().to_owned(),
