@@ -21,7 +21,7 @@ use bollard::errors::Error as DockerError;
 use bollard::models::ContainerInspectResponse;
 use bollard::query_parameters::{
     InspectContainerOptions, ListContainersOptionsBuilder, RemoveContainerOptionsBuilder,
-    RestartContainerOptionsBuilder, StartContainerOptions,
+    RestartContainerOptionsBuilder, StartContainerOptions, WaitContainerOptionsBuilder,
 };
 use futures_util::{StreamExt, TryStreamExt};
 use tokio::sync::OnceCell;
@@ -45,6 +45,9 @@ const READINESS_TIMEOUT: Duration = Duration::from_secs(15);
 /// Stop grace for restart: the keep-alive exits at once on SIGTERM, so 2 s only matters for
 /// the reference's `tail -f /dev/null` containers.
 const RESTART_GRACE_SECS: i32 = 2;
+/// How long a restart waits for the engine to record the exit of the old process when it
+/// answered before doing so; the keep-alive exits at once, so this is the engine's backlog.
+const STALE_EXIT_WAIT: Duration = Duration::from_secs(10);
 /// Inspections in flight at once while listing, so a large inventory does not flood the engine.
 const LIST_CONCURRENCY: usize = 8;
 
@@ -246,6 +249,44 @@ impl DockerBackend {
         self.readiness(sandbox).await
     }
 
+    /// The host pid of the container's main process (0 when stopped).
+    async fn main_pid(&self, sandbox: &SandboxRef) -> Result<i64, BackendError> {
+        let name = Self::container_name(&sandbox.computer_id);
+        let inspect = self
+            .inspect(&name)
+            .await?
+            .ok_or_else(|| BackendError::Vanished(sandbox.computer_id.clone()))?;
+        Ok(inspect.state.and_then(|state| state.pid).unwrap_or(0))
+    }
+
+    /// Returns once the engine records the container as not running, or after
+    /// [`STALE_EXIT_WAIT`] (then the caller's start check decides).
+    async fn wait_until_not_running(&self, sandbox: &SandboxRef) -> Result<(), BackendError> {
+        let docker = self.client().await?;
+        let name = Self::container_name(&sandbox.computer_id);
+        let options = WaitContainerOptionsBuilder::default()
+            .condition("not-running")
+            .build();
+        let mut wait = docker.wait_container(&name, Some(options));
+        match tokio::time::timeout(STALE_EXIT_WAIT, wait.next()).await {
+            // A non-zero exit status arrives as an error; it is still an exit.
+            Ok(None | Some(Ok(_)) | Some(Err(DockerError::DockerContainerWaitError { .. }))) => {
+                Ok(())
+            }
+            Ok(Some(Err(e))) if status_of(&e) == Some(404) => {
+                Err(BackendError::Vanished(sandbox.computer_id.clone()))
+            }
+            Ok(Some(Err(e))) => Err(BackendError::Provider(format!(
+                "Docker wait for the stop of '{name}' failed: {}",
+                describe(&e)
+            ))),
+            Err(_) => {
+                warn!(container = %name, "restart left the old process recorded as running");
+                Ok(())
+            }
+        }
+    }
+
     fn exited_immediately(&self, sandbox_id: &str) -> BackendError {
         BackendError::Provider(format!(
             "Container {sandbox_id} exited immediately after start. Shell '{}' may not be available in the image. Use --shell /bin/sh for images without bash.",
@@ -429,6 +470,8 @@ impl Backend for DockerBackend {
         let name = Self::container_name(&sandbox.computer_id);
         // The restart kills the helper; the next command connects a new one.
         self.helpers.forget(&sandbox.sandbox_id);
+        let old_pid = self.main_pid(sandbox).await?;
+        // Restart, not stop + start: stopping a temporary (auto-removed) container removes it.
         let options = RestartContainerOptionsBuilder::default()
             .t(RESTART_GRACE_SECS)
             .build();
@@ -442,17 +485,14 @@ impl Backend for DockerBackend {
                     describe(&e)
                 )),
             })?;
-        let sandbox = match self.lookup(&sandbox.computer_id).await? {
-            Some(found) if found.running => found.sandbox,
-            Some(found) => return Err(self.exited_immediately(&found.sandbox.sandbox_id)),
-            None => {
-                return Err(BackendError::Provider(format!(
-                    "Computer '{}' disappeared after restart.",
-                    sandbox.computer_id
-                )));
-            }
-        };
-        self.readiness(&sandbox).await?;
+        // Docker can answer a restart before it has handled the exit of the old process; its
+        // start then does nothing (the state still says running) and handling the exit later
+        // marks the computer exited (moby/moby#43403, seen here under load). The same main
+        // process after a restart is that case: wait for the exit to be recorded, start again.
+        if old_pid != 0 && self.main_pid(sandbox).await? == old_pid {
+            self.wait_until_not_running(sandbox).await?;
+        }
+        let sandbox = self.ensure_running(sandbox).await?;
         Ok(Restarted {
             sandbox,
             state_preserved: true,
@@ -586,7 +626,6 @@ fn status_of(error: &DockerError) -> Option<u16> {
     }
 }
 
-/// The engine's own message when it sent one, else the client error.
 /// Attempts at a container listing whose answer did not parse.
 const LISTING_ATTEMPTS: u32 = 4;
 
@@ -616,6 +655,7 @@ async fn list_containers(
     }
 }
 
+/// The engine's own message when it sent one, else the client error.
 fn describe(error: &DockerError) -> String {
     match error {
         DockerError::DockerResponseServerError { message, .. } => message.trim().to_owned(),
