@@ -302,7 +302,7 @@ pub async fn restart(
 ) -> CallToolResult {
     let result = async {
             let id = required_id(RESTART, session, arguments)?;
-            let restarted = registry.restart(&id).await.map_err(|e| user_message(&e))?;
+            let restarted = registry.restart(&id, session.principal()).await.map_err(|e| user_message(&e))?;
             let mut payload = Map::new();
             payload.insert("ok".into(), json!(true));
             payload.insert("computer_id".into(), json!(id.slug()));

@@ -3,6 +3,7 @@
 
 use tokio_util::sync::CancellationToken;
 
+use super::quotas::Admission;
 use super::slots::{InFlight, Slot};
 use super::{Executed, Interruption, Registry, RegistryError, Session, lock};
 use crate::backends::{BackendError, NoProgress, Progress, SandboxRef};
@@ -60,6 +61,9 @@ impl Registry {
                     // No lifecycle lock here: we hold the exec lock, and the lock order is
                     // lifecycle before exec. Starting a container is idempotent anyway.
                     restarted_once = true;
+                    let _admitted = self
+                        .admit(session.principal(), &id, Admission::Start)
+                        .await?;
                     match self.backend.ensure_running(&sandbox).await {
                         Ok(fresh) => {
                             lock(&slot.state).record = Some(fresh);

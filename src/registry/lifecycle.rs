@@ -86,11 +86,14 @@ impl Registry {
         result
     }
 
+    /// Restarts `owner`'s computer `id`.
     pub async fn restart(
         &self,
         id: &ComputerId,
+        owner: &Principal,
     ) -> Result<crate::backends::Restarted, RegistryError> {
         self.with_lifecycle(id, Interruption::Restart, async |sandbox| {
+            let _admitted = self.admit_if_stopped(owner, id).await?;
             let restarted = self.backend.restart(&sandbox).await?;
             let replacement = restarted.sandbox.clone();
             Ok((restarted, Some(replacement)))
@@ -106,6 +109,7 @@ impl Registry {
         progress: &dyn Progress,
     ) -> Result<SandboxRef, RegistryError> {
         self.with_lifecycle(id, Interruption::Reset, async |sandbox| {
+            let _admitted = self.admit_if_stopped(owner, id).await?;
             self.backend.remove(&sandbox).await?;
             self.removed(id, Removal::Replaced);
             let spec = CreateSpec {

@@ -1,6 +1,6 @@
 //! Per-principal limits (docs/auth.md, "Quotas"): how many computers a principal may have, and
 //! how many of them may run at once. Checked before a computer is created and before a stopped
-//! one is started; concurrent creations of one principal are counted while they are in flight,
+//! one is started (by an attach, a restart, a factory reset or an exec's restart-once); concurrent creations of one principal are counted while they are in flight,
 //! so a burst cannot overshoot.
 
 use std::collections::{HashMap, HashSet};
@@ -124,5 +124,21 @@ impl Registry {
             principal: principal.clone(),
             id: id.clone(),
         }))
+    }
+
+    /// Admits bringing `principal`'s computer `id` back up (restart, factory reset) when it is
+    /// stopped now; a running one is counted already. One lookup, and only with a running limit.
+    pub(super) async fn admit_if_stopped(
+        &self,
+        principal: &Principal,
+        id: &ComputerId,
+    ) -> Result<Option<Reservation<'_>>, RegistryError> {
+        if self.quotas.limits.max_running.is_none() {
+            return Ok(None);
+        }
+        match self.backend.lookup(id).await? {
+            Some(found) if !found.running => self.admit(principal, id, Admission::Start).await,
+            _ => Ok(None),
+        }
     }
 }

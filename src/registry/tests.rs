@@ -171,7 +171,11 @@ async fn a_lifecycle_op_interrupts_the_exec_in_flight_and_waits_for_its_kill() {
             .await;
 
         let lifecycle_call = match op {
-            Interruption::Restart => within(registry.restart(&box_id)).await.map(drop),
+            Interruption::Restart => {
+                within(registry.restart(&box_id, &Principal::default_principal()))
+                    .await
+                    .map(drop)
+            }
             Interruption::Reset => within(registry.factory_reset(
                 &box_id,
                 &Principal::default_principal(),
@@ -217,7 +221,11 @@ async fn an_exec_arriving_during_a_restart_waits_and_runs_on_the_new_incarnation
     backend.set_delay(Op::Restart, Duration::from_secs(30));
     let restart = tokio::spawn({
         let (registry, box_id) = (registry.clone(), box_id.clone());
-        async move { registry.restart(&box_id).await }
+        async move {
+            registry
+                .restart(&box_id, &Principal::default_principal())
+                .await
+        }
     });
     backend
         .wait_until(|log| log.iter().any(|c| matches!(c, Call::Restart(_))))
@@ -441,7 +449,9 @@ async fn removal_hooks_hear_a_reset_as_replaced_and_a_delete_as_gone() {
     execute(&registry, &session, Some(&box_id), false, "a")
         .await
         .unwrap();
-    within(registry.restart(&box_id)).await.unwrap();
+    within(registry.restart(&box_id, &Principal::default_principal()))
+        .await
+        .unwrap();
     assert!(lock(&heard).is_empty(), "a restart removes nothing");
     within(registry.factory_reset(
         &box_id,
@@ -716,4 +726,45 @@ async fn not_running_on_a_computer_that_is_gone_drops_it_everywhere() {
         .computer_id;
     assert_ne!(next, default);
     assert_eq!(session.default_id(), Some(next));
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_running_limit_holds_however_a_stopped_computer_would_start() {
+    let backend = FakeBackend::new();
+    let quotas = crate::registry::Quotas {
+        max_computers: None,
+        max_running: Some(1),
+    };
+    let registry = Registry::new(
+        backend.clone(),
+        InstanceId::random(),
+        "/bin/sh".to_owned(),
+        LIMITS,
+        quotas,
+    );
+    let owner = Principal::default_principal();
+    let session = registry.open_session(owner.clone());
+    let (stopped, other) = (id("stopped"), id("other"));
+    execute(&registry, &session, Some(&stopped), false, "warm")
+        .await
+        .unwrap();
+    backend.stop(&stopped);
+    backend.insert(&other, false, true);
+    let refused = |result: Result<(), RegistryError>| match result {
+        Err(RegistryError::QuotaReached(message)) => message.contains("--max-running-per-user"),
+        _ => false,
+    };
+    // The exec's restart-once, restart and factory reset are each refused.
+    let by_command = execute(&registry, &session, Some(&stopped), false, "again").await;
+    assert!(refused(by_command.map(drop)));
+    let restart = within(registry.restart(&stopped, &owner)).await;
+    assert!(refused(restart.map(drop)));
+    let reset = within(registry.factory_reset(&stopped, &owner, Registry::no_progress())).await;
+    assert!(refused(reset.map(drop)));
+    assert!(!backend.is_running(&stopped) && backend.exists(&stopped));
+    // A running computer is restarted without counting it twice.
+    within(registry.restart(&other, &owner)).await.unwrap();
+    backend.vanish(&other);
+    within(registry.restart(&stopped, &owner)).await.unwrap();
+    assert!(backend.is_running(&stopped));
 }

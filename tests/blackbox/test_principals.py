@@ -3,7 +3,7 @@ real Docker: a tokens file readable by others is refused; two principals each ge
 `dev-box` (container names, owner labels); each lists only its own computers; another
 principal's computer answers exactly like an unknown id for exec, restart, reset and delete; a
 session cannot be used with another principal's token; the quota holds under 20 concurrent
-creates; SIGHUP reloads the file; audit lines name principals and never tokens."""
+creates; the running limit holds however a stopped computer would start; SIGHUP reloads the file; audit lines name principals and never tokens."""
 
 from __future__ import annotations
 
@@ -190,6 +190,38 @@ async def test_quota_holds_under_twenty_concurrent_creates(kbb, tmp_path):
     finally:
         remove_owned("alice", "bob")
     assert containers_with_label("kilntainers.owner=alice") == []
+
+
+async def test_running_limit_holds_for_every_way_a_stopped_computer_starts(kbb, tmp_path):
+    """With `--max-running-per-user 1`, a stopped computer is not started again while another
+    runs: not by a command (restart-once), computer_restart or computer_factory_reset, and it
+    stays stopped; once the other is gone it restarts."""
+    tokens = tmp_path / "tokens"
+    write_tokens(tokens, TOKENS)
+    first, second = kbb.new_id("run-a"), kbb.new_id("run-b")
+    first_container = f"kilntainer-{first}.{tag('alice')}"
+    try:
+        async with kbb.http_server(
+            "--auth-tokens-file", str(tokens), "--lifecycle-tools", "--max-running-per-user", "1", *BUSYBOX_ARGS
+        ) as srv:
+            async with kbb.http_session(srv, headers=bearer(TOKENS["alice"])) as alice:
+                await alice.run("echo a", computer_id=first, temporary=False)
+                docker("stop", "-t", "1", first_container)
+                await alice.run("echo b", computer_id=second, temporary=False)
+                limit = "Running computer limit reached: you have 1 of 1 computers running (--max-running-per-user)"
+                by_command = await alice.call({"command": "echo again", "computer_id": first, "temporary": False})
+                assert by_command.is_error and limit in by_command.text, by_command.text
+                for tool in ("computer_restart", "computer_factory_reset"):
+                    refused = await alice.call({"computer_id": first}, name=tool)
+                    assert refused.is_error and limit in refused.text, (tool, refused.text)
+                assert inspect(first_container)["State"]["Running"] is False
+                assert not (await alice.call({"computer_id": second}, name="computer_delete")).is_error
+                restarted = await alice.call({"computer_id": first}, name="computer_restart")
+                assert not restarted.is_error, restarted.text
+                out = await alice.run("echo back", computer_id=first, temporary=False)
+                assert out.structured["stdout"].strip() == "back"
+    finally:
+        remove_owned("alice")
 
 
 async def test_sighup_reloads_the_tokens_file(kbb, tmp_path):

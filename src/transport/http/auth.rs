@@ -298,6 +298,16 @@ fn refused(auth: &Authenticator, refusal: &Refusal) -> Response {
     response
 }
 
+/// The principal [`require_auth`] attached to the request; `default` where no authentication
+/// runs (an open server).
+pub fn principal_of(request: &Request) -> Principal {
+    request
+        .extensions()
+        .get::<Principal>()
+        .cloned()
+        .unwrap_or_else(Principal::default_principal)
+}
+
 /// Authenticates the request, puts its [`Principal`] in the extensions, and logs the outcome.
 pub async fn require_auth(
     State(guard): State<Arc<Guard>>,

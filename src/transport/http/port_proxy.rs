@@ -22,7 +22,7 @@ use hyper::client::conn::http1 as client;
 use hyper_util::rt::TokioIo;
 use tracing::debug;
 
-use crate::ids::{ComputerId, Principal};
+use crate::ids::ComputerId;
 use crate::mcp::ports::message;
 use crate::ports::{PortError, Ports};
 
@@ -130,12 +130,9 @@ pub async fn proxy(State(ports): State<Arc<Ports>>, mut request: Request) -> Res
         return response;
     };
     // Only the caller's own computers are reachable (docs/auth.md).
-    let principal = request
-        .extensions()
-        .get::<Principal>()
-        .cloned()
-        .unwrap_or_else(Principal::default_principal);
-    let computer = target.computer.owned_by(&principal);
+    let computer = target
+        .computer
+        .owned_by(&super::auth::principal_of(&request));
     let stream = match ports.connect(&computer, target.port).await {
         Ok(stream) => stream,
         Err(error @ PortError::NotFound(_)) => return text(StatusCode::NOT_FOUND, message(&error)),

@@ -48,6 +48,7 @@ use rmcp::transport::streamable_http_server::session::{EventStore, ServerSseMess
 use rmcp::transport::streamable_http_server::{SessionId, SessionManager};
 use tracing::info;
 
+use super::auth::principal_of;
 use crate::config::MAX_TIMEOUT_SECS;
 use crate::ids::Principal;
 use crate::mcp::{SessionHandler, Surface};
@@ -95,15 +96,6 @@ pub fn classify(headers: &HeaderMap) -> Holder {
     } else {
         Holder::Session
     }
-}
-
-/// The principal [`super::auth::require_auth`] attached to the request.
-fn principal_of(request: &Request) -> Principal {
-    request
-        .extensions()
-        .get::<Principal>()
-        .cloned()
-        .unwrap_or_else(Principal::default_principal)
 }
 
 /// axum middleware around the rmcp service: runs it with the request's [`Holder`] and
