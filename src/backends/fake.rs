@@ -175,6 +175,8 @@ struct State {
     scripts: VecDeque<ExecScript>,
     /// Removals still to fail, per computer.
     failing_removes: HashMap<ComputerId, usize>,
+    /// Inventory listings still to fail.
+    failing_lists: usize,
     next_incarnation: u64,
 }
 
@@ -237,6 +239,10 @@ impl FakeBackend {
     /// Makes the next `times` removals of `id` fail with a provider error.
     pub fn fail_removes(&self, id: &ComputerId, times: usize) {
         self.state().failing_removes.insert(id.clone(), times);
+    }
+
+    pub fn fail_lists(&self, times: usize) {
+        self.state().failing_lists = times;
     }
 
     /// Adds a computer as if another server (or an earlier run) had created it.
@@ -436,7 +442,11 @@ impl Backend for FakeBackend {
     }
 
     async fn list(&self) -> Result<Vec<ComputerInfo>, BackendError> {
-        let state = self.state();
+        let mut state = self.state();
+        if state.failing_lists > 0 {
+            state.failing_lists -= 1;
+            return Err(BackendError::Provider("inventory unavailable.".to_owned()));
+        }
         Ok(state
             .computers
             .values()

@@ -81,6 +81,12 @@ pub enum RegistryError {
     /// A per-principal limit; the message names it and what to do.
     #[error("{0}")]
     QuotaReached(String),
+    /// The provider could not list the principal's computers, so a limit cannot be checked;
+    /// the creation or start is refused rather than let past the limit.
+    #[error(
+        "Cannot check your computer limits now, so nothing was created or started: {0}. Try again shortly."
+    )]
+    QuotaUnknown(String),
     #[error("Could not generate an unused computer_id; pass one explicitly.")]
     NoFreeId,
     #[error("The server is shutting down; computer '{}' was not started.", .0.slug())]

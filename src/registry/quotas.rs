@@ -86,7 +86,12 @@ impl Registry {
             return Ok(None);
         }
         let _check = gate.check.lock().await;
-        let (rows, _) = self.list(principal).await;
+        let (rows, warning) = self.list(principal).await;
+        if let Some(warning) = warning {
+            return Err(RegistryError::QuotaUnknown(
+                warning.trim_end_matches('.').to_owned(),
+            ));
+        }
         let pending: Vec<ComputerId> = lock(&gate.pending)
             .get(principal)
             .cloned()

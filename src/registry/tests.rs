@@ -762,6 +762,14 @@ async fn the_running_limit_holds_however_a_stopped_computer_would_start() {
     let reset = within(registry.factory_reset(&stopped, &owner, Registry::no_progress())).await;
     assert!(refused(reset.map(drop)));
     assert!(!backend.is_running(&stopped) && backend.exists(&stopped));
+    // Limits that cannot be checked refuse rather than admit.
+    backend.fail_lists(1);
+    let unknown = within(registry.restart(&stopped, &owner)).await;
+    assert!(
+        matches!(&unknown, Err(RegistryError::QuotaUnknown(m)) if m == "inventory unavailable"),
+        "{:?}",
+        unknown.map(drop)
+    );
     // A running computer is restarted without counting it twice.
     within(registry.restart(&other, &owner)).await.unwrap();
     backend.vanish(&other);
