@@ -1,7 +1,8 @@
 //! Per-principal limits (docs/auth.md, "Quotas"): how many computers a principal may have, and
 //! how many of them may run at once. Checked before a computer is created and before a stopped
-//! one is started (by an attach, a restart, a factory reset or an exec's restart-once); concurrent creations of one principal are counted while they are in flight,
-//! so a burst cannot overshoot.
+//! one is started (by an attach, a restart, a factory reset or an exec's restart-once);
+//! concurrent creations of one principal are counted while they are in flight, so a burst
+//! cannot overshoot.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;

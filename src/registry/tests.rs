@@ -27,13 +27,17 @@ const LIMITS: ExecLimits = ExecLimits {
 };
 
 fn setup() -> (Arc<FakeBackend>, Arc<Registry>) {
+    setup_with(crate::registry::Quotas::default())
+}
+
+fn setup_with(quotas: crate::registry::Quotas) -> (Arc<FakeBackend>, Arc<Registry>) {
     let backend = FakeBackend::new();
     let registry = Registry::new(
         backend.clone(),
         InstanceId::random(),
         "/bin/sh".to_owned(),
         LIMITS,
-        crate::registry::Quotas::default(),
+        quotas,
     );
     (backend, registry)
 }
@@ -730,18 +734,10 @@ async fn not_running_on_a_computer_that_is_gone_drops_it_everywhere() {
 
 #[tokio::test(start_paused = true)]
 async fn the_running_limit_holds_however_a_stopped_computer_would_start() {
-    let backend = FakeBackend::new();
-    let quotas = crate::registry::Quotas {
+    let (backend, registry) = setup_with(crate::registry::Quotas {
         max_computers: None,
         max_running: Some(1),
-    };
-    let registry = Registry::new(
-        backend.clone(),
-        InstanceId::random(),
-        "/bin/sh".to_owned(),
-        LIMITS,
-        quotas,
-    );
+    });
     let owner = Principal::default_principal();
     let session = registry.open_session(owner.clone());
     let (stopped, other) = (id("stopped"), id("other"));
