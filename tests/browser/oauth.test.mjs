@@ -50,21 +50,41 @@ const PRINCIPALS = [ALICE, BOB, CAROL];
 
 /**
  * tests/oauth/issuer.mjs on a free loopback port: resolves {issuer, close()} once it printed its
- * one JSON line. It stops at EOF on its stdin, which close() gives it.
+ * one JSON line. It stops at EOF on its stdin, which close() gives it. Node has been seen, rarely
+ * and only under CI load, to hang at startup printing nothing (a normal start takes about half a
+ * second): such a start is killed and tried again, up to three times (testkit/oauth.py does the
+ * same); an issuer that exits is an error at once.
  */
 async function startIssuer() {
   if (!existsSync(join(OAUTH_DIR, "node_modules", "oidc-provider"))) {
     throw new Error("missing prerequisite: the OAuth test issuer's packages (npm ci in tests/oauth; scripts/browser-test.sh does it)");
   }
+  const hangs = [];
+  for (let attempt = 0; attempt < 3; attempt++) {
+    const started = await startIssuerOnce(20_000);
+    if (started.issuer) return started;
+    hangs.push(started.hung);
+  }
+  throw new Error(`the issuer hung at startup 3 times:\n${hangs.join("\n")}`);
+}
+
+/** One start: {issuer, close()} when ready, {hung} when nothing was printed within `ms`. */
+async function startIssuerOnce(ms) {
   const child = spawn(process.execPath, [join(OAUTH_DIR, "issuer.mjs"), "0"], { stdio: ["pipe", "pipe", "pipe"] });
   let stderr = "";
   child.stderr.on("data", (c) => (stderr += c));
   let exited = false;
   child.on("exit", () => (exited = true));
+  let timer;
   const line = await new Promise((ok, fail) => {
     createInterface({ input: child.stdout }).once("line", ok);
     child.once("exit", (code) => fail(new Error(`the issuer exited (${code}): ${stderr}`)));
-  });
+    timer = setTimeout(() => ok(null), ms);
+  }).finally(() => clearTimeout(timer));
+  if (line === null) {
+    child.kill("SIGKILL");
+    return { hung: `no ready line within ${ms} ms: ${stderr}` };
+  }
   return {
     issuer: JSON.parse(line).issuer,
     async close() {
