@@ -152,16 +152,20 @@ impl Principal {
         &self.0
     }
 
-    /// The owner tag of this principal's computer ids: the first 16 hex digits of the SHA-256
-    /// of the name; none for `default`.
+    /// The owner tag of this principal's computer ids: [`Principal::digest_tag`]; none for
+    /// `default`, whose ids are the reference's.
     fn tag(&self) -> Option<String> {
+        (!self.is_default()).then(|| self.digest_tag())
+    }
+
+    /// The first 16 hex digits of the SHA-256 of the name, for every principal: fixed length
+    /// and free of whatever characters the name has, for names of provider objects that
+    /// belong to one principal (computer ids, Docker networks).
+    pub fn digest_tag(&self) -> String {
         use sha2::Digest;
-        if self.is_default() {
-            return None;
-        }
         let digest = sha2::Sha256::digest(self.0.as_bytes());
         let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-        Some(hex[..OWNER_TAG_LEN].to_owned())
+        hex[..OWNER_TAG_LEN].to_owned()
     }
 }
 

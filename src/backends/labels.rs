@@ -22,6 +22,10 @@ pub mod docker {
     /// Names of spares not yet handed out; never the name of a computer, as the `s` after
     /// `kilntainer` keeps it from starting with [`NAME_PREFIX`].
     pub const SPARE_NAME_PREFIX: &str = "kilntainers-spare-";
+    /// New, on networks only: what this server made the network for, `principal` (one
+    /// principal's computers, with [`OWNER`]) or `pool` (warm-pool spares); docs/auth.md,
+    /// "Network".
+    pub const NETWORK: &str = "kilntainers.network";
 }
 
 /// Metadata keys of the providers whose keys are dashed rather than dotted (Fly Machine

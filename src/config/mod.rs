@@ -300,6 +300,32 @@ pub struct DockerConfig {
     pub exec_helper: bool,
     /// `--warm-pool`: started spares kept for temporary computers; 0 = no pool.
     pub warm_pool: usize,
+    /// Which network a new computer joins (docs/auth.md, "Network").
+    pub network: ComputerNetwork,
+}
+
+/// Which network a new container joins (docs/auth.md, "Network").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ComputerNetwork {
+    /// `--no-network`: no network at all.
+    Disabled,
+    /// The engine's default network, or the one the run flags' `--network` names: the
+    /// single-user default, as the Python reference does.
+    EngineDefault,
+    /// One network per principal, made on first use and removed with the principal's last
+    /// computer: whenever more than one principal can exist (named tokens or OAuth), so that
+    /// one principal's computers can neither reach nor impersonate another's.
+    PerPrincipal,
+}
+
+impl ComputerNetwork {
+    fn choose(enabled: bool, principals: bool, operator_network: bool) -> Self {
+        match (enabled, principals && !operator_network) {
+            (false, _) => Self::Disabled,
+            (true, false) => Self::EngineDefault,
+            (true, true) => Self::PerPrincipal,
+        }
+    }
 }
 
 impl Config {
@@ -396,7 +422,23 @@ impl Config {
             );
         }
         check_backend_is_built(cli.backend)?;
-        let docker = docker_config(cli)?;
+        let mut docker = docker_config(cli)?;
+        let principals = !stdio && (cli.auth_tokens_file.is_some() || oauth.is_some());
+        docker.network = ComputerNetwork::choose(
+            !cli.no_network,
+            principals,
+            docker.run_flags.network.is_some(),
+        );
+        if docker.network == ComputerNetwork::PerPrincipal && docker.engine == Engine::Podman {
+            eprintln!(
+                "kilntainers: warning: on Podman, principals' networks are kept apart only as reliably as Podman's network backend; Podman 4.3 with netavark 1.4 has known gaps (docs/auth.md, \"Network\")."
+            );
+        }
+        if principals && docker.network == ComputerNetwork::EngineDefault {
+            eprintln!(
+                "kilntainers: warning: --docker-run-flag --network puts the computers of every principal on one network, where they can reach each other; without it each principal gets a network of its own."
+            );
+        }
         check_other_backend_values(cli)?;
         let env = |name: &str| std::env::var(name).ok();
         let fly = FlyConfig::from_cli(cli, env)?;
@@ -529,6 +571,12 @@ fn docker_config(cli: &Cli) -> Result<DockerConfig, ConfigError> {
         runtime: cli.docker.runtime.clone(),
         exec_helper: cli.docker.exec_helper == crate::cli::ExecHelperChoice::On,
         warm_pool: usize::from(cli.docker.warm_pool),
+        // Decided once the transport's principals are known (`Config::from_cli`).
+        network: if cli.no_network {
+            ComputerNetwork::Disabled
+        } else {
+            ComputerNetwork::EngineDefault
+        },
     })
 }
 
@@ -617,7 +665,19 @@ mod tests {
         assert_eq!(c.docker.warm_pool, 0);
         assert_eq!(c.docker.security_opts, vec!["no-new-privileges:true"]);
         assert!(c.network);
+        assert_eq!(c.docker.network, ComputerNetwork::EngineDefault);
         assert!(!c.lifecycle_tools);
+    }
+
+    #[test]
+    fn a_network_per_principal_only_when_several_principals_can_exist() {
+        use ComputerNetwork::*;
+        assert_eq!(ComputerNetwork::choose(true, false, false), EngineDefault);
+        assert_eq!(ComputerNetwork::choose(true, true, false), PerPrincipal);
+        // The operator's `--network` and `--no-network` win.
+        assert_eq!(ComputerNetwork::choose(true, true, true), EngineDefault);
+        assert_eq!(ComputerNetwork::choose(false, true, false), Disabled);
+        assert_eq!(config(&["--no-network"]).unwrap().docker.network, Disabled);
     }
 
     #[test]

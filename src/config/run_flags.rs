@@ -55,6 +55,18 @@ pub struct RunFlags {
     pub platform: Option<String>,
 }
 
+impl RunFlags {
+    /// Whether the operator gave computers the raw-socket capability back (`--cap-add
+    /// NET_RAW`, `--cap-add ALL`, `--privileged`), which the server otherwise drops.
+    pub fn grants_net_raw(&self) -> bool {
+        self.privileged == Some(true)
+            || self.cap_add.iter().any(|cap| {
+                let cap = cap.trim().to_ascii_uppercase();
+                matches!(cap.strip_prefix("CAP_").unwrap_or(&cap), "NET_RAW" | "ALL")
+            })
+    }
+}
+
 /// One `--ulimit name=soft[:hard]`; `hard` equals `soft` when it was not given (as in docker).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ulimit {
@@ -778,6 +790,16 @@ mod tests {
     }
 
     #[test]
+    fn net_raw_comes_back_only_when_the_run_flags_say_so() {
+        assert!(!parsed(&[]).grants_net_raw());
+        assert!(!parsed(&["--cap-add NET_ADMIN"]).grants_net_raw());
+        assert!(parsed(&["--cap-add=NET_RAW"]).grants_net_raw());
+        assert!(parsed(&["--cap-add cap_net_raw"]).grants_net_raw());
+        assert!(parsed(&["--cap-add ALL"]).grants_net_raw());
+        assert!(parsed(&["--privileged"]).grants_net_raw());
+    }
+
+    #[test]
     fn list_flags_accumulate() {
         let flags = parsed(&[
             "--security-opt seccomp=unconfined --security-opt=apparmor=unconfined",
@@ -790,6 +812,7 @@ mod tests {
         );
         assert_eq!(flags.cap_add, ["NET_ADMIN", "SYS_PTRACE"]);
         assert_eq!(flags.cap_drop, ["ALL", "MKNOD"]);
+        assert!(!flags.grants_net_raw());
     }
 
     #[test]

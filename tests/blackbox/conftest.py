@@ -215,6 +215,12 @@ def docker_exec(container: str, *cmd: str) -> subprocess.CompletedProcess:
     return docker("exec", container, *cmd, check=False)
 
 
+def server_networks() -> set[str]:
+    """Names of the networks the server made (label `kilntainers.network`)."""
+    out = docker("network", "ls", "--filter", "label=kilntainers.network", "--format", "{{.Name}}", check=False)
+    return set(out.stdout.split())
+
+
 def all_kilntainers_containers() -> set[str]:
     return set(containers_with_label("kilntainers"))
 
@@ -890,8 +896,15 @@ def suite_leak_check():
     """Session-level check: nothing made by the tests is left behind."""
     base = Path(tempfile.mkdtemp(prefix=f"kbb-{RUN_PREFIX}-"))
     _SESSION["base"] = base
+    networks_before = server_networks()
     yield
     problems = []
+    # Networks of principals (docs/auth.md, "Network") go with their last computer.
+    if poll(lambda: not server_networks() - networks_before, 10, 0.2) is False:
+        left = sorted(server_networks() - networks_before)
+        problems.append(f"networks left behind: {left}")
+        for network in left:
+            docker("network", "rm", network, check=False)
     try:
         poll(lambda: not containers_made_by_tests(), 10, 0.2)  # async --rm removal on Docker 20.10
         leftovers = containers_made_by_tests()

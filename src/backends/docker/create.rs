@@ -17,7 +17,7 @@ use super::{DockerBackend, describe, is_running, status_of};
 use crate::backends::labels::{docker as label, format_bool};
 use crate::backends::posix::keep_alive_argv;
 use crate::backends::{Backend, BackendError, CreateSpec, NoProgress, Progress, SandboxRef};
-use crate::ids::{ComputerId, InstanceId};
+use crate::ids::{ComputerId, InstanceId, Principal};
 
 /// Container creations that talk to the engine at once. Two hundred simultaneous first calls
 /// (the HTTP bench) made dockerd take longer than the 30 s API timeout for single starts on a
@@ -51,7 +51,12 @@ pub(super) async fn create(
         .unwrap_or_else(|| backend.config.image.clone());
     // Spares are temporary containers of the configured image (docs/warm-pool.md).
     let from_pool = spec.temporary && image == backend.config.image;
-    if from_pool && let Some(sandbox) = backend.pool.take(backend, &spec.computer_id).await {
+    let owner = spec
+        .owner
+        .clone()
+        .unwrap_or_else(Principal::default_principal);
+    if from_pool && let Some(sandbox) = backend.pool.take(backend, &spec.computer_id, &owner).await
+    {
         return Ok(sandbox);
     }
     // Refills wait while sessions wait for creations (a burst): they would compete with them.
@@ -60,7 +65,8 @@ pub(super) async fn create(
     // The semaphore is never closed, so acquiring only waits.
     let _turn = backend.starts.acquire().await.ok();
     // A spare may have become ready while this waited for its turn.
-    if from_pool && let Some(sandbox) = backend.pool.take(backend, &spec.computer_id).await {
+    if from_pool && let Some(sandbox) = backend.pool.take(backend, &spec.computer_id, &owner).await
+    {
         return Ok(sandbox);
     }
     let mut labels = HashMap::from([
@@ -79,14 +85,27 @@ pub(super) async fn create(
         labels.insert(label::INSTANCE.to_owned(), spec.instance.to_string());
     }
     let name = DockerBackend::container_name(&spec.computer_id);
-    let wanted = Wanted {
-        name: &name,
-        computer_id: &spec.computer_id,
-        temporary: spec.temporary,
-        image,
-        labels,
+    let docker = backend.client().await?;
+    // Another server on the engine may remove the owner's network between our finding it
+    // and the container's creation, when it removed that owner's last computer: ask again.
+    let mut attempts = 0;
+    let made = loop {
+        attempts += 1;
+        let placement = backend.networks.place(docker, &owner).await?;
+        let wanted = Wanted {
+            name: &name,
+            computer_id: &spec.computer_id,
+            temporary: spec.temporary,
+            image: image.clone(),
+            labels: labels.clone(),
+            network_mode: placement.network_mode.clone(),
+        };
+        match new_container(backend, wanted).await {
+            Err(Refused::NetworkMissing(_)) if attempts < 2 => continue,
+            other => break other,
+        }
     };
-    match new_container(backend, wanted).await {
+    match made {
         Ok(made) => Ok(made.sandbox),
         Err(Refused::NameTaken) => {
             // Another server created it between our lookup and create: attach instead.
@@ -96,7 +115,7 @@ pub(super) async fn create(
                 .ok_or_else(|| BackendError::Vanished(spec.computer_id.clone()))?;
             backend.ensure_running(&found.sandbox).await
         }
-        Err(Refused::Failed(error)) => Err(error),
+        Err(Refused::Failed(error) | Refused::NetworkMissing(error)) => Err(error),
     }
 }
 
@@ -126,19 +145,24 @@ pub(super) async fn spare(
         (label::INSTANCE.to_owned(), instance.to_string()),
         (label::POOLED.to_owned(), "true".to_owned()),
     ]);
+    let docker = backend.client().await?;
+    let placement = backend.networks.place_spare(docker).await?;
     let wanted = Wanted {
         name: &name,
         computer_id: &placeholder,
         temporary: true,
         image,
         labels,
+        network_mode: placement.network_mode.clone(),
     };
-    match new_container(backend, wanted).await {
+    let made = new_container(backend, wanted).await;
+    drop(placement);
+    match made {
         Ok(made) => Ok(Some(made)),
         Err(Refused::NameTaken) => Err(BackendError::Provider(format!(
             "Docker name '{name}' is already in use."
         ))),
-        Err(Refused::Failed(error)) => Err(error),
+        Err(Refused::Failed(error) | Refused::NetworkMissing(error)) => Err(error),
     }
 }
 
@@ -150,6 +174,8 @@ struct Wanted<'a> {
     temporary: bool,
     image: String,
     labels: HashMap<String, String>,
+    /// `HostConfig.NetworkMode` ([`super::networks::Placement`]).
+    network_mode: Option<String>,
 }
 
 /// A container made and started, with its readiness checked.
@@ -163,6 +189,8 @@ pub(super) struct Made {
 enum Refused {
     /// The name belongs to another container.
     NameTaken,
+    /// The network it was to join is gone (removed by another server since it was found).
+    NetworkMissing(BackendError),
     Failed(BackendError),
 }
 
@@ -178,11 +206,17 @@ async fn new_container(backend: &DockerBackend, wanted: Wanted<'_>) -> Result<Ma
         Ok(created) => created,
         Err(e) if status_of(&e) == Some(409) => return Err(Refused::NameTaken),
         Err(e) => {
-            return Err(Refused::Failed(BackendError::Provider(format!(
+            let error = BackendError::Provider(format!(
                 "Docker could not create a container for computer '{}': {}",
                 wanted.computer_id,
                 describe(&e)
-            ))));
+            ));
+            let network_missing = status_of(&e) == Some(404) && describe(&e).contains("network");
+            return Err(if network_missing {
+                Refused::NetworkMissing(error)
+            } else {
+                Refused::Failed(error)
+            });
         }
     };
     let sandbox = SandboxRef {
@@ -246,7 +280,10 @@ fn container_body(backend: &DockerBackend, wanted: &Wanted<'_>) -> ContainerCrea
         open_stdin: Some(false),
         host_config: Some(HostConfig {
             auto_remove: Some(wanted.temporary),
-            network_mode: (!backend.network).then(|| "none".to_owned()),
+            network_mode: wanted.network_mode.clone(),
+            // Raw sockets let a computer forge ARP and take over a neighbour's address
+            // (docs/auth.md, "Network"); the run flags can give the capability back.
+            cap_drop: (!config.run_flags.grants_net_raw()).then(|| vec!["NET_RAW".to_owned()]),
             nano_cpus: config.nano_cpus,
             memory: config.memory_bytes,
             pids_limit: config.pids_limit,

@@ -8,6 +8,7 @@
 mod create;
 mod exec;
 mod helper;
+mod networks;
 mod pool;
 mod ports;
 mod run_flags_api;
@@ -55,7 +56,8 @@ pub struct DockerBackend {
     config: DockerConfig,
     shell: String,
     default_timeout_secs: u64,
-    network: bool,
+    /// Which network each new computer joins; per principal when several can exist.
+    networks: networks::Networks,
     /// Connected and version-negotiated client; retried on the next call after a failure.
     client: OnceCell<Docker>,
     pulls: create::PullGate,
@@ -73,7 +75,7 @@ impl DockerBackend {
             config: config.docker.clone(),
             shell: config.shell.clone(),
             default_timeout_secs: config.limits.default_timeout_secs,
-            network: config.network,
+            networks: networks::Networks::new(config.docker.network, config.docker.engine),
             client: OnceCell::new(),
             pulls: create::PullGate::default(),
             starts: tokio::sync::Semaphore::new(create::PARALLEL_STARTS),
@@ -218,6 +220,7 @@ impl DockerBackend {
             .inspect(&name)
             .await?
             .ok_or_else(|| BackendError::Vanished(sandbox.computer_id.clone()))?;
+        self.networks.adopt_legacy(docker, &inspect).await?;
         if !is_running(&inspect) {
             // Whatever helper connection there was died with the container.
             self.helpers.forget(&sandbox.sandbox_id);
@@ -373,7 +376,13 @@ impl Backend for DockerBackend {
     }
 
     async fn release_spares(&self) -> Result<(), BackendError> {
-        self.pool.release(self).await
+        let released = self.pool.release(self).await;
+        if self.networks.per_principal()
+            && let Ok(docker) = self.client().await
+        {
+            self.networks.release_all_unused(docker).await;
+        }
+        released
     }
 
     async fn create(
@@ -501,8 +510,20 @@ impl Backend for DockerBackend {
 
     async fn remove(&self, sandbox: &SandboxRef) -> Result<(), BackendError> {
         self.helpers.forget(&sandbox.sandbox_id);
-        self.remove_container(&Self::container_name(&sandbox.computer_id))
-            .await
+        let name = Self::container_name(&sandbox.computer_id);
+        // The networks it was on, to remove those it was the last computer on.
+        let networks = match self.inspect(&name).await? {
+            Some(inspect) => joined_networks(&inspect),
+            None => Vec::new(),
+        };
+        self.remove_container(&name).await?;
+        if !networks.is_empty() {
+            let docker = self.client().await?;
+            self.networks
+                .release(docker, networks.iter().map(String::as_str))
+                .await;
+        }
+        Ok(())
     }
 
     async fn exec(
@@ -593,6 +614,9 @@ impl Backend for DockerBackend {
         if spares > 0 {
             info!(spares, "removed warm-pool spares left by a previous server");
         }
+        // Networks whose computers are all gone: a temporary computer the engine removed
+        // when it stopped, or a server that died before removing them.
+        self.networks.release_all_unused(docker).await;
         Ok(removed)
     }
 }
@@ -609,6 +633,16 @@ fn claimed_id<'a>(labels: &'a HashMap<String, String>, name: &'a str) -> Option<
             .strip_prefix(label::NAME_PREFIX),
         None => None,
     }
+}
+
+/// The names of the networks a container is on.
+fn joined_networks(inspect: &ContainerInspectResponse) -> Vec<String> {
+    inspect
+        .network_settings
+        .as_ref()
+        .and_then(|n| n.networks.as_ref())
+        .map(|n| n.keys().cloned().collect())
+        .unwrap_or_default()
 }
 
 fn is_running(inspect: &ContainerInspectResponse) -> bool {

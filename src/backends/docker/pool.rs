@@ -21,7 +21,7 @@ use super::create::{self, Made};
 use super::{DockerBackend, describe, is_running, status_of};
 use crate::backends::labels::docker as label;
 use crate::backends::{BackendError, SandboxRef, WarmPoolSize};
-use crate::ids::{ComputerId, InstanceId};
+use crate::ids::{ComputerId, InstanceId, Principal};
 
 /// The first wait after a spare could not be made; doubled per failure in a row up to
 /// [`MAX_RETRY_DELAY`], so a missing image or a stopped engine is not hammered.
@@ -170,6 +170,7 @@ impl WarmPool {
         &self,
         backend: &DockerBackend,
         id: &ComputerId,
+        owner: &Principal,
     ) -> Option<SandboxRef> {
         loop {
             let spare = {
@@ -180,7 +181,7 @@ impl WarmPool {
                 state.ready.pop_front()?
             };
             self.wake.notify_one();
-            match adopt(backend, &spare, id).await {
+            match adopt(backend, &spare, id, owner).await {
                 Adoption::Adopted(sandbox) => {
                     info!(computer_id = %id, sandbox_id = %sandbox.sandbox_id, "handed out a warm-pool spare");
                     return Some(sandbox);
@@ -228,8 +229,14 @@ impl WarmPool {
     }
 }
 
-/// Checks that `spare` is still the container it was made as, then renames it to computer `id`.
-async fn adopt(backend: &DockerBackend, spare: &Made, id: &ComputerId) -> Adoption {
+/// Checks that `spare` is still the container it was made as, moves it to its owner's network
+/// (docs/auth.md, "Network"), then renames it to computer `id`.
+async fn adopt(
+    backend: &DockerBackend,
+    spare: &Made,
+    id: &ComputerId,
+    owner: &Principal,
+) -> Adoption {
     let container = &spare.sandbox.sandbox_id;
     let inspect = match backend.inspect(container).await {
         Ok(Some(inspect)) => inspect,
@@ -245,6 +252,9 @@ async fn adopt(backend: &DockerBackend, spare: &Made, id: &ComputerId) -> Adopti
     let Ok(docker) = backend.client().await else {
         return Adoption::EngineTrouble;
     };
+    if let Err(error) = backend.networks.hand_over(docker, container, owner).await {
+        return Adoption::Unfit(error.to_string());
+    }
     let options = RenameContainerOptionsBuilder::default()
         .name(&DockerBackend::container_name(id))
         .build();

@@ -1,10 +1,11 @@
 //! Reaching a TCP port in a container (docs/files.md, "Ports"): straight to the container's
-//! network address when this machine can route to it (a local Docker engine), else — and
-//! whenever nothing answers there, as for a server bound to `127.0.0.1` inside — through one
-//! Docker exec of the helper's `connect` mode, which dials the computer's own loopback.
+//! network address when this machine can route to it (a local Docker engine) and the answer
+//! comes from the computer's own interface, else — and whenever nothing answers there, as for
+//! a server bound to `127.0.0.1` inside — through one Docker exec of the helper's `connect`
+//! mode, which dials the computer's own loopback.
 
 use std::io;
-use std::net::IpAddr;
+use std::net::Ipv4Addr;
 use std::time::Duration;
 
 use bollard::container::LogOutput;
@@ -13,6 +14,7 @@ use bollard::models::ContainerInspectResponse;
 use futures_util::StreamExt;
 use tokio::net::TcpStream;
 use tokio_util::io::StreamReader;
+use tracing::warn;
 
 use super::helper::PORT_CONNECTED;
 use super::{DockerBackend, describe};
@@ -44,17 +46,47 @@ pub(super) async fn connect(
         return Err(BackendError::NotRunning(sandbox.sandbox_id.clone()));
     }
     if routes_to_containers(backend) {
-        for address in addresses(&inspected) {
+        for (address, hardware) in addresses(&inspected) {
             if let Ok(Ok(stream)) =
                 tokio::time::timeout(ADDRESS_CONNECT_TIMEOUT, TcpStream::connect((address, port)))
                     .await
             {
-                let _ = stream.set_nodelay(true);
-                return Ok(Box::new(stream));
+                if answered_from(address).await.as_deref() == Some(hardware.as_str()) {
+                    let _ = stream.set_nodelay(true);
+                    return Ok(Box::new(stream));
+                }
+                // Another machine on the network answers for the computer's address (it
+                // announced the address as its own): never talk to it; the helper reaches the
+                // computer through the engine instead.
+                warn!(
+                    computer_id = %sandbox.computer_id,
+                    %address,
+                    "a port connection was answered from another machine than the computer; going through the engine instead"
+                );
             }
         }
     }
     through_helper(backend, sandbox, port).await
+}
+
+/// The hardware address this host sends `address`'s packets to, from its neighbour table
+/// (complete entries only), in lower case.
+async fn answered_from(address: Ipv4Addr) -> Option<String> {
+    let table = tokio::fs::read_to_string("/proc/net/arp").await.ok()?;
+    neighbour(&table, address)
+}
+
+/// Reads `/proc/net/arp`: `IP address  HW type  Flags  HW address  Mask  Device`, flag 0x2
+/// marking a complete entry.
+fn neighbour(table: &str, address: Ipv4Addr) -> Option<String> {
+    table.lines().skip(1).find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let [ip, _, flags, hardware, ..] = fields.as_slice() else {
+            return None;
+        };
+        let complete = u32::from_str_radix(flags.trim_start_matches("0x"), 16).ok()? & 0x2 != 0;
+        (complete && ip.parse() == Ok(address)).then(|| hardware.to_ascii_lowercase())
+    })
 }
 
 /// Whether this machine routes to container addresses: a local Docker engine's bridge does;
@@ -66,7 +98,9 @@ fn routes_to_containers(backend: &DockerBackend) -> bool {
             .is_some_and(|endpoint| endpoint.starts_with("unix://"))
 }
 
-fn addresses(inspected: &ContainerInspectResponse) -> Vec<IpAddr> {
+/// The container's IPv4 addresses with the hardware address of each interface. Only IPv4:
+/// the answer's origin is checked in the host's ARP table.
+fn addresses(inspected: &ContainerInspectResponse) -> Vec<(Ipv4Addr, String)> {
     let Some(networks) = inspected
         .network_settings
         .as_ref()
@@ -76,9 +110,11 @@ fn addresses(inspected: &ContainerInspectResponse) -> Vec<IpAddr> {
     };
     networks
         .values()
-        .flat_map(|n| [n.ip_address.as_deref(), n.global_ipv6_address.as_deref()])
-        .flatten()
-        .filter_map(|a| a.parse().ok())
+        .filter_map(|n| {
+            let address = n.ip_address.as_deref()?.parse().ok()?;
+            let hardware = n.mac_address.as_deref().filter(|m| !m.is_empty())?;
+            Some((address, hardware.to_ascii_lowercase()))
+        })
         .collect()
 }
 
@@ -177,4 +213,27 @@ async fn through_helper(
         futures_util::stream::iter([Ok(first)]).chain(rest),
     ));
     Ok(Box::new(tokio::io::join(reader, input)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TABLE: &str =
+        "IP address       HW type     Flags       HW address            Mask     Device
+172.17.0.2       0x1         0x2         02:42:AC:11:00:03     *        docker0
+172.17.0.4       0x1         0x0         00:00:00:00:00:00     *        docker0
+";
+
+    #[test]
+    fn the_neighbour_table_says_where_an_address_goes() {
+        assert_eq!(
+            neighbour(TABLE, Ipv4Addr::new(172, 17, 0, 2)).as_deref(),
+            Some("02:42:ac:11:00:03")
+        );
+        // Incomplete (still resolving, or failed): no answer to trust.
+        assert_eq!(neighbour(TABLE, Ipv4Addr::new(172, 17, 0, 4)), None);
+        assert_eq!(neighbour(TABLE, Ipv4Addr::new(172, 17, 0, 9)), None);
+        assert_eq!(neighbour("", Ipv4Addr::new(172, 17, 0, 2)), None);
+    }
 }

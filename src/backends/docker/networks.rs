@@ -1,0 +1,463 @@
+//! The networks computers join (docs/auth.md, "Network"). With one principal (stdio, a single
+//! token) a computer joins the engine's default network, as the Python reference's do. When
+//! more than one principal can exist, each principal's computers join a bridge network of that
+//! principal's own, so that no principal's computer can reach, scan or impersonate another's:
+//! the engine keeps user-defined bridges apart (Docker by default, Podman with `isolate`).
+//!
+//! A principal's network is made on first use and removed with the last container on it; it is
+//! found by name and label, so another server process on the same engine shares it. Warm-pool
+//! spares wait on an internal network of their own and move to their owner's when handed out.
+//! Computers made before principals existed are moved from the default network to their
+//! owner's the first time they are started or attached.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use bollard::Docker;
+use bollard::models::{
+    ContainerInspectResponse, NetworkConnectRequest, NetworkCreateRequest, NetworkDisconnectRequest,
+};
+use bollard::query_parameters::{ListContainersOptionsBuilder, ListNetworksOptionsBuilder};
+use tokio::sync::{OwnedRwLockReadGuard, RwLock};
+use tracing::{debug, info, warn};
+
+use super::{describe, status_of};
+use crate::backends::BackendError;
+use crate::backends::labels::docker as label;
+use crate::config::{ComputerNetwork, Engine};
+use crate::ids::Principal;
+
+/// Names of the networks this server makes; the rest of the name is the principal's hash.
+pub(super) const PRINCIPAL_NETWORK_PREFIX: &str = "kilntainers-net-";
+/// Where warm-pool spares wait for an owner: internal (no route out), owned by nobody.
+const POOL_NETWORK: &str = "kilntainers-pool";
+/// `kilntainers.network` on a principal's network.
+const KIND_PRINCIPAL: &str = "principal";
+/// `kilntainers.network` on the spares' network.
+const KIND_POOL: &str = "pool";
+
+/// The network a new container is created on, and what keeps that network from being
+/// removed before the container exists.
+pub(super) struct Placement {
+    /// `HostConfig.NetworkMode`: `None` for the engine's default network.
+    pub network_mode: Option<String>,
+    _hold: Option<OwnedRwLockReadGuard<()>>,
+}
+
+pub(super) struct Networks {
+    mode: ComputerNetwork,
+    engine: Engine,
+    /// One gate per network name: containers being placed on it hold it shared, the removal
+    /// of the network when it looks empty holds it exclusively, so this process never removes
+    /// a network under a container it is creating. Another process that does is caught by
+    /// [`Networks::place`]'s callers, which ask again (`NetworkMissing`).
+    gates: Mutex<HashMap<String, Arc<RwLock<()>>>>,
+}
+
+impl Networks {
+    pub(super) fn new(mode: ComputerNetwork, engine: Engine) -> Self {
+        Self {
+            mode,
+            engine,
+            gates: Mutex::new(HashMap::new()),
+        }
+    }
+
+    pub(super) fn per_principal(&self) -> bool {
+        self.mode == ComputerNetwork::PerPrincipal
+    }
+
+    fn gate(&self, name: &str) -> Arc<RwLock<()>> {
+        let mut gates = self
+            .gates
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        gates.entry(name.to_owned()).or_default().clone()
+    }
+
+    /// Where a new computer of `owner` goes.
+    pub(super) async fn place(
+        &self,
+        docker: &Docker,
+        owner: &Principal,
+    ) -> Result<Placement, BackendError> {
+        match self.mode {
+            ComputerNetwork::Disabled => Ok(Placement {
+                network_mode: Some("none".to_owned()),
+                _hold: None,
+            }),
+            ComputerNetwork::EngineDefault => Ok(Placement {
+                network_mode: None,
+                _hold: None,
+            }),
+            ComputerNetwork::PerPrincipal => {
+                let name = principal_network(owner);
+                self.hold(docker, &name, Some(owner)).await
+            }
+        }
+    }
+
+    /// Where a new warm-pool spare waits.
+    pub(super) async fn place_spare(&self, docker: &Docker) -> Result<Placement, BackendError> {
+        match self.mode {
+            ComputerNetwork::PerPrincipal => self.hold(docker, POOL_NETWORK, None).await,
+            // Spares are made exactly like the computers they become.
+            _ => self.place(docker, &Principal::default_principal()).await,
+        }
+    }
+
+    async fn hold(
+        &self,
+        docker: &Docker,
+        name: &str,
+        owner: Option<&Principal>,
+    ) -> Result<Placement, BackendError> {
+        let hold = self.gate(name).read_owned().await;
+        let network_mode = self.ensure(docker, name, owner).await?;
+        Ok(Placement {
+            network_mode: Some(network_mode),
+            _hold: Some(hold),
+        })
+    }
+
+    /// Network `name`, made when missing, as a container's `NetworkMode` names it.
+    ///
+    /// Docker: its id. Docker 20.10 accepts a second network of the same name (API 1.41 has no
+    /// duplicate check unless asked, and bollard's request cannot ask), so when two processes
+    /// made it at once every process picks the same one, the lowest id; the other stays empty
+    /// and is collected.
+    ///
+    /// Podman: its name, and the network is never read back through the Docker-compatible
+    /// API. Podman refuses duplicate names, and Podman 4.3 drops a network's `isolate` option
+    /// from its memory when the compatible API lists or inspects that network (and joins a
+    /// container named by the network's id without it), after which new containers on it are
+    /// not kept apart (measured; docs/auth.md, "Network").
+    async fn ensure(
+        &self,
+        docker: &Docker,
+        name: &str,
+        owner: Option<&Principal>,
+    ) -> Result<String, BackendError> {
+        if self.engine == Engine::Docker
+            && let Some(id) = find(docker, name).await?.into_iter().min()
+        {
+            return Ok(id);
+        }
+        let mut labels = HashMap::from([
+            (label::MANAGED.to_owned(), "true".to_owned()),
+            (
+                label::NETWORK.to_owned(),
+                if owner.is_some() {
+                    KIND_PRINCIPAL
+                } else {
+                    KIND_POOL
+                }
+                .to_owned(),
+            ),
+        ]);
+        if let Some(owner) = owner {
+            labels.insert(label::OWNER.to_owned(), owner.to_string());
+        }
+        // Podman keeps bridge networks apart only when asked to; Docker always does.
+        let options = (self.engine == Engine::Podman)
+            .then(|| HashMap::from([("isolate".to_owned(), "true".to_owned())]));
+        let request = NetworkCreateRequest {
+            name: name.to_owned(),
+            driver: Some("bridge".to_owned()),
+            internal: Some(owner.is_none()),
+            labels: Some(labels),
+            options,
+            ..Default::default()
+        };
+        match docker.create_network(request.clone()).await {
+            Ok(_) => info!(network = name, "network created"),
+            Err(e) if already_exists(&e) => {
+                // Podman: an empty network left from before (a crash) may have lost its
+                // isolation in the engine's memory; made again, it has it.
+                if self.engine == Engine::Podman && !in_use(docker, name).await? {
+                    let _ = docker.remove_network(name).await;
+                    match docker.create_network(request).await {
+                        Ok(_) => info!(network = name, "network created again"),
+                        Err(e) if already_exists(&e) => {}
+                        Err(e) => return Err(create_failed(name, &describe(&e))),
+                    }
+                }
+            }
+            Err(e) => return Err(create_failed(name, &describe(&e))),
+        }
+        if self.engine == Engine::Podman {
+            return Ok(name.to_owned());
+        }
+        find(docker, name).await?.into_iter().min().ok_or_else(|| {
+            BackendError::Provider(format!(
+                "Docker network '{name}' vanished right after it was created; try again."
+            ))
+        })
+    }
+
+    /// Moves a spare handed to `owner` from the spares' network to the owner's.
+    pub(super) async fn hand_over(
+        &self,
+        docker: &Docker,
+        container: &str,
+        owner: &Principal,
+    ) -> Result<(), BackendError> {
+        if !self.per_principal() {
+            return Ok(());
+        }
+        let placement = self.place(docker, owner).await?;
+        let target = placement.network_mode.unwrap_or_default();
+        self.move_container(docker, container, &target, POOL_NETWORK)
+            .await
+    }
+
+    /// Moves a computer made before principals existed (on the engine's default network) to
+    /// its owner's network, so that no computer stays reachable from another principal's.
+    /// Computers on a network the operator chose, or without network, stay where they are.
+    pub(super) async fn adopt_legacy(
+        &self,
+        docker: &Docker,
+        inspect: &ContainerInspectResponse,
+    ) -> Result<(), BackendError> {
+        if !self.per_principal() {
+            return Ok(());
+        }
+        let mode = inspect
+            .host_config
+            .as_ref()
+            .and_then(|h| h.network_mode.as_deref())
+            .unwrap_or("default");
+        let joined = inspect
+            .network_settings
+            .as_ref()
+            .and_then(|n| n.networks.as_ref());
+        // The engine's default network: Docker's `bridge`, Podman's `podman`.
+        let default_network = match self.engine {
+            Engine::Docker => "bridge",
+            Engine::Podman => "podman",
+        };
+        let on_default = joined.is_some_and(|n| n.contains_key(default_network));
+        if !matches!(mode, "default" | "bridge") || !on_default {
+            return Ok(());
+        }
+        let (Some(container), Some(labels)) = (
+            inspect.id.as_deref(),
+            inspect.config.as_ref().and_then(|c| c.labels.as_ref()),
+        ) else {
+            return Ok(());
+        };
+        let owner = labels
+            .get(label::OWNER)
+            .and_then(|o| Principal::parse(o))
+            .unwrap_or_else(Principal::default_principal);
+        let placement = self.place(docker, &owner).await?;
+        let target = placement.network_mode.unwrap_or_default();
+        info!(container, %owner, "moving a computer from the default network to its owner's");
+        self.move_container(docker, container, &target, default_network)
+            .await
+    }
+
+    async fn move_container(
+        &self,
+        docker: &Docker,
+        container: &str,
+        to: &str,
+        from: &str,
+    ) -> Result<(), BackendError> {
+        let connect = NetworkConnectRequest {
+            container: container.to_owned(),
+            endpoint_config: None,
+        };
+        match docker.connect_network(to, connect).await {
+            Ok(()) => {}
+            // Already on it (a second attempt after a failed disconnect).
+            Err(e) if status_of(&e) == Some(403) && describe(&e).contains("already") => {}
+            Err(e) => {
+                return Err(BackendError::Provider(format!(
+                    "Docker could not connect container {container} to its owner's network: {}",
+                    describe(&e)
+                )));
+            }
+        }
+        let disconnect = NetworkDisconnectRequest {
+            container: container.to_owned(),
+            force: Some(true),
+        };
+        match docker.disconnect_network(from, disconnect).await {
+            Ok(()) => Ok(()),
+            Err(e) if status_of(&e) == Some(404) => Ok(()),
+            Err(e) => Err(BackendError::Provider(format!(
+                "Docker could not disconnect container {container} from network '{from}': {}",
+                describe(&e)
+            ))),
+        }
+    }
+
+    /// Removes each of this server's networks in `names` that no container (in any state)
+    /// is on any more. Failures are logged: a network left over is collected later.
+    pub(super) async fn release<'a>(
+        &self,
+        docker: &Docker,
+        names: impl IntoIterator<Item = &'a str>,
+    ) {
+        for name in names {
+            if !is_ours(name) {
+                continue;
+            }
+            let gate = self.gate(name);
+            {
+                let _exclusive = gate.write().await;
+                if let Err(error) = self.remove_if_unused(docker, name).await {
+                    warn!(network = name, %error, "could not remove an unused network");
+                }
+            }
+            // Forget the gate when nobody else holds it, so names do not pile up.
+            let mut gates = self
+                .gates
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner());
+            if gates
+                .get(name)
+                .is_some_and(|g| Arc::ptr_eq(g, &gate) && Arc::strong_count(g) == 2)
+            {
+                gates.remove(name);
+            }
+        }
+    }
+
+    /// Removes every network of this server's that has no container left: at startup (after
+    /// crash GC) and at shutdown (after the spares). On Podman only those this process used:
+    /// listing networks through the compatible API would turn their isolation off (see
+    /// [`Networks::ensure`]).
+    pub(super) async fn release_all_unused(&self, docker: &Docker) {
+        let names: Vec<String> = match self.engine {
+            Engine::Docker => {
+                let filters =
+                    HashMap::from([("label".to_owned(), vec![label::NETWORK.to_owned()])]);
+                let options = ListNetworksOptionsBuilder::default()
+                    .filters(&filters)
+                    .build();
+                match docker.list_networks(Some(options)).await {
+                    Ok(networks) => networks.into_iter().filter_map(|n| n.name).collect(),
+                    Err(error) => {
+                        warn!(error = %describe(&error), "could not list this server's networks");
+                        return;
+                    }
+                }
+            }
+            Engine::Podman => self
+                .gates
+                .lock()
+                .unwrap_or_else(|poisoned| poisoned.into_inner())
+                .keys()
+                .cloned()
+                .collect(),
+        };
+        self.release(docker, names.iter().map(String::as_str)).await;
+    }
+
+    /// Removes network `name` (every network of that name, on Docker) when no container in
+    /// any state is on it: a stopped container still needs its network to start again, and
+    /// the engine would let the network be removed under it.
+    async fn remove_if_unused(&self, docker: &Docker, name: &str) -> Result<(), BackendError> {
+        let networks = match self.engine {
+            Engine::Docker => find(docker, name).await?,
+            Engine::Podman => vec![name.to_owned()],
+        };
+        for network in networks {
+            if in_use(docker, &network).await? {
+                continue;
+            }
+            match docker.remove_network(&network).await {
+                Ok(()) => info!(network = name, "network removed with its last computer"),
+                // Gone already, or a container joined it meanwhile (another process).
+                Err(e) if matches!(status_of(&e), Some(403 | 404 | 409)) => {
+                    debug!(network = name, error = %describe(&e), "network not removed");
+                }
+                Err(e) => {
+                    return Err(BackendError::Provider(format!(
+                        "Docker could not remove network '{name}': {}",
+                        describe(&e)
+                    )));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `kilntainers-net-<the principal's digest tag>` ([`Principal::digest_tag`]).
+pub(super) fn principal_network(owner: &Principal) -> String {
+    format!("{PRINCIPAL_NETWORK_PREFIX}{}", owner.digest_tag())
+}
+
+fn is_ours(name: &str) -> bool {
+    name == POOL_NETWORK || name.starts_with(PRINCIPAL_NETWORK_PREFIX)
+}
+
+/// The ids of this server's networks named exactly `name` (the engine's filter matches
+/// substrings).
+async fn find(docker: &Docker, name: &str) -> Result<Vec<String>, BackendError> {
+    let filters = HashMap::from([
+        ("name".to_owned(), vec![name.to_owned()]),
+        ("label".to_owned(), vec![label::NETWORK.to_owned()]),
+    ]);
+    let options = ListNetworksOptionsBuilder::default()
+        .filters(&filters)
+        .build();
+    let networks = docker.list_networks(Some(options)).await.map_err(|e| {
+        BackendError::Provider(format!("Docker network listing failed: {}", describe(&e)))
+    })?;
+    Ok(networks
+        .into_iter()
+        .filter(|n| n.name.as_deref() == Some(name))
+        .filter_map(|n| n.id)
+        .collect())
+}
+
+/// Whether any container, in any state, is on network `network` (a name or an id).
+async fn in_use(docker: &Docker, network: &str) -> Result<bool, BackendError> {
+    let filters = HashMap::from([("network".to_owned(), vec![network.to_owned()])]);
+    let options = ListContainersOptionsBuilder::default()
+        .all(true)
+        .filters(&filters)
+        .build();
+    Ok(!super::list_containers(docker, options).await?.is_empty())
+}
+
+/// A network of that name exists: Docker answers 409, Podman 500 with "already used".
+fn already_exists(error: &bollard::errors::Error) -> bool {
+    status_of(error) == Some(409)
+        || (status_of(error).is_some() && describe(error).contains("already"))
+}
+
+fn create_failed(name: &str, detail: &str) -> BackendError {
+    let mut message = format!("Docker could not create network '{name}': {detail}");
+    // Docker's default address pools hold about 30 bridge networks.
+    if detail.contains("address pool") || detail.contains("non-overlapping") {
+        message.push_str(
+            "\nEach principal's computers get a network of their own, and the engine has no address range left for another. Give the engine more ranges (\"default-address-pools\" in /etc/docker/daemon.json, e.g. {\"base\": \"10.128.0.0/9\", \"size\": 24}) or remove unused networks (docker network prune).",
+        );
+    }
+    BackendError::Provider(message)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_principal_network_is_named_by_a_hash_of_the_principal() {
+        let alice = Principal::parse("alice").unwrap();
+        let name = principal_network(&alice);
+        // sha256("alice") = 2bd806c9...
+        assert_eq!(name, "kilntainers-net-2bd806c97f0e00af");
+        assert!(is_ours(&name));
+        assert!(is_ours(POOL_NETWORK));
+        assert!(!is_ours("bridge"));
+        assert_ne!(
+            principal_network(&Principal::default_principal()),
+            principal_network(&alice)
+        );
+    }
+}
