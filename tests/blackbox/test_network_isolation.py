@@ -284,3 +284,57 @@ async def test_podman_keeps_principals_apart_too(kbb, tmp_path):
         for name in (alice_net, bob_net):
             if podman_network_exists(name):
                 subprocess.run(["podman", "network", "rm", name], capture_output=True, timeout=60)
+
+
+async def test_a_warm_pool_spare_moves_to_its_owners_network(kbb, tmp_path):
+    tokens = tmp_path / "tokens"
+    write_tokens(tokens, TOKENS)
+    computer = kbb.new_id("pooled")
+    kbb.track(f"{computer}.{tag('alice')}", temporary=True)
+    alice_net = network_of("alice")
+    try:
+        async with kbb.http_server("--auth-tokens-file", str(tokens), "--warm-pool", "1", *BUSYBOX_ARGS) as srv:
+
+            def spares() -> list[str]:
+                out = docker("ps", "-q", "--filter", f"label=kilntainers.instance={srv.instance_id}",
+                             "--filter", "label=kilntainers.pooled=true").stdout.split()
+                return [c for c in out if inspect(c)["Name"].startswith("/kilntainers-spare-")]
+
+            assert poll(lambda: spares(), 60), "no spare was made"
+            spare = spares()[0]
+            # A spare waits on the internal pool network, owned by nobody.
+            assert set(networks_of(spare)) == {"kilntainers-pool"}
+            pool = json.loads(docker("network", "inspect", "kilntainers-pool").stdout)[0]
+            assert pool["Internal"] is True and pool["Labels"]["kilntainers.network"] == "pool"
+            async with kbb.http_session(srv, headers=bearer(TOKENS["alice"])) as alice:
+                await alice.run("true", computer_id=computer, temporary=True)
+                container = f"kilntainer-{computer}.{tag('alice')}"
+                # The spare itself, handed out, now only on alice's network.
+                assert inspect(container)["Id"].startswith(spare)
+                assert set(networks_of(container)) == {alice_net}
+        assert not network_exists("kilntainers-pool")
+        assert not network_exists(alice_net)
+    finally:
+        remove_network(alice_net)
+        remove_network("kilntainers-pool")
+
+
+async def test_a_computer_from_before_principals_moves_to_its_owners_network(kbb, tmp_path):
+    tokens = tmp_path / "tokens"
+    write_tokens(tokens, TOKENS)
+    single = "single-" + "s" * 40
+    legacy = kbb.new_id("legacy")
+    kbb.python_style_container(legacy, "sandbox-busybox:full")
+    assert set(networks_of(f"kilntainer-{legacy}")) == {"bridge"}
+    default_net = network_of("default")
+    try:
+        async with kbb.http_server("--auth-tokens-file", str(tokens), "--auth-token", single, *BUSYBOX_ARGS) as srv:
+            async with kbb.http_session(srv, headers=bearer(single)) as default:
+                res = await default.run("echo still-mine", computer_id=legacy, temporary=False)
+                assert res.structured["stdout"].strip() == "still-mine", res
+                assert set(networks_of(f"kilntainer-{legacy}")) == {default_net}
+        # Permanent: it and its network stay.
+        assert network_exists(default_net)
+    finally:
+        docker("rm", "-f", f"kilntainer-{legacy}", check=False)
+        remove_network(default_net)
