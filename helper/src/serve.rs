@@ -387,7 +387,13 @@ fn kill_tagged(shared: &Shared, tag: &str) {
     // turns their children into orphans the next pass recognises.
     for pass in 0..SWEEP_MAX_PASSES {
         let procs = sweep::snapshot(name, std::process::id());
-        let targets = sweep::targets(&procs, tag.as_bytes(), &roots, &mut since);
+        let targets = sweep::targets(
+            &procs,
+            tag.as_bytes(),
+            &roots,
+            &mut since,
+            &sweep::recorded_supervisor,
+        );
         if targets.is_empty() && pass >= 2 {
             break;
         }

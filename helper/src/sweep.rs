@@ -9,7 +9,10 @@
 //! The last rule is sound only where PID 1 is the computer's keep-alive, whose only child is
 //! its `sleep`, which is the case wherever this helper runs (Docker and Podman computers).
 //! Processes of earlier commands started before this one and are left alone, as are new
-//! orphans of an exec that was already running. This module only reads /proc; the caller sends the signals.
+//! orphans of an exec that was already running, and of a job that runs (a job is meant to
+//! outlive the call that started it): only of a job that runs, so a forged `job…` tag on an
+//! orphan of the command does not spare it. This module only reads /proc and the jobs'
+//! records; the caller sends the signals.
 
 use std::collections::HashSet;
 
@@ -75,6 +78,63 @@ pub fn start_time(pid: i32) -> Option<u64> {
     parse_stat(&stat).map(|(_, start)| start)
 }
 
+/// Where job directories live (the server's job scripts: the first writable of these).
+const JOB_BASES: [&str; 2] = ["/.kilntainers/jobs", "/tmp/.kilntainers/jobs"];
+
+/// The supervisor pid recorded for job `id` (`j-` and 8 lowercase hex digits) when its
+/// directory says it runs: no `exit` yet, a `pid` file. [`targets`] then checks that this
+/// process exists and carries the job's supervisor tag, the jobs' own test of a running job.
+pub fn recorded_supervisor(id: &str) -> Option<i32> {
+    if !is_job_id(id) {
+        return None;
+    }
+    JOB_BASES.iter().find_map(|base| {
+        let dir = std::path::Path::new(base).join(id);
+        if dir.join("exit").exists() {
+            return None;
+        }
+        std::fs::read_to_string(dir.join("pid"))
+            .ok()?
+            .trim()
+            .parse()
+            .ok()
+    })
+}
+
+fn is_job_id(id: &str) -> bool {
+    id.strip_prefix("j-").is_some_and(|hex| {
+        hex.len() == 8
+            && hex
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
+}
+
+/// The job a tag value names: `job-<id>` (its command) or `jobsup-<id>` (its supervisor).
+fn job_of(value: &[u8]) -> Option<&str> {
+    let value = std::str::from_utf8(value).ok()?;
+    value
+        .strip_prefix("jobsup-")
+        .or_else(|| value.strip_prefix("job-"))
+        .filter(|id| is_job_id(id))
+}
+
+/// Whether `tag` (a whole `NAME=value` entry) belongs to a job that runs: its recorded
+/// supervisor is listed with the tag `NAME=jobsup-<id>`.
+fn of_running_job(procs: &[Proc], tag: &[u8], supervisor_of: &dyn Fn(&str) -> Option<i32>) -> bool {
+    let name = tag_name(tag);
+    let Some(job) = tag.get(name.len() + 1..).and_then(job_of) else {
+        return false;
+    };
+    let Some(supervisor) = supervisor_of(job) else {
+        return false;
+    };
+    let expected = [name, b"=jobsup-", job.as_bytes()].concat();
+    procs
+        .iter()
+        .any(|proc| proc.pid == supervisor && proc.tag.as_deref() == Some(expected.as_slice()))
+}
+
 /// `NAME` of a whole `NAME=value` tag.
 fn tag_name(tag: &[u8]) -> &[u8] {
     tag.split(|&b| b == b'=').next().unwrap_or(tag)
@@ -96,7 +156,14 @@ fn parse_stat(stat: &str) -> Option<(i32, u64)> {
 /// oldest start time seen across passes, so a later pass still recognises orphans once every
 /// tagged process is gone. A root need not be in `procs`: a killed process that is still exiting
 /// is unreadable, and its children are not reparented yet, so they are found as its descendants.
-pub fn targets(procs: &[Proc], tag: &[u8], roots: &[i32], since: &mut Option<u64>) -> Vec<i32> {
+/// `supervisor_of` is [`recorded_supervisor`] (a fixed answer in tests).
+pub fn targets(
+    procs: &[Proc],
+    tag: &[u8],
+    roots: &[i32],
+    since: &mut Option<u64>,
+    supervisor_of: &dyn Fn(&str) -> Option<i32>,
+) -> Vec<i32> {
     let listed: HashSet<i32> = procs.iter().map(|proc| proc.pid).collect();
     let mut chosen: HashSet<i32> = roots.iter().copied().collect();
     for proc in procs {
@@ -113,14 +180,12 @@ pub fn targets(procs: &[Proc], tag: &[u8], roots: &[i32], since: &mut Option<u64
             .filter(|proc| proc.start < since)
             .filter_map(|proc| proc.tag.as_deref())
             .collect();
-        // A job's processes are meant to outlive the call that started them; the job's own
-        // sweep finds them by their exact tag.
-        let job_tag = [tag_name(tag), b"=job"].concat();
+        // A running job's processes are meant to outlive the call that started them; the
+        // job's own sweep finds them by their exact tag. A job tag of no running job is forged.
         for proc in procs {
-            let foreign = proc
-                .tag
-                .as_deref()
-                .is_some_and(|tag| older_tags.contains(tag) || tag.starts_with(&job_tag));
+            let foreign = proc.tag.as_deref().is_some_and(|tag| {
+                older_tags.contains(tag) || of_running_job(procs, tag, supervisor_of)
+            });
             if proc.ppid == 1 && proc.start >= since && !foreign {
                 chosen.insert(proc.pid);
             }
@@ -163,6 +228,10 @@ mod tests {
 
     const TAG: &[u8] = b"KILNTAINERS_EXEC_ID=b";
 
+    fn no_jobs(_: &str) -> Option<i32> {
+        None
+    }
+
     #[test]
     fn stat_fields_are_counted_from_the_last_parenthesis() {
         let line = "42 (a) b) (c) S 7 42 42 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 1 0 12345 1 2";
@@ -188,14 +257,14 @@ mod tests {
         ];
         let mut since = None;
         assert_eq!(
-            targets(&procs, TAG, &[], &mut since),
+            targets(&procs, TAG, &[], &mut since, &no_jobs),
             vec![10, 11, 12, 13, 15]
         );
         assert_eq!(since, Some(30));
     }
 
     #[test]
-    fn orphans_of_jobs_are_left_to_their_own_sweep() {
+    fn orphans_of_running_jobs_are_left_to_their_own_sweep() {
         let procs = vec![
             proc(10, 3, 30, Some("KILNTAINERS_EXEC_ID=c")), // the command
             proc(11, 1, 31, Some("KILNTAINERS_EXEC_ID=jobsup-j-0000000a")), // a job started later
@@ -203,9 +272,10 @@ mod tests {
             proc(13, 1, 33, Some("KILNTAINERS_EXEC_ID=job-j-0000000a")), // its daemon
             proc(14, 1, 34, None),                          // a tag-dropping orphan
         ];
+        let running = |job: &str| (job == "j-0000000a").then_some(11);
         let mut since = None;
         assert_eq!(
-            targets(&procs, b"KILNTAINERS_EXEC_ID=c", &[], &mut since),
+            targets(&procs, b"KILNTAINERS_EXEC_ID=c", &[], &mut since, &running),
             vec![10, 14]
         );
         let mut since = None;
@@ -214,10 +284,58 @@ mod tests {
                 &procs,
                 b"KILNTAINERS_EXEC_ID=job-j-0000000a",
                 &[],
-                &mut since
+                &mut since,
+                &running
             ),
             vec![12, 13, 14]
         );
+    }
+
+    // See: issue 30 (item 10)
+    #[test]
+    fn issue_30_a_forged_job_tag_spares_no_orphan() {
+        let procs = vec![
+            proc(10, 3, 30, Some("KILNTAINERS_EXEC_ID=c")), // the command
+            // Orphans that forged the tag of a job that does not exist, of one that ended (no
+            // supervisor recorded), of one whose recorded supervisor is not the supervisor,
+            // and a malformed job tag.
+            proc(11, 1, 31, Some("KILNTAINERS_EXEC_ID=job-j-0000000b")),
+            proc(12, 1, 32, Some("KILNTAINERS_EXEC_ID=jobsup-j-0000000c")),
+            proc(13, 1, 33, Some("KILNTAINERS_EXEC_ID=job-j-0000000d")),
+            proc(14, 1, 34, Some("KILNTAINERS_EXEC_ID=job-../../x")),
+            proc(15, 1, 35, Some("KILNTAINERS_EXEC_ID=job")),
+            // A real running job: its supervisor and its command's orphan are spared.
+            proc(16, 1, 36, Some("KILNTAINERS_EXEC_ID=jobsup-j-0000000e")),
+            proc(17, 1, 37, Some("KILNTAINERS_EXEC_ID=job-j-0000000e")),
+        ];
+        let supervisor_of = |job: &str| match job {
+            "j-0000000d" => Some(10),
+            "j-0000000e" => Some(16),
+            _ => None,
+        };
+        let mut since = None;
+        assert_eq!(
+            targets(
+                &procs,
+                b"KILNTAINERS_EXEC_ID=c",
+                &[],
+                &mut since,
+                &supervisor_of
+            ),
+            vec![10, 11, 12, 13, 14, 15]
+        );
+    }
+
+    #[test]
+    fn job_ids_are_checked_before_they_name_a_path() {
+        assert!(is_job_id("j-0123abcd"));
+        for bad in ["j-0123ABCD", "j-0123abc", "j-../../..", "x-0123abcd", ""] {
+            assert!(!is_job_id(bad), "{bad}");
+            assert_eq!(recorded_supervisor(bad), None);
+        }
+        assert_eq!(job_of(b"jobsup-j-0123abcd"), Some("j-0123abcd"));
+        assert_eq!(job_of(b"job-j-0123abcd"), Some("j-0123abcd"));
+        assert_eq!(job_of(b"job-j-0123abcd/"), None);
     }
 
     #[test]
@@ -228,7 +346,7 @@ mod tests {
             proc(13, 1, 33, None),
             proc(7, 1, 22, None),
         ];
-        assert_eq!(targets(&procs, TAG, &[], &mut since), vec![13]);
+        assert_eq!(targets(&procs, TAG, &[], &mut since, &no_jobs), vec![13]);
     }
 
     #[test]
@@ -240,14 +358,14 @@ mod tests {
             proc(1, 0, 0, None),
             proc(15, 1, 41, Some("KILNTAINERS_EXEC_ID=x")),
         ];
-        assert_eq!(targets(&procs, TAG, &[10], &mut since), vec![15]);
+        assert_eq!(targets(&procs, TAG, &[10], &mut since, &no_jobs), vec![15]);
     }
 
     #[test]
     fn without_a_tagged_process_or_root_no_orphan_is_chosen() {
         let mut since = None;
         let procs = [proc(1, 0, 0, None), proc(13, 1, 33, None)];
-        assert!(targets(&procs, TAG, &[], &mut since).is_empty());
+        assert!(targets(&procs, TAG, &[], &mut since, &no_jobs).is_empty());
     }
 
     #[test]
@@ -258,7 +376,10 @@ mod tests {
             proc(10, 0, 30, None),
             proc(13, 1, 33, None),
         ];
-        assert_eq!(targets(&procs, TAG, &[10], &mut since), vec![10, 13]);
+        assert_eq!(
+            targets(&procs, TAG, &[10], &mut since, &no_jobs),
+            vec![10, 13]
+        );
     }
     #[test]
     fn children_of_a_killed_process_still_exiting_are_chosen() {
@@ -267,10 +388,13 @@ mod tests {
         // reparented. 30 belongs to someone else.
         let procs = [proc(21, 20, 50, None), proc(30, 7, 50, None)];
         let mut since = Some(40);
-        assert_eq!(targets(&procs, TAG.as_bytes(), &[20], &mut since), [21]);
+        assert_eq!(
+            targets(&procs, TAG.as_bytes(), &[20], &mut since, &no_jobs),
+            [21]
+        );
         // A root that is gone is never returned itself.
         assert_eq!(
-            targets(&[], TAG.as_bytes(), &[20], &mut since),
+            targets(&[], TAG.as_bytes(), &[20], &mut since, &no_jobs),
             Vec::<i32>::new()
         );
     }

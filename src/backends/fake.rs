@@ -175,6 +175,8 @@ struct State {
     scripts: VecDeque<ExecScript>,
     /// Removals still to fail, per computer.
     failing_removes: HashMap<ComputerId, usize>,
+    /// Creations still to fail, per computer.
+    failing_creates: HashMap<ComputerId, usize>,
     /// Inventory listings still to fail.
     failing_lists: usize,
     next_incarnation: u64,
@@ -239,6 +241,11 @@ impl FakeBackend {
     /// Makes the next `times` removals of `id` fail with a provider error.
     pub fn fail_removes(&self, id: &ComputerId, times: usize) {
         self.state().failing_removes.insert(id.clone(), times);
+    }
+
+    /// Makes the next `times` creations of `id` fail with a provider error (a failed pull).
+    pub fn fail_creates(&self, id: &ComputerId, times: usize) {
+        self.state().failing_creates.insert(id.clone(), times);
     }
 
     pub fn fail_lists(&self, times: usize) {
@@ -397,6 +404,15 @@ impl Backend for FakeBackend {
         self.record(Call::Create(spec.computer_id.clone()));
         self.delay(Op::Create).await;
         let mut state = self.state();
+        if let Some(left) = state.failing_creates.get_mut(&spec.computer_id)
+            && *left > 0
+        {
+            *left -= 1;
+            return Err(BackendError::Provider(format!(
+                "could not create '{}'",
+                spec.computer_id
+            )));
+        }
         if let Some(existing) = state.computers.get(&spec.computer_id) {
             // A name conflict attaches, as the real backends do.
             return Ok(existing.sandbox.clone());

@@ -39,8 +39,11 @@ pub enum SweepReach {
 /// started no earlier than the oldest tagged process whose tag no older process carries. The
 /// kill list accumulates across passes, so the children of a process killed earlier but still
 /// exiting (not yet reparented) are its descendants; a later pass catches what an earlier kill
-/// orphaned. Orphans tagged as a job's are never taken for a command's leftovers: jobs are
-/// meant to outlive calls (docs/jobs.md, "Inside the computer"). Plain POSIX sh (BusyBox included).
+/// orphaned. Orphans tagged as a running job's are never taken for a command's leftovers: jobs
+/// are meant to outlive calls (docs/jobs.md, "Inside the computer"). Only a job that runs
+/// counts — its directory has no `exit` and its recorded supervisor carries the job's
+/// supervisor tag — so a forged `job…` tag on an orphan of the command does not spare it (the
+/// helper's sweep applies the same test). Plain POSIX sh (BusyBox included).
 pub fn kill_sweep_script(exec_id: &ExecId, reach: SweepReach) -> String {
     let orphans = match reach {
         SweepReach::Tagged => "0",
@@ -48,6 +51,16 @@ pub fn kill_sweep_script(exec_id: &ExecId, reach: SweepReach) -> String {
     };
     format!(
         r#"t='{tag}'; orphans={orphans}; since=''; kill=' '
+job_runs() {{
+  case "$1" in j-[0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f][0-9a-f]) ;; *) return 1 ;; esac
+  for b in /.kilntainers/jobs /tmp/.kilntainers/jobs; do
+    [ -d "$b/$1" ] && [ ! -f "$b/$1/exit" ] || continue
+    {{ read -r sp < "$b/$1/pid"; }} 2>/dev/null || continue
+    case "$sp" in ''|*[!0-9]*) continue ;; esac
+    [ "$(tr '\0' '\n' 2>/dev/null < "/proc/$sp/environ" | grep -m1 '^{name}=')" = "{name}={job}sup-$1" ] && return 0
+  done
+  return 1
+}}
 for n in 1 2 3 4; do
   [ "$n" = 1 ] || sleep 0.1 2>/dev/null
   snap=''
@@ -75,7 +88,7 @@ SNAP
     while read -r p pp st e; do
       [ -n "$p" ] && [ "$pp" = 1 ] && [ "$st" -ge "$since" ] || continue
       case "$older" in *" $e "*) [ -n "$e" ] && continue ;; esac
-      case "$e" in {name}={job}*) continue ;; esac
+      case "$e" in {name}={job}sup-*) job_runs "${{e#{name}={job}sup-}}" && continue ;; {name}={job}-*) job_runs "${{e#{name}={job}-}}" && continue ;; esac
       kill="$kill$p "
     done <<SNAP
 $snap

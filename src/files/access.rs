@@ -7,9 +7,9 @@
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    DISCARD, FileError, FileOpError, LIST, LIST_ANSWER_LIMIT, Listing, READ, ReadAnswer,
-    STATUS_ROOM, WRITE, WRITE_CHUNK, base64_answer_len, parse_list, parse_read, parse_read_base64,
-    parse_write, temporary_path,
+    DISCARD, FileError, FileOpError, LIST, LIST_ANSWER_LIMIT, LIST_ENTRY_BYTES, Listing, READ,
+    ReadAnswer, STATUS_ROOM, WRITE, WRITE_CHUNK, base64_answer_len, parse_list, parse_read,
+    parse_read_base64, parse_write, temporary_path,
 };
 use crate::backends::{Backend, FileSystem, NoProgress, SandboxRef};
 use crate::exec::{self, ExecError, ExecOutcome, ExecRequest, Program};
@@ -194,7 +194,11 @@ impl<'a> Access<'a> {
         if let Some(listing) = self.directly(list).await? {
             return Ok(listing);
         }
-        let args = vec![path.to_owned(), depth.to_string()];
+        let args = vec![
+            path.to_owned(),
+            depth.to_string(),
+            LIST_ENTRY_BYTES.to_string(),
+        ];
         let (stdout, _) = self
             .run(sandbox, LIST, args, None, LIST_ANSWER_LIMIT)
             .await?;

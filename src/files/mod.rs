@@ -31,8 +31,15 @@ pub const MAX_DEPTH: u8 = 5;
 /// Room for a program's status line on top of the data it returns.
 pub const STATUS_ROOM: u64 = 4096;
 
-/// What `file_list` may answer with at most: 1,001 lines of a status and a path each.
-pub const LIST_ANSWER_LIMIT: u64 = 8 * 1024 * 1024;
+/// What `file_list` may answer with at most: its status line and [`LIST_ENTRY_BYTES`] of
+/// entries. 2 MiB holds a thousand entries with 2 KiB paths (a real listing's lines are nearer
+/// 100 bytes); a larger result would be more than a model reads, and each byte of it costs the
+/// server several times over on its way out as JSON.
+pub const LIST_ANSWER_LIMIT: u64 = 2 * 1024 * 1024;
+
+/// The entry bytes [`LIST`] prints at most (it cuts its own output there, so an honest
+/// computer never meets [`LIST_ANSWER_LIMIT`]; a listing cut there is `truncated`).
+pub const LIST_ENTRY_BYTES: u64 = LIST_ANSWER_LIMIT - STATUS_ROOM;
 
 /// Why a file operation did not happen, in the words the caller sees.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -136,13 +143,14 @@ pub const DISCARD: &str = r#"rm -f "$1"; exit 0
 "#;
 
 /// Lists `$1` to depth `$2`: `missing`, `denied`, or `ok` and then one line per entry, at most
-/// [`LIST_LIMIT`] + 1, `<raw mode in hex> <size> <mtime> <path>` (a file lists itself).
-pub const LIST: &str = r#"p=$1; k=$2
+/// [`LIST_LIMIT`] + 1 and `$3` bytes of them ([`LIST_ENTRY_BYTES`]), `<raw mode in hex> <size>
+/// <mtime> <path>` (a file lists itself).
+pub const LIST: &str = r#"p=$1; k=$2; b=$3
 if [ ! -e "$p" ] && [ ! -L "$p" ]; then echo missing; exit 0; fi
 if [ -d "$p" ] && [ ! -r "$p" ]; then echo denied; exit 0; fi
 echo ok
 if [ -d "$p" ]; then
-  find "$p" -mindepth 1 -maxdepth "$k" -exec stat -c '%f %s %Y %n' {} + 2>/dev/null | head -n 1001
+  find "$p" -mindepth 1 -maxdepth "$k" -exec stat -c '%f %s %Y %n' {} + 2>/dev/null | head -n 1001 | head -c "$b"
 else
   stat -c '%f %s %Y %n' "$p" 2>/dev/null
 fi
@@ -258,15 +266,30 @@ pub struct Listing {
 }
 
 /// Reads [`LIST`]'s answer. Lines that do not parse (a name with a newline splits into two)
-/// are skipped; paths are taken as bytes and shown lossily.
+/// are skipped, as is a last line without its newline (cut by the byte budget); paths are taken
+/// as bytes and shown lossily. Reading stops at the first entry past [`LIST_LIMIT`], which is
+/// all the program prints: a computer that sends more (up to [`LIST_ANSWER_LIMIT`] of short
+/// lines) costs no more than that many entries.
 pub fn parse_list(path: &str, stdout: &[u8]) -> Result<Listing, FileError> {
-    let mut lines = stdout.split(|&b| b == b'\n');
-    let status = String::from_utf8_lossy(lines.next().unwrap_or_default());
+    let (status, body) = match stdout.iter().position(|&b| b == b'\n') {
+        Some(end) => (&stdout[..end], &stdout[end + 1..]),
+        None => (stdout, &[][..]),
+    };
+    let status = String::from_utf8_lossy(status);
     if status != "ok" {
         return Err(status_error(&status, path));
     }
-    let mut entries: Vec<Entry> = lines.filter_map(parse_entry).collect();
-    let truncated = entries.len() > LIST_LIMIT;
+    let cut_by_bytes = body.len() as u64 >= LIST_ENTRY_BYTES;
+    let whole_lines = body
+        .iter()
+        .rposition(|&b| b == b'\n')
+        .map_or(&[][..], |end| &body[..end]);
+    let mut entries: Vec<Entry> = whole_lines
+        .split(|&b| b == b'\n')
+        .filter_map(parse_entry)
+        .take(LIST_LIMIT + 1)
+        .collect();
+    let truncated = entries.len() > LIST_LIMIT || cut_by_bytes;
     entries.sort_by(|a, b| a.path.cmp(&b.path));
     entries.truncate(LIST_LIMIT);
     Ok(Listing { entries, truncated })

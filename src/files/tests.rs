@@ -148,3 +148,26 @@ fn a_base64_read_answer_is_decoded_and_kept_to_the_page() {
     let text = (1024 * 1024u64).div_ceil(3) * 4;
     assert!(base64_answer_len(1024 * 1024) >= text + text.div_ceil(76));
 }
+
+// See: issue 30 (item 2)
+#[test]
+fn issue_30_a_listing_is_read_to_its_limit_and_a_line_cut_by_the_budget_is_dropped() {
+    let mut flood = b"ok\n".to_vec();
+    for n in 0..200_000 {
+        flood.extend_from_slice(format!("81a4 1 1 /{n:x}\n").as_bytes());
+    }
+    let listing = parse_list("/", &flood).unwrap();
+    assert_eq!(listing.entries.len(), LIST_LIMIT);
+    assert!(listing.truncated);
+    // The program cut its output at the byte budget, in the middle of a line.
+    let mut cut = b"ok\n".to_vec();
+    while (cut.len() as u64) < 3 + LIST_ENTRY_BYTES {
+        cut.extend_from_slice(format!("81a4 1 1 /{}\n", "p".repeat(4000)).as_bytes());
+    }
+    cut.truncate(usize::try_from(3 + LIST_ENTRY_BYTES).unwrap());
+    let listing = parse_list("/", &cut).unwrap();
+    assert!(listing.truncated);
+    assert!(listing.entries.iter().all(|e| e.path.len() == 4001));
+    // An answer without a newline after its status is an empty listing, not an error.
+    assert_eq!(parse_list("/", b"ok").unwrap().entries, []);
+}

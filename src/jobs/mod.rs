@@ -17,7 +17,7 @@ pub mod script;
 #[cfg(test)]
 mod tests;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -43,6 +43,24 @@ const ID_TRIES: usize = 4;
 
 /// How long one job exec may take beyond the wait it was asked for.
 const EXEC_MARGIN: Duration = Duration::from_secs(30);
+
+/// Jobs remembered per computer (where a job lives, so `job_output` finds it without probing):
+/// far more than `--max-jobs` running at once, and a bound on what one computer costs the
+/// server however many ids its callers name. The oldest is forgotten first; a forgotten job is
+/// still found by probing (docs/jobs.md, "Tools").
+const KNOWN_JOBS_PER_COMPUTER: usize = 1024;
+
+/// The most bytes the list script may answer with: [`list_rows`] rows of at most about 1.5 KiB
+/// each (the summary line is cut at 2 KiB; a real one, the command cut at 200 characters and
+/// JSON-escaped, stays under 1.4 KiB) fit with room to spare. What a hostile computer sends
+/// beyond it ends the call instead of growing the server.
+const LIST_ANSWER_LIMIT: u64 = 256 * 1024;
+
+/// The fewest and the most rows `job_list` returns (docs/jobs.md, "Tools"): `--max-jobs`
+/// clamped to this range, so every running job fits unless the limit is above the maximum,
+/// and the answer stays within [`LIST_ANSWER_LIMIT`].
+const LIST_ROWS_MIN: u32 = 64;
+const LIST_ROWS_MAX: u32 = 128;
 
 /// Server-wide job settings (docs/jobs.md, "Settings").
 #[derive(Debug, Clone, Copy)]
@@ -147,14 +165,37 @@ pub struct Jobs {
     backend: Arc<dyn Backend>,
     shell: String,
     settings: JobSettings,
-    /// Where each job this process started or listed lives.
-    index: Mutex<HashMap<JobId, ComputerId>>,
+    /// Which jobs each computer holds, as far as this process knows: those it started and
+    /// those a caller named that a probe then found there, never the ids a listing merely
+    /// claims. Keyed by computer, so one computer cannot shadow another's job, bounded per
+    /// computer, and dropped with the computer.
+    index: Mutex<HashMap<ComputerId, VecDeque<JobId>>>,
     /// Each session's offset in each job's combined output: `job_output` without `since`.
-    cursors: Mutex<HashMap<(u64, JobId), u64>>,
+    cursors: Mutex<HashMap<Cursor, u64>>,
     /// One start at a time per computer, so counting running jobs and starting one is a step.
     starting: Mutex<HashMap<ComputerId, Arc<tokio::sync::Mutex<()>>>>,
     /// Jobs kept in this process, for backends without a shell in the computer.
     in_server: Option<in_server::InServerJobs>,
+}
+
+/// A session's place in one job of one computer.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct Cursor {
+    session: u64,
+    computer: ComputerId,
+    job: JobId,
+}
+
+/// `job_list`'s rows and whether the computer had more jobs than it returns.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Listing {
+    pub jobs: Vec<JobSummary>,
+    pub truncated: bool,
+}
+
+/// The most rows `job_list` returns for `--max-jobs` = `max_jobs`.
+pub fn list_rows(max_jobs: u32) -> usize {
+    usize::try_from(max_jobs.clamp(LIST_ROWS_MIN, LIST_ROWS_MAX)).unwrap_or(usize::MAX)
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -202,37 +243,66 @@ impl Jobs {
         self.settings
     }
 
-    /// The computer a job was last seen on, if this process has seen it.
-    pub fn computer_of(&self, job: &JobId) -> Option<ComputerId> {
-        lock(&self.index).get(job).cloned()
+    /// The computers this process knows to hold `job`, most recently remembered first.
+    pub fn computers_of(&self, job: &JobId) -> Vec<ComputerId> {
+        lock(&self.index)
+            .iter()
+            .filter(|(_, jobs)| jobs.contains(job))
+            .map(|(computer, _)| computer.clone())
+            .collect()
+    }
+
+    /// Remembers that `computer` holds `job`: a job this process started, or one a caller
+    /// named that a probe found there. At most [`KNOWN_JOBS_PER_COMPUTER`] per computer.
+    pub fn remember(&self, computer: &ComputerId, job: &JobId) {
+        let mut index = lock(&self.index);
+        let jobs = index.entry(computer.clone()).or_default();
+        if let Some(at) = jobs.iter().position(|known| known == job) {
+            jobs.remove(at);
+        }
+        jobs.push_back(job.clone());
+        while jobs.len() > KNOWN_JOBS_PER_COMPUTER {
+            jobs.pop_front();
+        }
     }
 
     /// Forgets a session's reading positions when it ends.
     pub fn close_session(&self, session: u64) {
-        lock(&self.cursors).retain(|(owner, _), _| *owner != session);
+        lock(&self.cursors).retain(|cursor, _| cursor.session != session);
     }
 
-    /// Forgets the jobs of a computer that was reset or deleted (its directory went with it).
+    /// Forgets everything about a computer that was reset or deleted (its jobs went with it):
+    /// where its jobs are, every session's place in them, its start turn.
     pub fn forget_computer(&self, computer: &ComputerId) {
-        lock(&self.index).retain(|_, on| on != computer);
+        lock(&self.index).remove(computer);
+        lock(&self.cursors).retain(|cursor, _| cursor.computer != *computer);
+        lock(&self.starting).remove(computer);
         if let Some(local) = &self.in_server {
             local.forget_computer(computer);
         }
     }
 
-    pub fn cursor(&self, session: u64, job: &JobId) -> u64 {
-        lock(&self.cursors)
-            .get(&(session, job.clone()))
-            .copied()
-            .unwrap_or(0)
+    pub fn cursor(&self, session: u64, computer: &ComputerId, job: &JobId) -> u64 {
+        let key = Cursor {
+            session,
+            computer: computer.clone(),
+            job: job.clone(),
+        };
+        lock(&self.cursors).get(&key).copied().unwrap_or(0)
     }
 
-    pub fn set_cursor(&self, session: u64, job: &JobId, offset: u64) {
-        lock(&self.cursors).insert((session, job.clone()), offset);
+    pub fn set_cursor(&self, session: u64, computer: &ComputerId, job: &JobId, offset: u64) {
+        let key = Cursor {
+            session,
+            computer: computer.clone(),
+            job: job.clone(),
+        };
+        lock(&self.cursors).insert(key, offset);
     }
 
-    /// Runs one job script: `<shell> -c <script> kilntainers-job <args…>`. Job scripts are
-    /// not commands of the user: a stopped computer is started once, like for a command.
+    /// Runs one job script: `<shell> -c <script> kilntainers-job <args…>`. A stopped computer
+    /// answers `BackendError::NotRunning`; starting it is the registry's (one start path, one
+    /// admission against the running limit), and the caller then runs the script again.
     async fn run_script(
         &self,
         sandbox: &SandboxRef,
@@ -252,43 +322,33 @@ impl Jobs {
             working_dir: None,
             timeout_secs: (run.wait + EXEC_MARGIN).as_secs(),
         };
-        let cap = run.cap;
-        let mut sandbox = sandbox.clone();
-        let mut restarted = false;
-        loop {
-            let outcome = exec::run(
-                self.backend.as_ref(),
-                &sandbox,
-                &self.shell,
-                &request,
-                ExecId::random(),
-                cap,
-                &crate::backends::NoProgress,
-                cancel,
-            )
-            .await;
-            return match outcome {
-                Ok(ExecOutcome::Completed { stdout, stderr, .. }) => Ok((stdout, stderr)),
-                Ok(ExecOutcome::TimedOut { .. }) => Err(JobError::Failed {
-                    action: "reach the",
+        let outcome = exec::run(
+            self.backend.as_ref(),
+            sandbox,
+            &self.shell,
+            &request,
+            ExecId::random(),
+            run.cap,
+            &crate::backends::NoProgress,
+            cancel,
+        )
+        .await;
+        match outcome {
+            Ok(ExecOutcome::Completed { stdout, stderr, .. }) => Ok((stdout, stderr)),
+            Ok(ExecOutcome::TimedOut { .. }) => Err(JobError::Failed {
+                action: "reach the",
+                computer: sandbox.computer_id.clone(),
+                reason: "the computer did not answer in time".to_owned(),
+            }),
+            Ok(ExecOutcome::OutputLimitExceeded { .. } | ExecOutcome::OutOfFuel { .. }) => {
+                Err(JobError::Failed {
+                    action: "read the",
                     computer: sandbox.computer_id.clone(),
-                    reason: "the computer did not answer in time".to_owned(),
-                }),
-                Ok(ExecOutcome::OutputLimitExceeded { .. } | ExecOutcome::OutOfFuel { .. }) => {
-                    Err(JobError::Failed {
-                        action: "read the",
-                        computer: sandbox.computer_id.clone(),
-                        reason: "its answer was larger than expected".to_owned(),
-                    })
-                }
-                Err(exec::ExecError::Cancelled) => Err(JobError::Cancelled),
-                Err(exec::ExecError::Backend(BackendError::NotRunning(_))) if !restarted => {
-                    restarted = true;
-                    sandbox = self.backend.ensure_running(&sandbox).await?;
-                    continue;
-                }
-                Err(exec::ExecError::Backend(error)) => Err(error.into()),
-            };
+                    reason: "its answer was larger than expected".to_owned(),
+                })
+            }
+            Err(exec::ExecError::Cancelled) => Err(JobError::Cancelled),
+            Err(exec::ExecError::Backend(error)) => Err(error.into()),
         }
     }
 
@@ -322,7 +382,7 @@ impl Jobs {
                 timeout,
                 self.settings,
             )?;
-            lock(&self.index).insert(job.clone(), computer);
+            self.remember(&computer, &job);
             return Ok(job);
         }
         let started_ms = now_ms();
@@ -375,7 +435,7 @@ impl Jobs {
             let answer = answer.trim();
             match answer.split_once(' ').map_or((answer, ""), |(a, b)| (a, b)) {
                 ("started", _) => {
-                    lock(&self.index).insert(job.clone(), computer);
+                    self.remember(&computer, &job);
                     return Ok(job);
                 }
                 ("exists", _) => {}
@@ -446,10 +506,8 @@ impl Jobs {
                 cancel,
             )
             .await?;
-        let snapshot = parse::snapshot(&stdout, stderr, since, now_ms())
-            .ok_or_else(|| JobError::NotFound(job.clone()))?;
-        lock(&self.index).insert(job.clone(), sandbox.computer_id.clone());
-        Ok(snapshot)
+        parse::snapshot(&stdout, stderr, since, now_ms())
+            .ok_or_else(|| JobError::NotFound(job.clone()))
     }
 
     /// Writes `data` to the job's stdin and closes it if asked.
@@ -569,45 +627,43 @@ impl Jobs {
         Ok(())
     }
 
-    /// The jobs of a computer, newest first.
+    /// The jobs of a computer, newest first: every running job and the newest ended ones, at
+    /// most [`list_rows`]. What the computer answers is a claim: parsed up to that many rows
+    /// and [`LIST_ANSWER_LIMIT`] bytes, and never remembered as where those jobs live.
     pub async fn list(
         &self,
         sandbox: &SandboxRef,
         cancel: &CancellationToken,
-    ) -> Result<Vec<JobSummary>, JobError> {
-        if let Some(local) = &self.in_server {
+    ) -> Result<Listing, JobError> {
+        let rows = list_rows(self.settings.max_jobs);
+        let mut listing = if let Some(local) = &self.in_server {
             let mut jobs = local.list(&sandbox.computer_id);
-            jobs.sort_by(|a, b| {
-                b.started_ms
-                    .cmp(&a.started_ms)
-                    .then_with(|| b.job_id.cmp(&a.job_id))
-            });
-            return Ok(jobs);
-        }
-        let (stdout, _) = self
-            .run_script(
-                sandbox,
-                ScriptRun {
-                    script: script::list(),
-                    args: Vec::new(),
-                    stdin: None,
-                    wait: Duration::from_secs(10),
-                    cap: 8 * 1024 * 1024,
-                },
-                cancel,
-            )
-            .await?;
-        let mut jobs = parse::listing(&stdout);
-        jobs.sort_by(|a, b| {
+            jobs.sort_by_key(|job| !job.running);
+            let truncated = jobs.len() > rows;
+            jobs.truncate(rows);
+            Listing { jobs, truncated }
+        } else {
+            let (stdout, _) = self
+                .run_script(
+                    sandbox,
+                    ScriptRun {
+                        script: script::list(),
+                        args: vec![rows.to_string()],
+                        stdin: None,
+                        wait: Duration::from_secs(10),
+                        cap: LIST_ANSWER_LIMIT,
+                    },
+                    cancel,
+                )
+                .await?;
+            parse::listing(&stdout, rows)
+        };
+        listing.jobs.sort_by(|a, b| {
             b.started_ms
                 .cmp(&a.started_ms)
                 .then_with(|| b.job_id.cmp(&a.job_id))
         });
-        let mut index = lock(&self.index);
-        for job in &jobs {
-            index.insert(job.job_id.clone(), sandbox.computer_id.clone());
-        }
-        Ok(jobs)
+        Ok(listing)
     }
 
     /// Whether `job` exists on the computer (a listing-free probe for finding a job's computer).

@@ -2,6 +2,8 @@
 //! treated as hostile: lines are bounded by the exec's output cap, numbers that do not parse
 //! count as zero, and nothing is trusted to be UTF-8.
 
+use std::collections::HashSet;
+
 use serde::Deserialize;
 
 use crate::ids::JobId;
@@ -157,21 +159,41 @@ pub fn snapshot(stdout: &[u8], stderr: Vec<u8>, since: u64, now_ms: u64) -> Opti
     })
 }
 
-/// The list script's answer: per job `J <id>`, summary.json, the state, the output bytes.
-pub fn listing(stdout: &[u8]) -> Vec<JobSummary> {
-    let text = String::from_utf8_lossy(stdout);
-    let mut lines = text.lines();
-    let mut jobs = Vec::new();
+/// The list script's answer: per job `J <id>`, summary.json, the state, the output bytes; then
+/// `T <jobs on the computer>`. At most `rows` jobs are taken, each id once: a computer that
+/// sends more (or claims more in its `T` line) gets `truncated`, nothing else. Stops reading at
+/// the first row past `rows`, so a flood costs no more than its bytes.
+pub fn listing(stdout: &[u8], rows: usize) -> super::Listing {
+    let mut lines = stdout
+        .split(|&b| b == b'\n')
+        .map(|line| String::from_utf8_lossy(line));
+    let mut jobs: Vec<JobSummary> = Vec::new();
+    let mut seen = HashSet::new();
+    let mut truncated = false;
     while let Some(line) = lines.next() {
+        if let Some(total) = line.strip_prefix("T ") {
+            truncated |= total
+                .trim()
+                .parse::<u64>()
+                .is_ok_and(|total| total > jobs.len() as u64);
+            continue;
+        }
         let Some(job_id) = line.strip_prefix("J ").and_then(JobId::parse) else {
             continue;
         };
+        if jobs.len() == rows {
+            truncated = true;
+            break;
+        }
         let (Some(summary), Some(state_line), Some(bytes)) =
             (lines.next(), lines.next(), lines.next())
         else {
             break;
         };
-        let summary: SummaryFile = serde_json::from_str(summary).unwrap_or_default();
+        if !seen.insert(job_id.clone()) {
+            continue;
+        }
+        let summary: SummaryFile = serde_json::from_str(&summary).unwrap_or_default();
         // The exit file is `<code|-> <ended_at> <epoch>`.
         let state_text = match state_line.trim() {
             "running" => "running".to_owned(),
@@ -189,5 +211,5 @@ pub fn listing(stdout: &[u8]) -> Vec<JobSummary> {
             started_ms: summary.started_ms,
         });
     }
-    jobs
+    super::Listing { jobs, truncated }
 }

@@ -236,21 +236,32 @@ echo ok
     )
 }
 
-/// Lists the jobs of the computer, settling those the computer's restart ended. For each job:
-/// `J <id>`, its summary.json line, its `exit` line or `running`, and `<stdout+stderr bytes>`.
+/// Lists the jobs of the computer, settling those the computer's restart ended: `$1` the most
+/// rows. Running jobs come first, then the ended ones newest first (by their `summary.json`,
+/// written once at the start), until `$1` rows. For each job: `J <id>`, its summary.json line,
+/// its `exit` line or `running`, and `<stdout+stderr bytes>` (from `stat`: BusyBox `wc -c`
+/// reads a whole log); last, `T <number of jobs>`.
 pub fn list() -> String {
     format!(
-        r#"{JOB_FUNCTIONS}for b in /.kilntainers/jobs /tmp/.kilntainers/jobs; do
-  for d in "$b"/j-*; do
-    [ -d "$d" ] && [ -f "$d/summary.json" ] || continue
-    j=${{d##*/}}
-    settle "$d"
-    printf 'J %s\n' "$j"
-    head -c 2048 "$d/summary.json" | head -n 1
-    if [ -f "$d/exit" ]; then head -n 1 "$d/exit"; else echo running; fi
-    cat "$d/stdout" "$d/stderr" | wc -c
+        r#"{JOB_FUNCTIONS}lim=$1; n=0; total=0
+row() {{
+  printf 'J %s\n' "${{1##*/}}"
+  head -c 2048 "$1/summary.json" | head -n 1
+  if [ -f "$1/exit" ]; then head -n 1 "$1/exit"; else echo running; fi
+  set -- $(stat -c %s "$1/stdout" "$1/stderr" 2>/dev/null) 0 0
+  echo $(($1 + $2))
+}}
+all=$(ls -t /.kilntainers/jobs/j-*/summary.json /tmp/.kilntainers/jobs/j-*/summary.json 2>/dev/null)
+for f in $all; do settle "${{f%/*}}"; total=$((total + 1)); done
+for pass in running ended; do
+  for f in $all; do
+    d=${{f%/*}}
+    if [ -f "$d/exit" ]; then [ "$pass" = ended ] || continue; else [ "$pass" = running ] || continue; fi
+    [ "$n" -lt "$lim" ] || break 2
+    row "$d"; n=$((n + 1))
   done
 done
+echo "T $total"
 exit 0
 "#
     )

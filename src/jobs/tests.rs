@@ -83,7 +83,9 @@ fn listings_parse_and_skip_garbage() {
     let text = "J j-0000000a\n{\"command\":\"sleep 9\",\"started_at\":\"2026-12-03T10:00:00Z\",\"started_ms\":5}\nrunning\n12\n\
                 J ../etc\nnoise\n\
                 J j-0000000b\nnot json\n0 2026-12-03T10:01:00Z 60\n0\n";
-    let jobs = listing(text.as_bytes());
+    let listed = listing(text.as_bytes(), 10);
+    assert!(!listed.truncated);
+    let jobs = listed.jobs;
     assert_eq!(jobs.len(), 2);
     assert_eq!(jobs[0].job_id.as_str(), "j-0000000a");
     assert_eq!((jobs[0].running, jobs[0].output_bytes), (true, 12));
@@ -107,4 +109,68 @@ fn argv_jobs_are_quoted_for_the_shell() {
     assert_eq!(command_preview(&"x".repeat(300)).len(), 200);
     assert_eq!(Signal::parse("sigkill"), Some(Signal::Kill));
     assert_eq!(Signal::parse("STOP"), None);
+}
+
+// See: issue 30 (item 2)
+#[test]
+fn issue_30_a_listing_flood_is_read_only_to_the_row_limit() {
+    let row = |n: u32| format!("J j-{n:08x}\n{{}}\nrunning\n0\n");
+    let flood: String = (0..100_000).map(row).collect();
+    let listed = listing(flood.as_bytes(), 64);
+    assert_eq!(listed.jobs.len(), 64);
+    assert!(listed.truncated);
+    // Each id once, and a claimed total above what came is a cut listing too.
+    let twice = format!("{}{}T 1\n", row(1), row(1));
+    let listed = listing(twice.as_bytes(), 64);
+    assert_eq!((listed.jobs.len(), listed.truncated), (1, false));
+    let claimed = format!("{}T 5\n", row(1));
+    assert!(listing(claimed.as_bytes(), 64).truncated);
+    assert_eq!(list_rows(1), 64);
+    assert_eq!(list_rows(100), 100);
+    assert_eq!(list_rows(u32::MAX), 128);
+}
+
+fn job_service() -> Arc<Jobs> {
+    Jobs::new(
+        crate::backends::fake::FakeBackend::new(),
+        "/bin/sh".to_owned(),
+        JobSettings {
+            max_jobs: 16,
+            default_timeout_secs: 0,
+            log_limit: 1 << 20,
+            output_limit: 1 << 20,
+        },
+    )
+}
+
+// See: issue 30 (item 2)
+#[test]
+fn issue_30_the_job_index_is_keyed_by_computer_bounded_and_dropped_with_it() {
+    let jobs = job_service();
+    let (a, b) = (
+        ComputerId::parse("a").unwrap(),
+        ComputerId::parse("b").unwrap(),
+    );
+    let job = JobId::parse("j-0000000a").unwrap();
+    jobs.remember(&b, &job);
+    // Another computer holding (or claiming) the same id does not replace the first.
+    jobs.remember(&a, &job);
+    let mut holders = jobs.computers_of(&job);
+    holders.sort();
+    assert_eq!(holders, [a.clone(), b.clone()]);
+    jobs.set_cursor(7, &a, &job, 5);
+    jobs.set_cursor(7, &b, &job, 9);
+    assert_eq!((jobs.cursor(7, &a, &job), jobs.cursor(7, &b, &job)), (5, 9));
+    // Bounded per computer: the oldest is forgotten first.
+    for n in 0..KNOWN_JOBS_PER_COMPUTER as u32 + 10 {
+        jobs.remember(&a, &JobId::parse(&format!("j-1{n:07x}")).unwrap());
+    }
+    assert_eq!(jobs.computers_of(&job), [b.clone()]);
+    assert_eq!(lock(&jobs.index)[&a].len(), KNOWN_JOBS_PER_COMPUTER);
+    // Removing a computer forgets its jobs and every place in them.
+    jobs.forget_computer(&a);
+    assert!(!lock(&jobs.index).contains_key(&a));
+    assert_eq!((jobs.cursor(7, &a, &job), jobs.cursor(7, &b, &job)), (0, 9));
+    jobs.forget_computer(&b);
+    assert!(lock(&jobs.index).is_empty() && lock(&jobs.cursors).is_empty());
 }

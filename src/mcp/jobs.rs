@@ -14,10 +14,10 @@ use super::args::Args;
 use super::format;
 use super::lifecycle::output_schema;
 use super::tools::user_message;
-use crate::backends::{Progress, SandboxRef};
+use crate::backends::{BackendError, Progress, SandboxRef};
 use crate::ids::{ComputerId, JobId};
 use crate::jobs::{
-    JobError, Jobs, MAX_WAIT_SECS, MORE_WAITING, Signal, Snapshot, StartRequest, WaitFor,
+    JobError, Jobs, Listing, MAX_WAIT_SECS, MORE_WAITING, Signal, Snapshot, StartRequest, WaitFor,
 };
 use crate::registry::{Registry, RegistryError, Session};
 
@@ -164,7 +164,8 @@ pub fn tools(in_server: bool) -> Vec<Tool> {
                 "ended_at": {"type": ["string", "null"]},
                 "output_bytes": {"type": "integer"}
             }}},
-            "count": {"type": "integer"}
+            "count": {"type": "integer"},
+            "truncated": {"type": "boolean"}
         }),
         &["jobs", "count"],
         None,
@@ -243,6 +244,57 @@ fn job_error(error: &JobError) -> Option<CallToolResult> {
     }
 }
 
+/// Why a job tool call failed: the job, or the computer it needed (found, attached, started).
+#[derive(Debug)]
+enum CallError {
+    Job(JobError),
+    Computer(RegistryError),
+}
+
+impl From<JobError> for CallError {
+    fn from(error: JobError) -> Self {
+        Self::Job(error)
+    }
+}
+
+impl From<RegistryError> for CallError {
+    fn from(error: RegistryError) -> Self {
+        Self::Computer(error)
+    }
+}
+
+/// The result a failed call answers with; `None` when the client cancelled it.
+fn call_error(error: &CallError) -> Option<CallToolResult> {
+    match error {
+        CallError::Job(error) => job_error(error),
+        CallError::Computer(RegistryError::Cancelled) => None,
+        CallError::Computer(error) => Some(format::error(user_message(error))),
+    }
+}
+
+/// Runs `op` (job scripts) on the computer. When it finds the computer stopped, the registry
+/// starts it — the one start path, admitted against the running limit like a command's
+/// restart-once — and `op` runs once more on the started computer.
+async fn on_running<T, F, Fut>(
+    registry: &Registry,
+    session: &Session,
+    sandbox: SandboxRef,
+    op: F,
+) -> Result<(SandboxRef, T), CallError>
+where
+    F: Fn(SandboxRef) -> Fut,
+    Fut: std::future::Future<Output = Result<T, JobError>>,
+{
+    match op(sandbox.clone()).await {
+        Err(JobError::Backend(BackendError::NotRunning(_))) => {
+            let started = registry.start_stopped(session, &sandbox).await?;
+            let value = op(started.clone()).await?;
+            Ok((started, value))
+        }
+        answer => Ok((sandbox, answer?)),
+    }
+}
+
 /// `terminal_execute` with `yield_after`: the command runs as a job; the call returns when it
 /// ends or after `yield_after` seconds, whichever comes first.
 #[allow(clippy::too_many_arguments)]
@@ -266,8 +318,12 @@ pub async fn execute(
         Err(RegistryError::Cancelled) => return None,
         Err(error) => return Some(format::error(user_message(&error))),
     };
+    let request = &request;
     let followed = async {
-        let job = jobs.start(&sandbox, &request, cancel).await?;
+        let (sandbox, job) = on_running(registry, session, sandbox, |sandbox| async move {
+            jobs.start(&sandbox, request, cancel).await
+        })
+        .await?;
         let snapshot = jobs
             .read(
                 &sandbox,
@@ -278,14 +334,19 @@ pub async fn execute(
                 cancel,
             )
             .await?;
-        Ok::<_, JobError>((job, snapshot))
+        Ok::<_, CallError>((sandbox, job, snapshot))
     }
     .await;
-    let (job, snapshot) = match followed {
+    let (sandbox, job, snapshot) = match followed {
         Ok(followed) => followed,
-        Err(error) => return job_error(&error),
+        Err(error) => return call_error(&error),
     };
-    jobs.set_cursor(session.id(), &job, snapshot.next_since);
+    jobs.set_cursor(
+        session.id(),
+        &sandbox.computer_id,
+        &job,
+        snapshot.next_since,
+    );
     let mut payload = Map::new();
     payload.insert("computer_id".into(), json!(sandbox.computer_id.slug()));
     payload.insert("temporary".into(), json!(sandbox.temporary));
@@ -303,9 +364,10 @@ pub async fn execute(
     Some(format::success(payload))
 }
 
-/// The computer holding `job`: where this process last saw it, else the computers this
-/// session holds, else any running computer of the backend (a job started by an earlier
-/// server process).
+/// The computer holding `job`: one of the caller's computers this process knows to hold it,
+/// else the computers this session holds, else any running computer of the caller (a job
+/// started by an earlier server process). Probing starts no computer, and a job found by
+/// probing is remembered.
 async fn locate(
     registry: &Registry,
     jobs: &Jobs,
@@ -314,11 +376,12 @@ async fn locate(
     cancel: &CancellationToken,
 ) -> Result<SandboxRef, JobError> {
     let not_found = || JobError::NotFound(job.clone());
-    if let Some(computer) = jobs.computer_of(job) {
-        return registry
-            .attach_existing(session, &computer)
-            .await
-            .map_err(|_| not_found());
+    for computer in jobs.computers_of(job) {
+        if computer.belongs_to(session.principal())
+            && let Ok(sandbox) = registry.attach_existing(session, &computer).await
+        {
+            return Ok(sandbox);
+        }
     }
     let mut candidates: Vec<SandboxRef> = Vec::new();
     for computer in session.default_id().into_iter().chain(session.held()) {
@@ -343,6 +406,7 @@ async fn locate(
     }
     for sandbox in candidates.into_iter().take(PROBE_LIMIT) {
         if jobs.exists(&sandbox, job, cancel).await.unwrap_or(false) {
+            jobs.remember(&sandbox.computer_id, job);
             return registry
                 .attach_existing(session, &sandbox.computer_id)
                 .await
@@ -388,7 +452,7 @@ async fn act_then_read<F, Fut>(
     act: F,
 ) -> Option<CallToolResult>
 where
-    F: FnOnce(SandboxRef) -> Fut,
+    F: Fn(SandboxRef) -> Fut,
     Fut: std::future::Future<Output = Result<(), JobError>>,
 {
     let sandbox = match locate(registry, jobs, session, &job, cancel).await {
@@ -397,20 +461,21 @@ where
     };
     let since = from
         .since
-        .unwrap_or_else(|| jobs.cursor(session.id(), &job));
-    let read = async {
+        .unwrap_or_else(|| jobs.cursor(session.id(), &sandbox.computer_id, &job));
+    let (job, act) = (&job, &act);
+    let read = on_running(registry, session, sandbox, |sandbox| async move {
         act(sandbox.clone()).await?;
-        jobs.read(&sandbox, &job, since, from.wait, WaitFor::Output, cancel)
+        jobs.read(&sandbox, job, since, from.wait, WaitFor::Output, cancel)
             .await
-    };
+    });
     match read.await {
-        Ok(snapshot) => {
+        Ok((sandbox, snapshot)) => {
             if from.since.is_none() {
-                jobs.set_cursor(session.id(), &job, snapshot.next_since);
+                jobs.set_cursor(session.id(), &sandbox.computer_id, job, snapshot.next_since);
             }
-            Some(job_payload(&job, &sandbox.computer_id, &snapshot))
+            Some(job_payload(job, &sandbox.computer_id, &snapshot))
         }
-        Err(error) => job_error(&error),
+        Err(error) => call_error(&error),
     }
 }
 
@@ -467,15 +532,11 @@ pub async fn write(
     let data = (!stdin.is_empty()).then_some(stdin);
     let from = ReadFrom { since: None, wait };
     let target = job.clone();
-    act_then_read(
-        registry,
-        jobs,
-        session,
-        job,
-        from,
-        cancel,
-        |sandbox| async move { jobs.write(&sandbox, &target, data, close, cancel).await },
-    )
+    act_then_read(registry, jobs, session, job, from, cancel, |sandbox| {
+        let data = data.clone();
+        let target = &target;
+        async move { jobs.write(&sandbox, target, data, close, cancel).await }
+    })
     .await
 }
 
@@ -505,15 +566,10 @@ pub async fn kill(
         wait: Duration::ZERO,
     };
     let target = job.clone();
-    act_then_read(
-        registry,
-        jobs,
-        session,
-        job,
-        from,
-        cancel,
-        |sandbox| async move { jobs.kill(&sandbox, &target, signal, cancel).await },
-    )
+    act_then_read(registry, jobs, session, job, from, cancel, |sandbox| {
+        let target = &target;
+        async move { jobs.kill(&sandbox, target, signal, cancel).await }
+    })
     .await
 }
 
@@ -533,21 +589,29 @@ pub async fn list(
         },
         Ok(None) => session.default_id(),
     };
-    let rows = match computer {
+    let listing = match computer {
         // No default computer yet: nothing has run, so no job either (and none is created).
-        None => Vec::new(),
+        None => Listing {
+            jobs: Vec::new(),
+            truncated: false,
+        },
         Some(id) => {
-            let sandbox = match registry.attach_existing(session, &id).await {
-                Ok(sandbox) => sandbox,
-                Err(error) => return Some(format::error(user_message(&error))),
+            let listed = async {
+                let sandbox = registry.attach_existing(session, &id).await?;
+                let (_, listing) = on_running(registry, session, sandbox, |sandbox| async move {
+                    jobs.list(&sandbox, cancel).await
+                })
+                .await?;
+                Ok::<_, CallError>(listing)
             };
-            match jobs.list(&sandbox, cancel).await {
-                Ok(rows) => rows,
-                Err(error) => return job_error(&error),
+            match listed.await {
+                Ok(listing) => listing,
+                Err(error) => return call_error(&error),
             }
         }
     };
-    let rows: Vec<Value> = rows
+    let rows: Vec<Value> = listing
+        .jobs
         .iter()
         .map(|row| {
             json!({
@@ -565,5 +629,8 @@ pub async fn list(
     let count = rows.len();
     payload.insert("jobs".into(), Value::Array(rows));
     payload.insert("count".into(), json!(count));
+    if listing.truncated {
+        payload.insert("truncated".into(), json!(true));
+    }
     Some(format::success(payload))
 }

@@ -5,7 +5,7 @@ use tracing::{info, instrument};
 
 use super::quotas::Admission;
 use super::{Registry, RegistryError, Session, lock};
-use crate::backends::{CreateSpec, Progress, SandboxRef};
+use crate::backends::{BackendError, CreateSpec, Progress, SandboxRef};
 use crate::ids::ComputerId;
 
 /// Random slugs drawn before giving up (docs/decisions.md, "Computer ids").
@@ -90,6 +90,61 @@ impl Registry {
             &crate::backends::NoProgress,
         )
         .await
+    }
+
+    /// Starts a computer that work on it found stopped (the job tools, whose scripts do not
+    /// take the exec turn): once, under the computer's lifecycle lock, through the same
+    /// admission against the running limit as every other start. A computer removed or
+    /// replaced meanwhile is not started: the caller gets it gone, or the new incarnation.
+    pub async fn start_stopped(
+        &self,
+        session: &Session,
+        stopped: &SandboxRef,
+    ) -> Result<SandboxRef, RegistryError> {
+        let id = &stopped.computer_id;
+        if !id.belongs_to(session.principal()) {
+            return Err(RegistryError::NotFound(id.clone()));
+        }
+        let slot = self.slot(id);
+        let result = async {
+            let _lifecycle = slot.lifecycle.lock().await;
+            let current = lock(&slot.state).record.clone();
+            match current {
+                None => Err(BackendError::Vanished(id.clone()).into()),
+                Some(current) if current != *stopped => Ok(current),
+                Some(current) => match self.start_admitted(session.principal(), &current).await {
+                    Ok(fresh) => {
+                        let mut state = lock(&slot.state);
+                        if state.record.is_some() {
+                            state.record = Some(fresh.clone());
+                        }
+                        Ok(fresh)
+                    }
+                    Err(RegistryError::Backend(BackendError::Vanished(_))) => {
+                        self.drop_everywhere(id);
+                        Err(BackendError::Vanished(id.clone()).into())
+                    }
+                    Err(error) => Err(error),
+                },
+            }
+        }
+        .await;
+        drop(slot);
+        self.prune_slot(id);
+        result
+    }
+
+    /// The one way a stopped computer of `principal` is started: admitted against the running
+    /// limit (docs/auth.md, "Quotas"), then started by the backend.
+    pub(super) async fn start_admitted(
+        &self,
+        principal: &crate::ids::Principal,
+        sandbox: &SandboxRef,
+    ) -> Result<SandboxRef, RegistryError> {
+        let _admitted = self
+            .admit(principal, &sandbox.computer_id, Admission::Start)
+            .await?;
+        Ok(self.backend.ensure_running(sandbox).await?)
     }
 
     /// A random id checked free by one provider lookup; creating it needs no second one.
@@ -197,13 +252,12 @@ impl Registry {
             }
             Some(found) => {
                 info!(target: "kilntainers::audit", principal = %session.principal(), computer_id = %id, sandbox_id = %found.sandbox.sandbox_id, "attaching");
-                let _admitted = if found.running {
-                    None
+                if found.running {
+                    Ok(self.backend.ensure_running(&found.sandbox).await?)
                 } else {
-                    self.admit(session.principal(), id, Admission::Start)
-                        .await?
-                };
-                Ok(self.backend.ensure_running(&found.sandbox).await?)
+                    self.start_admitted(session.principal(), &found.sandbox)
+                        .await
+                }
             }
             None => {
                 let _admitted = self

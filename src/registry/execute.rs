@@ -2,8 +2,8 @@
 //! lifecycle ops and shutdown interrupt, and the single restart of a stopped computer (docs/decisions.md, "Dead computers").
 
 use tokio_util::sync::CancellationToken;
+use tracing::debug;
 
-use super::quotas::Admission;
 use super::slots::{InFlight, Slot};
 use super::{Executed, Interruption, Registry, RegistryError, Session, lock};
 use crate::backends::{BackendError, NoProgress, Progress, SandboxRef};
@@ -27,7 +27,7 @@ impl Registry {
         let id = acquired.computer_id.clone();
         let slot = self.slot(&id);
         Self::renew_lease(&slot, session);
-        let _turn = slot.exec.lock().await;
+        let _turn = Self::take_turn(&slot, &id).await?;
         let mut restarted_once = false;
         loop {
             let Some(sandbox) = lock(&slot.state).record.clone() else {
@@ -61,19 +61,16 @@ impl Registry {
                     // No lifecycle lock here: we hold the exec lock, and the lock order is
                     // lifecycle before exec. Starting a container is idempotent anyway.
                     restarted_once = true;
-                    let _admitted = self
-                        .admit(session.principal(), &id, Admission::Start)
-                        .await?;
-                    match self.backend.ensure_running(&sandbox).await {
+                    match self.start_admitted(session.principal(), &sandbox).await {
                         Ok(fresh) => {
                             lock(&slot.state).record = Some(fresh);
                             continue;
                         }
-                        Err(BackendError::Vanished(_)) => {
+                        Err(RegistryError::Backend(BackendError::Vanished(_))) => {
                             self.drop_everywhere(&id);
                             Err(BackendError::Vanished(id).into())
                         }
-                        Err(other) => Err(other.into()),
+                        Err(other) => Err(other),
                     }
                 }
                 Err(ExecError::Backend(BackendError::Vanished(_))) => {
@@ -103,7 +100,7 @@ impl Registry {
         let id = acquired.computer_id.clone();
         let slot = self.slot(&id);
         Self::renew_lease(&slot, session);
-        let _turn = slot.exec.lock().await;
+        let _turn = Self::take_turn(&slot, &id).await?;
         let Some(sandbox) = lock(&slot.state).record.clone() else {
             return Err(RegistryError::Backend(BackendError::Vanished(id)));
         };
@@ -116,6 +113,28 @@ impl Registry {
             Some(op) => Err(RegistryError::Interrupted { id, op }),
             None if cancel.is_cancelled() => Err(RegistryError::Cancelled),
             None => Ok((sandbox, answer)),
+        }
+    }
+
+    /// Waits for the computer's FIFO exec turn. Work that queued before a restart, factory
+    /// reset or delete of the computer began does not run when its turn comes: it is
+    /// interrupted like the work that was in flight (docs/decisions.md, "Lifecycle
+    /// operations").
+    async fn take_turn<'a>(
+        slot: &'a Slot,
+        id: &ComputerId,
+    ) -> Result<tokio::sync::MutexGuard<'a, ()>, RegistryError> {
+        let queued_at = Self::ops_begun(slot);
+        let turn = match slot.exec.try_lock() {
+            Ok(turn) => turn,
+            Err(_) => {
+                debug!(computer_id = %id, "queued for the computer's exec turn");
+                slot.exec.lock().await
+            }
+        };
+        match Self::interrupted_while_queued(slot, queued_at) {
+            Some(op) => Err(RegistryError::Interrupted { id: id.clone(), op }),
+            None => Ok(turn),
         }
     }
 

@@ -4,6 +4,7 @@
 
 use std::collections::HashSet;
 
+use super::slots::Slot;
 use super::{Interruption, Registry, RegistryError, Removal, lock};
 use crate::backends::{ComputerInfo, CreateSpec, Progress, SandboxRef};
 use crate::ids::{ComputerId, Principal};
@@ -60,7 +61,11 @@ impl Registry {
         }
     }
 
-    /// Runs a lifecycle op under the computer's locks after interrupting its exec in flight.
+    /// Runs a lifecycle op under the computer's locks after interrupting its exec in flight
+    /// (and the work queued for its turn). When the op fails, the record is made to agree
+    /// with the provider again before the locks are released: a computer the failed op left
+    /// removed (a factory reset whose creation failed) is dropped as if deleted, so the next
+    /// command creates it instead of finding a record of nothing.
     async fn with_lifecycle<T>(
         &self,
         id: &ComputerId,
@@ -68,22 +73,54 @@ impl Registry {
         work: impl AsyncFnOnce(SandboxRef) -> Result<(T, Option<SandboxRef>), RegistryError>,
     ) -> Result<T, RegistryError> {
         let slot = self.slot(id);
+        let mut gone = false;
         let result = async {
             let _lifecycle = slot.lifecycle.lock().await;
             Self::interrupt(&slot, op);
             let _exec = slot.exec.lock().await;
             let sandbox = self.find(id).await?;
-            let (value, replacement) = work(sandbox).await?;
-            let mut state = lock(&slot.state);
-            if state.record.is_some() {
-                state.record = replacement;
+            match work(sandbox).await {
+                Ok((value, replacement)) => {
+                    let mut state = lock(&slot.state);
+                    if state.record.is_some() {
+                        state.record = replacement;
+                    }
+                    Ok(value)
+                }
+                Err(error) => {
+                    gone = self.reconcile_after_failure(&slot, id).await;
+                    Err(error)
+                }
             }
-            Ok(value)
         }
         .await;
         drop(slot);
+        if gone {
+            self.drop_everywhere(id);
+            self.removed(id, Removal::Gone);
+        }
         self.prune_slot(id);
         result
+    }
+
+    /// After a failed lifecycle op: the provider's word on the computer replaces the record.
+    /// Returns whether the computer is gone. When the provider cannot be asked, the record is
+    /// kept (a temporary computer's record is what the shutdown sweep removes it by).
+    async fn reconcile_after_failure(&self, slot: &Slot, id: &ComputerId) -> bool {
+        match self.backend.lookup(id).await {
+            Ok(Some(found)) => {
+                let mut state = lock(&slot.state);
+                if state.record.is_some() {
+                    state.record = Some(found.sandbox);
+                }
+                false
+            }
+            Ok(None) => true,
+            Err(error) => {
+                tracing::warn!(computer_id = %id, %error, "could not look the computer up after a failed lifecycle operation");
+                false
+            }
+        }
     }
 
     /// Restarts `owner`'s computer `id`.

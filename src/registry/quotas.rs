@@ -105,6 +105,10 @@ impl Registry {
                 running.insert(&row.sandbox.computer_id);
             }
         }
+        // Starting a computer that already runs adds none.
+        if admission == Admission::Start {
+            running.remove(id);
+        }
         let (total, running) = (all.len(), running.len());
         if admission == Admission::Create
             && let Some(max) = gate.limits.max_computers

@@ -30,6 +30,10 @@ pub(super) struct SlotState {
     pub(super) in_flight: Option<InFlight>,
     /// Why the in-flight exec was cancelled by a lifecycle op, if it was.
     pub(super) interrupted_by: Option<Interruption>,
+    /// Lifecycle ops begun on this computer, and the last one: work that queued for the exec
+    /// turn before an op began is interrupted by it like the work in flight.
+    pub(super) ops_begun: u64,
+    pub(super) last_op: Option<Interruption>,
     /// Held by sessionless requests until this instant.
     pub(super) lease_until: Option<Instant>,
 }
@@ -90,12 +94,32 @@ impl Registry {
         self.prune_slot(id);
     }
 
-    /// Cancels the exec in flight on `slot`, telling its caller why.
+    /// Cancels the exec in flight on `slot`, telling its caller why, and marks the work queued
+    /// for the computer's turn as interrupted too ([`Self::interrupted_while_queued`]).
     pub(super) fn interrupt(slot: &Slot, op: Interruption) {
         let mut state = lock(&slot.state);
+        state.ops_begun += 1;
+        state.last_op = Some(op);
         if let Some(in_flight) = state.in_flight.take() {
             state.interrupted_by = Some(op);
             in_flight.cancel.cancel();
+        }
+    }
+
+    /// Where the lifecycle ops of `slot` stand; taken before queueing for its exec turn.
+    pub(super) fn ops_begun(slot: &Slot) -> u64 {
+        lock(&slot.state).ops_begun
+    }
+
+    /// The lifecycle op that began on `slot` since `queued_at` (from [`Self::ops_begun`]), if
+    /// one did: the work that waited for the turn through it must not run on a computer being
+    /// restarted, reset or deleted, and gets the message of a command in flight.
+    pub(super) fn interrupted_while_queued(slot: &Slot, queued_at: u64) -> Option<Interruption> {
+        let state = lock(&slot.state);
+        if state.ops_begun == queued_at {
+            None
+        } else {
+            state.last_op
         }
     }
 

@@ -772,3 +772,149 @@ async fn the_running_limit_holds_however_a_stopped_computer_would_start() {
     within(registry.restart(&stopped, &owner)).await.unwrap();
     assert!(backend.is_running(&stopped));
 }
+
+// See: issue 30 (item 3)
+#[tokio::test(start_paused = true)]
+async fn issue_30_work_that_finds_a_computer_stopped_starts_it_through_the_running_limit() {
+    let (backend, registry) = setup_with(crate::registry::Quotas {
+        max_computers: None,
+        max_running: Some(1),
+    });
+    let session = registry.open_session(Principal::default_principal());
+    let (stopped, other) = (id("stopped"), id("other"));
+    let sandbox = execute(&registry, &session, Some(&stopped), false, "warm")
+        .await
+        .unwrap()
+        .sandbox;
+    backend.stop(&stopped);
+    backend.insert(&other, false, true);
+    match within(registry.start_stopped(&session, &sandbox)).await {
+        Err(RegistryError::QuotaReached(message)) => {
+            assert!(message.contains("--max-running-per-user"), "{message}");
+        }
+        other => panic!("expected the running limit, got {other:?}"),
+    }
+    assert!(!backend.is_running(&stopped));
+    assert_eq!(backend.counts(&stopped).ensure_running, 0);
+    // With the other one gone it starts, once; starting it again costs no admission.
+    backend.vanish(&other);
+    let started = within(registry.start_stopped(&session, &sandbox))
+        .await
+        .unwrap();
+    assert!(backend.is_running(&stopped));
+    within(registry.start_stopped(&session, &started))
+        .await
+        .unwrap();
+    // Another principal's computer is not started for this session.
+    let stranger = registry.open_session(Principal::parse("mallory").unwrap());
+    assert!(matches!(
+        within(registry.start_stopped(&stranger, &sandbox)).await,
+        Err(RegistryError::NotFound(_))
+    ));
+}
+
+// See: issue 30 (item 14)
+#[tokio::test(start_paused = true)]
+async fn issue_30_execs_queued_when_a_lifecycle_op_begins_are_interrupted_and_never_run() {
+    for op in [
+        Interruption::Restart,
+        Interruption::Reset,
+        Interruption::Delete,
+    ] {
+        let (backend, registry) = setup();
+        let owner = Principal::default_principal();
+        let session = registry.open_session(owner.clone());
+        let box_id = id("box");
+        execute(&registry, &session, Some(&box_id), false, "warm")
+            .await
+            .unwrap();
+        backend.script_exec_on(&box_id, ExecScript::Hang);
+        let long = spawn_execute(&registry, &session, Some(&box_id), false, "long");
+        backend
+            .wait_until(|log| log.iter().any(started("long")))
+            .await;
+        let queued: Vec<_> = (0..2)
+            .map(|n| spawn_execute(&registry, &session, Some(&box_id), false, &format!("q{n}")))
+            .collect();
+        settle().await;
+        match op {
+            Interruption::Restart => within(registry.restart(&box_id, &owner)).await.map(drop),
+            Interruption::Reset => {
+                within(registry.factory_reset(&box_id, &owner, Registry::no_progress()))
+                    .await
+                    .map(drop)
+            }
+            Interruption::Delete => within(registry.delete(&box_id)).await,
+        }
+        .unwrap();
+        for task in std::iter::once(long).chain(queued) {
+            match join(task).await {
+                Err(RegistryError::Interrupted { id: got, op: by }) => {
+                    assert_eq!((got, by), (box_id.clone(), op));
+                }
+                other => panic!(
+                    "{op:?}: expected an interruption, got {:?}",
+                    other.map(|e| e.outcome)
+                ),
+            }
+        }
+        assert_eq!(exec_starts(&backend), ["warm", "long"], "{op:?}");
+        // A command that arrives afterwards runs (on the new incarnation, or creates anew).
+        let after = execute(&registry, &session, Some(&box_id), false, "after").await;
+        assert_eq!(exit_code(&after), 0, "{op:?}");
+    }
+}
+
+// See: issue 30 (item 15)
+#[tokio::test(start_paused = true)]
+async fn issue_30_a_reset_whose_creation_fails_leaves_no_record_of_the_removed_computer() {
+    let (backend, registry) = setup();
+    let heard = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = heard.clone();
+    registry.on_removed(Box::new(move |id, how| {
+        lock(&sink).push((id.to_string(), how));
+    }));
+    let owner = Principal::default_principal();
+    let session = registry.open_session(owner.clone());
+    let box_id = id("box");
+    let before = execute(&registry, &session, Some(&box_id), false, "warm")
+        .await
+        .unwrap()
+        .sandbox;
+    backend.fail_creates(&box_id, 1);
+    let failed = within(registry.factory_reset(&box_id, &owner, Registry::no_progress())).await;
+    assert!(
+        matches!(
+            failed,
+            Err(RegistryError::Backend(BackendError::Provider(_)))
+        ),
+        "{failed:?}"
+    );
+    assert!(!backend.exists(&box_id));
+    assert!(
+        recorded(&registry).is_empty(),
+        "a record of the removed computer"
+    );
+    assert_eq!(session.owned_mode(&box_id), None);
+    assert_eq!(
+        *lock(&heard),
+        [
+            ("box".to_owned(), Removal::Replaced),
+            ("box".to_owned(), Removal::Gone)
+        ]
+    );
+    // The next command creates it instead of reporting it vanished.
+    let again = execute(&registry, &session, Some(&box_id), false, "again").await;
+    assert_eq!(exit_code(&again), 0);
+    assert_ne!(again.unwrap().sandbox.sandbox_id, before.sandbox_id);
+    assert_every_record_has_an_owner(&registry);
+    // A reset that fails before removing anything keeps the computer and its record.
+    backend.fail_removes(&box_id, 1);
+    assert!(
+        within(registry.factory_reset(&box_id, &owner, Registry::no_progress()))
+            .await
+            .is_err()
+    );
+    assert!(backend.exists(&box_id));
+    assert_eq!(recorded(&registry), HashSet::from([box_id]));
+}

@@ -9,6 +9,7 @@ The server's peak RSS is its `VmHWM` (which also covers start-up); its log is it
 
 from __future__ import annotations
 
+import subprocess
 import time
 
 import anyio
@@ -207,3 +208,113 @@ async def test_issue_15_a_replaced_shell_flooding_readiness_keeps_the_server_bou
         # The shell itself still works for ordinary commands.
         ok = await srv.call({"command": "echo fine", "computer_id": victim, "timeout": 20})
         assert ok.ok().structured["stdout"] == "fine\n", ok
+
+
+def replace_shell(container: str, script: str) -> None:
+    """Puts `script` in place of the computer's /bin/sh (as root inside it could)."""
+    install = "cat > /tmp/.evil-sh && chmod 755 /tmp/.evil-sh && mv -f /tmp/.evil-sh /bin/sh"
+    proc = subprocess.run(
+        ["docker", "exec", "-i", container, "/bin/busybox", "sh", "-c", install],
+        input=script, capture_output=True, text=True, timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+
+
+# A shell that answers the job listing (the only job script that prints `J <id>` rows) with
+# what /tmp/mode says: `claim` lists the id in /tmp/claim, `rows` 9,000 forged rows (230 KB),
+# `flood` 320,000 forged rows (8.3 MB: just under the old 8 MiB cap), each with new ids.
+FORGED_JOB_LIST_SHELL = r"""#!/bin/busybox sh
+case "$*" in
+*"printf 'J %s"*)
+  n=$(/bin/busybox cat /tmp/floods 2>/dev/null || echo 0); echo $((n + 1)) > /tmp/floods
+  case "$(/bin/busybox cat /tmp/mode)" in
+  claim) printf 'J %s\n{}\nrunning\n0\nT 1\n' "$(/bin/busybox cat /tmp/claim)" ;;
+  rows) /bin/busybox awk -v b="$n" 'BEGIN { for (i = 0; i < 9000; i++) printf "J j-%08x\n{}\nrunning\n0\n", b * 1000000 + i }' ;;
+  *) /bin/busybox awk -v b="$n" 'BEGIN { for (i = 0; i < 320000; i++) printf "J j-%08x\n{}\nrunning\n0\n", b * 1000000 + i }' ;;
+  esac
+  exit 0 ;;
+esac
+exec /bin/busybox sh "$@"
+"""
+
+
+async def test_issue_30_forged_job_rows_are_capped_and_never_remembered(kbb):
+    """See: issue 30 (item 2). A replaced shell answers job_list with 320,000 forged rows, six
+    times (it took a server from 31 MB to 891 MB, kept after the computer was gone): the answer
+    is refused or cut to the row limit, the server's peak RSS stays bounded, and a forged claim
+    of another computer's job id does not hide that job from job_output."""
+    victim, honest = kbb.new_id("hostile-jobs"), kbb.new_id("hostile-jobs-ok")
+    async with kbb.server(*BUSYBOX_ARGS, "--job-tools", env=ON) as srv:
+        await srv.run("true", computer_id=victim)
+        job = (await srv.call({"command": "sleep 300", "yield_after": 0, "computer_id": honest})).ok().structured
+        container = container_for(victim)
+        replace_shell(container, FORGED_JOB_LIST_SHELL)
+        assert docker_exec(container, "/bin/busybox", "sh", "-c", f"echo {job['job_id']} > /tmp/claim").returncode == 0
+        log_before = srv.errlog.stat().st_size
+
+        def mode(name: str) -> None:
+            assert docker_exec(container, "/bin/busybox", "sh", "-c", f"echo {name} > /tmp/mode").returncode == 0
+
+        mode("flood")
+        floods = [await srv.call({"computer_id": victim}, name="job_list", timeout=120) for _ in range(6)]
+        assert_bounded(srv, log_before)
+        for res in floods:
+            if res.is_error:
+                assert "its answer was larger than expected" in res.text, res.text
+            else:
+                assert res.structured["count"] <= 128, res.structured["count"]
+        mode("rows")
+        # 9,000 rows fit the answer cap; the default --max-jobs (16) lists 64 of them.
+        rows = (await srv.call({"computer_id": victim}, name="job_list")).ok().structured
+        assert rows["count"] == 64 and rows["truncated"] is True, (rows["count"], rows.get("truncated"))
+        # The victim claims the honest computer's job: listing it there changes nothing about
+        # where the job is found.
+        mode("claim")
+        claimed = (await srv.call({"computer_id": victim}, name="job_list")).ok().structured
+        assert [row["job_id"] for row in claimed["jobs"]] == [job["job_id"]]
+        found = await srv.call({"job_id": job["job_id"]}, name="job_output")
+        assert found.ok().structured["computer_id"] == honest, found
+        (await srv.call({"job_id": job["job_id"], "signal": "KILL"}, name="job_kill")).ok()
+        assert_bounded(srv, log_before)
+
+
+# A shell that answers file_list (the program that runs `find … -mindepth 1`) with forged
+# entries: 500,000 (7.9 MB, under the 8 MiB the server used to read) or, with /tmp/mode
+# `under`, 130,000 (1.9 MB, under the listing's 2 MiB cap).
+FORGED_FILE_LIST_SHELL = r"""#!/bin/busybox sh
+case "$*" in
+*"-mindepth 1"*)
+  case "$(/bin/busybox cat /tmp/mode 2>/dev/null)" in
+  under) n=130000 ;;
+  *) n=500000 ;;
+  esac
+  /bin/busybox awk -v n="$n" 'BEGIN { print "ok"; for (i = 0; i < n; i++) printf "81a4 1 1 /%x\n", i }'
+  exit 0 ;;
+esac
+exec /bin/busybox sh "$@"
+"""
+
+
+async def test_issue_30_a_forged_file_list_flood_is_read_only_to_the_limit(kbb):
+    """See: issue 30 (item 2, the audit). file_list parsed its whole 8 MiB answer before
+    cutting it to 1,000 entries (~146 MB per call): an answer over the 2 MiB cap is refused,
+    one under it is read only to the limit + 1 entry."""
+    victim = kbb.new_id("hostile-files")
+    async with kbb.server(*BUSYBOX_ARGS, "--file-tools", env=ON) as srv:
+        await srv.run("true", computer_id=victim)
+        container = container_for(victim)
+        replace_shell(container, FORGED_FILE_LIST_SHELL)
+        log_before = srv.errlog.stat().st_size
+        floods = [await srv.call({"computer_id": victim, "path": "/"}, name="file_list", timeout=120) for _ in range(3)]
+        assert docker_exec(container, "/bin/busybox", "sh", "-c", "echo under > /tmp/mode").returncode == 0
+        under = [await srv.call({"computer_id": victim, "path": "/"}, name="file_list", timeout=120) for _ in range(3)]
+        assert_bounded(srv, log_before)
+        for res in floods:
+            if res.is_error:
+                assert res.text == "The computer answered with more than was asked for.", res.text
+            else:
+                listing = res.structured
+                assert (listing["count"], listing["truncated"]) == (1000, True), (listing["count"], listing["truncated"])
+        for res in under:
+            listing = res.ok().structured
+            assert (listing["count"], listing["truncated"]) == (1000, True), (listing["count"], listing["truncated"])

@@ -18,7 +18,7 @@ import time
 import anyio
 import pytest
 
-from conftest import BUSYBOX_ARGS, container_for, docker_exec, dump, poll, proc_scan_command
+from conftest import BUSYBOX_ARGS, apoll, container_for, docker_exec, dump, poll, proc_scan_command
 
 pytestmark = pytest.mark.anyio
 
@@ -304,3 +304,47 @@ async def test_restart_ends_jobs_and_delete_removes_them(kbb):
         (await srv.call({"computer_id": cid}, name="computer_delete")).ok()
         gone = await srv.call({"job_id": job}, name="job_output")
         assert gone.is_error and gone.text == f"Job {job} not found."
+
+
+FORGED_SLEEPS = ["sleep 1231", "sleep 1232", "sleep 1233"]
+# Orphans of a command that forged job tags: of a job that does not exist, a supervisor's tag,
+# and a job whose directory the command made itself (a directory alone is no running job).
+FORGE_JOB_TAGS = (
+    "(KILNTAINERS_EXEC_ID=job-j-0badf00d setsid sleep 1231 &); "
+    "(KILNTAINERS_EXEC_ID=jobsup-j-0badf00e setsid sleep 1232 &); "
+    "mkdir -p /.kilntainers/jobs/j-0badf00f && echo 1 > /.kilntainers/jobs/j-0badf00f/pid; "
+    "(KILNTAINERS_EXEC_ID=job-j-0badf00f setsid sleep 1233 &); "
+    "sleep 100"
+)
+
+
+@pytest.mark.parametrize("helper", ["on", "off"])
+async def test_issue_30_a_forged_job_tag_does_not_escape_the_timeout_kill(kbb, helper):
+    """See: issue 30 (item 10). Kill sweeps spare orphans tagged `job…` only when that job
+    runs: orphans that forged a job tag die with their command's timeout, while a real job
+    started on the same computer during that command keeps running."""
+    async with kbb.server(*JOBS_ARGS, env={"KILNTAINERS_EXEC_HELPER": helper}) as srv:
+        computer = (await srv.run("true")).structured["computer_id"]
+        container = container_for(computer)
+        real = "sleep 1240"
+        scan = proc_scan_command(*FORGED_SLEEPS, real)
+
+        def running() -> list[str]:
+            out = docker_exec(container, "sh", "-c", scan).stdout
+            return sorted(line.split(" ", 1)[1].strip() for line in out.splitlines())
+
+        outcome: dict = {}
+
+        async def forge() -> None:
+            outcome["res"] = await srv.call({"command": FORGE_JOB_TAGS, "timeout": 5})
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(forge)
+            assert await apoll(lambda: running() == FORGED_SLEEPS, 10), running()
+            job = (await srv.call({"command": real, "yield_after": 0})).ok().structured["job_id"]
+        assert outcome["res"].ok().structured["exit_code"] == 124
+        assert running() == [real], "an orphan with a forged job tag outlived its command's timeout"
+        listed = (await srv.call({}, name="job_list")).ok().structured
+        assert [(j["job_id"], j["running"]) for j in listed["jobs"]] == [(job, True)]
+        (await srv.call({"job_id": job, "signal": "KILL"}, name="job_kill")).ok()
+        assert running() == []

@@ -2,8 +2,11 @@
 into a table on stdout and, with `--write PATH`, into the reliability page
 (`docs/reliability.md`): the run's date and machine and one row per test with its outcome and
 figures, replacing only the page's generated section (the prose there is written by hand).
+With `--keep-earlier`, a run of some scenarios (`scripts/fault-test.sh -k …`) replaces only
+their rows: the rows of the page's earlier run for the other scenarios stay, under that run's
+own description.
 
-    python tests/faults/report.py [--results FILE] [--write docs/reliability.md]
+    python tests/faults/report.py [--results FILE] [--write docs/reliability.md [--keep-earlier]]
 
 Standard library only, so it runs without the test venv."""
 
@@ -78,13 +81,41 @@ def escape_cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def markdown(data: dict) -> str:
-    lines = [BEGIN, "", machine_text(data.get("run", {})) + ".", ""]
-    lines.append("| # | test | outcome | s | figures |")
-    lines.append("|---|------|---------|---|---------|")
+SCENARIOS = ["1", "2", "3", "4", "5", "6", "7", "8", "9"]
+TABLE_HEAD = ["| # | test | outcome | s | figures |", "|---|------|---------|---|---------|"]
+
+
+def earlier_tables(page: str) -> list[tuple[str, list[str]]]:
+    """The runs described in the page's generated section: each run's description line and
+    its table rows (`| <scenario> | ...`)."""
+    if BEGIN not in page or END not in page:
+        return []
+    section = page.split(BEGIN, 1)[1].split(END, 1)[0]
+    runs: list[tuple[str, list[str]]] = []
+    for line in section.splitlines():
+        if line.startswith("run on ") or line.startswith("Kept from an earlier run: run on "):
+            runs.append((line.removeprefix("Kept from an earlier run: ").rstrip(":").rstrip("."), []))
+        elif line.startswith("| ") and not line.startswith("| # ") and runs:
+            runs[-1][1].append(line)
+    return runs
+
+
+def row_scenario(row: str) -> str:
+    return row.split("|")[1].strip()
+
+
+def markdown(data: dict, earlier: list[tuple[str, list[str]]] | None = None) -> str:
+    lines = [BEGIN, "", machine_text(data.get("run", {})) + ".", "", *TABLE_HEAD]
     for scenario, test, outcome, seconds, figs in rows(data):
         lines.append(f"| {scenario} | `{escape_cell(test)}` | {escape_cell(outcome)} | {seconds} | {escape_cell(figs)} |")
-    missing = sorted(set("12345678") - {entry.get("scenario") for entry in data.get("tests", {}).values()})
+    ran = {entry.get("scenario") for entry in data.get("tests", {}).values()}
+    shown = set(ran)
+    for description, old_rows in earlier or []:
+        kept = [row for row in old_rows if row_scenario(row) not in ran]
+        if kept:
+            lines += ["", f"Kept from an earlier run: {description}:", "", *TABLE_HEAD, *kept]
+            shown |= {row_scenario(row) for row in kept}
+    missing = [scenario for scenario in SCENARIOS if scenario not in shown]
     if missing:
         lines += ["", f"Not run in this run: scenario {', '.join(missing)}."]
     lines += ["", END]
@@ -103,6 +134,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
     parser.add_argument("--write", type=Path, help="write the markdown page here")
+    parser.add_argument("--keep-earlier", action="store_true",
+                        help="keep the page's rows of scenarios this run did not run")
     args = parser.parse_args()
     if not args.results.exists():
         print(f"no results at {args.results}; run scripts/fault-test.sh", file=sys.stderr)
@@ -113,7 +146,8 @@ def main() -> int:
         print(f"\n[{scenario}] {test}: {outcome} ({seconds} s)\n    {figs}")
     if args.write:
         page = args.write.read_text() if args.write.exists() else ""
-        args.write.write_text(splice(page, markdown(data)))
+        earlier = earlier_tables(page) if args.keep_earlier else None
+        args.write.write_text(splice(page, markdown(data, earlier)))
         print(f"\nwrote {args.write}")
     return 0
 

@@ -74,6 +74,9 @@ DROPS_TAG = [
     ("overwrite the tag + setsid", "KILNTAINERS_EXEC_ID=x setsid sleep {M} & sleep 60"),
     ("env -u + setsid", "env -u KILNTAINERS_EXEC_ID setsid sleep {M} & sleep 60"),
     ("perl clears %ENV + setpgrp", "perl -e 'fork and exit; setpgrp(0,0); %ENV=(); exec \"sleep\", \"{M}\"'; sleep 60"),
+    # A job's orphans are spared only while that job runs (issue 30, item 10).
+    ("forged job tag + setsid", "KILNTAINERS_EXEC_ID=job-j-0badf00d setsid sleep {M} & sleep 60"),
+    ("forged job supervisor tag + setsid", "KILNTAINERS_EXEC_ID=jobsup-j-0badf00d setsid sleep {M} & sleep 60"),
 ]
 
 
@@ -174,8 +177,9 @@ async def test_kill_escapes_keeping_the_exec_tag(kbb, figures, exec_helper):
 
 @pytest.mark.parametrize("exec_helper", ["on", "off"])
 async def test_kill_escapes_dropping_the_exec_tag(kbb, figures, exec_helper):
-    """6 techniques that drop the exec tag from their environment and leave the process group
-    (`env -i`, `setsid env -i sh -c`, unset or overwritten tag, perl clearing %ENV), each run 3
+    """8 techniques that drop the exec tag from their environment and leave the process group
+    (`env -i`, `setsid env -i sh -c`, unset or overwritten tag, a forged job tag, perl clearing
+    %ENV), each run 3
     times with timeout 1: nothing survives either.  Needs a kill that does not rely on the tag
     (expected to fail until the cgroup-level kill of issue 15 item 7 is in)."""
     repeated = [(f"{name} #{n + 1}", template) for n in range(DROPS_TAG_REPEATS) for name, template in DROPS_TAG]

@@ -596,6 +596,8 @@ pub async fn job_outlives_its_start_and_is_read_whole(h: Harness) {
     assert_eq!(tail.stdout.len() + tail.stderr.len(), 12);
     assert_eq!(tail.next_since, 24);
     let listed = jobs.list(&sandbox, &cancel).await.unwrap();
+    assert!(!listed.truncated);
+    let listed = listed.jobs;
     assert_eq!(listed.len(), 1);
     assert_eq!(listed[0].job_id, job_id);
     assert_eq!(
