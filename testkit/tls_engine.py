@@ -185,7 +185,8 @@ class TlsEngine:
             for child in children:
                 _stop(child)
             if self._proc is not None:
-                self._proc.poll()  # reaped by _stop already; this only settles the Popen object
+                # Reaped by _stop, or by whoever waits for children in this process.
+                self._proc.wait(timeout=STOP_TIMEOUT)
             self.pid = None
         for root in (self.root, self.exec_root):
             _unmount_below(root)
@@ -196,11 +197,14 @@ class TlsEngine:
 
 
 def _children(pid: int) -> list[int]:
-    try:
-        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
-    except OSError:
-        return []
-    return [int(p) for p in text.split()]
+    """The children of every thread of `pid` (each thread lists only those it started)."""
+    children: list[int] = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            children.extend(int(p) for p in (task / "children").read_text().split())
+        except OSError:
+            continue
+    return children
 
 
 def _alive(pid: int) -> bool:

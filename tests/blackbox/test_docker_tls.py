@@ -14,10 +14,12 @@ from __future__ import annotations
 import json
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
 from conftest import BIN, BUSYBOX_ARGS, RUN_PREFIX, apoll, containers_for
+from testkit import procfs
 from testkit.tls_engine import TlsEngine, make_certificates
 
 pytestmark = pytest.mark.anyio
@@ -125,4 +127,13 @@ async def test_tls_engine_fixture_leaves_nothing_behind():
         assert json.loads(tls_engine.docker("version", "--format", "{{json .Server.Version}}").stdout)
     assert subprocess.run(["ip", "link", "show", bridge], capture_output=True).returncode != 0
     assert not root.exists() and not exec_root.exists()
-    assert not (pid and subprocess.run(["kill", "-0", str(pid)], capture_output=True).returncode == 0)
+    assert pid and not procfs.alive(pid)
+    # Its containerd (started by the daemon, configured under the exec root) is gone too.
+    assert not [p for p in Path("/proc").glob("[0-9]*") if str(exec_root) in _cmdline(p)]
+
+
+def _cmdline(proc: Path) -> str:
+    try:
+        return (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""

@@ -87,7 +87,9 @@ def engine(request, registry, silent, refusing):
 def pushed(request, registry, engine):
     """An image just built and pushed, which the engine under test does not have."""
     repository = f"kiln-pull/{RUN_PREFIX}-{engine.name}"
-    image = registry.push(repository, re.sub(r"[^a-z0-9]", "-", request.node.name.lower())[-60:], fresh_layer_bytes=FRESH_LAYER)
+    # A tag of the test's name: letters, digits, `.`, `_` and `-`, starting with a letter.
+    tag = "t-" + re.sub(r"[^a-z0-9]+", "-", request.node.name.lower())[-60:]
+    image = registry.push(repository, tag, fresh_layer_bytes=FRESH_LAYER)
     assert not engine.image_exists(image)
     try:
         yield image
