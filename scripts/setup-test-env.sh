@@ -7,8 +7,9 @@
 #
 # Steps (one line each, with timings):
 #   1. apt: install what is missing of runc docker.io busybox-static debootstrap
-#      python3-venv podman runsc curl libc6-dev shellcheck (apt-get update at most once; crun is
-#      never requested)
+#      python3-venv podman runsc curl libc6-dev shellcheck docker-registry (apt-get update at
+#      most once; crun is never requested; docker-registry's own service is never started: the
+#      pull tests run their own registry on loopback)
 #   2. docker: scripts/ensure-dockerd.sh (starts dockerd, registers gVisor's runsc)
 #   3. podman config: .test-env/containers.conf (ulimits within the hard limits, runtime runc)
 #   4. images: scripts/build-test-images.sh
@@ -82,7 +83,9 @@ step_packages() {
     # is requested in the same transaction.
     # libc6-dev: the static C library the exec helper links against (build.rs).
     # The lint step of scripts/test.sh needs shellcheck.
-    local pkgs=(runc docker.io busybox-static debootstrap python3-venv curl libc6-dev shellcheck)
+    # docker-registry: Debian's build of the CNCF distribution registry, which the image pull
+    # tests run on loopback (tests/blackbox/test_image_pull.py, testkit/registry.py).
+    local pkgs=(runc docker.io busybox-static debootstrap python3-venv curl libc6-dev shellcheck docker-registry)
     [[ "${SKIP_PODMAN:-0}" == 1 ]] || pkgs+=(podman)
     [[ "${SKIP_RUNSC:-0}" == 1 ]] || pkgs+=(runsc)
     local missing=() p
@@ -93,12 +96,25 @@ step_packages() {
         step_end "all installed"
         return 0
     fi
+    # docker-registry's maintainer script starts its service (listening on :5000 on every
+    # interface) unless a policy forbids it; where the machine has no policy, one that forbids
+    # every service start is in place for this install only.
+    local policy=/usr/sbin/policy-rc.d made_policy=0 ok=1
+    if [[ ! -e "$policy" ]]; then
+        printf '#!/bin/sh\n# setup-test-env.sh: no service starts during its apt-get install\nexit 101\n' >"$policy"
+        chmod 755 "$policy"
+        made_policy=1
+    fi
     if ! apt_ensure "${pkgs[@]}"; then
         # Retry the required ones alone so an optional package cannot block the rest.
         warn "apt-get install of all packages failed; retrying without podman/runsc"
-        apt_ensure runc docker.io busybox-static debootstrap python3-venv curl libc6-dev shellcheck ||
-            die "could not install the required packages"
+        apt_ensure runc docker.io busybox-static debootstrap python3-venv curl libc6-dev shellcheck docker-registry ||
+            ok=0
     fi
+    if [[ "$made_policy" == 1 ]]; then
+        rm -f "$policy"
+    fi
+    [[ "$ok" == 1 ]] || die "could not install the required packages"
     if pkg_installed crun; then
         warn "crun is installed; it fails on cgroup v1 hybrid hosts, containers.conf pins podman to runc"
     fi

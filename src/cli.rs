@@ -304,6 +304,34 @@ pub struct DockerArgs {
         help_heading = "docker backend options"
     )]
     pub docker_host: Option<String>,
+    /// Not in the Python reference: TLS to a remote engine, read as the docker CLI reads it
+    /// (docs/decisions.md, "Docker and Podman"). The environment variables are read in
+    /// `config::engine`, because the CLI's rule for `DOCKER_TLS_VERIFY` (any non-empty value,
+    /// "0" included) is not clap's.
+    #[arg(
+        long,
+        help = "Reach a tcp:// --docker-host over TLS, verifying the engine's certificate against ca.pem and presenting cert.pem/key.pem (also when DOCKER_TLS_VERIFY is set to any non-empty value; https:// hosts always use TLS)",
+        help_heading = "docker backend options"
+    )]
+    pub docker_tls_verify: bool,
+    #[arg(
+        long,
+        value_name = "DIR",
+        help = "Directory holding ca.pem, cert.pem and key.pem for TLS to the engine (default: DOCKER_CERT_PATH, else ~/.docker)",
+        help_heading = "docker backend options"
+    )]
+    pub docker_cert_path: Option<PathBuf>,
+    /// Not in the Python reference: a pull that stalls ends (docs/decisions.md, "Docker and Podman").
+    #[arg(
+        long,
+        env = "KILNTAINERS_PULL_TIMEOUT",
+        value_name = "SECONDS",
+        default_value_t = 120,
+        allow_negative_numbers = true,
+        help = "Give up an image pull when the engine reports no progress for this many seconds (default: 120)",
+        help_heading = "docker backend options"
+    )]
+    pub pull_timeout: i64,
     /// Kept as an Option so Modal can tell "given" from "default" (docs/decisions.md, "Tool descriptions").
     #[arg(
         long,

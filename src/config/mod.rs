@@ -4,6 +4,7 @@
 //! A leaf module: it knows neither MCP nor any provider API.
 
 pub mod e2b;
+pub mod engine;
 pub mod fly;
 pub mod modal;
 pub mod run_flags;
@@ -14,6 +15,7 @@ use std::time::Duration;
 
 use crate::cli::{Cli, DEFAULT_HOST, DEFAULT_PORT, DEFAULT_SESSION_TIMEOUT, TransportChoice};
 pub use e2b::E2bConfig;
+pub use engine::{EngineAddress, EngineConnection, EngineTls};
 pub use fly::FlyConfig;
 pub use modal::ModalConfig;
 use run_flags::{RunFlags, parse_run_flags, parse_size};
@@ -287,7 +289,10 @@ impl Engine {
 #[derive(Debug, Clone)]
 pub struct DockerConfig {
     pub engine: Engine,
-    pub host: Option<String>,
+    /// Where the engine is and whether TLS is used ([`engine`]).
+    pub connection: EngineConnection,
+    /// `--pull-timeout`: an image pull with no progress for this long is given up.
+    pub pull_timeout: Duration,
     pub image: String,
     pub nano_cpus: Option<i64>,
     pub memory_bytes: Option<i64>,
@@ -422,7 +427,8 @@ impl Config {
             );
         }
         check_backend_is_built(cli.backend)?;
-        let mut docker = docker_config(cli)?;
+        let env = |name: &str| std::env::var(name).ok();
+        let mut docker = docker_config(cli, env)?;
         let principals = !stdio && (cli.auth_tokens_file.is_some() || oauth.is_some());
         docker.network = ComputerNetwork::choose(
             !cli.no_network,
@@ -440,7 +446,6 @@ impl Config {
             );
         }
         check_other_backend_values(cli)?;
-        let env = |name: &str| std::env::var(name).ok();
         let fly = FlyConfig::from_cli(cli, env)?;
         if cli.backend == BackendKind::Fly {
             fly.check_sandbox_app()?;
@@ -516,7 +521,10 @@ fn check_backend_is_built(backend: BackendKind) -> Result<(), ConfigError> {
     backend.not_built().map_or(Ok(()), fail)
 }
 
-fn docker_config(cli: &Cli) -> Result<DockerConfig, ConfigError> {
+fn docker_config(
+    cli: &Cli,
+    env: impl Fn(&str) -> Option<String>,
+) -> Result<DockerConfig, ConfigError> {
     let engine = match cli.docker.engine.as_str() {
         "docker" => Engine::Docker,
         "podman" => Engine::Podman,
@@ -550,6 +558,15 @@ fn docker_config(cli: &Cli) -> Result<DockerConfig, ConfigError> {
     };
     let run_flags = parse_run_flags(&cli.docker.docker_run_flag, cli.no_network)
         .map_err(|e| ConfigError(e.to_string()))?;
+    if cli.docker.pull_timeout < 1 {
+        return fail("--pull-timeout must be at least 1 second.");
+    }
+    // Only the docker backend connects; a stray DOCKER_TLS_VERIFY must not stop the others.
+    let connection = if cli.backend == BackendKind::Docker {
+        EngineConnection::from_cli(engine, &cli.docker, env, engine::current_uid())?
+    } else {
+        EngineConnection::unused()
+    };
     let mut security_opts = Vec::new();
     if !cli.docker.allow_new_privileges {
         security_opts.push("no-new-privileges:true".to_owned());
@@ -557,7 +574,8 @@ fn docker_config(cli: &Cli) -> Result<DockerConfig, ConfigError> {
     security_opts.extend(cli.docker.security_opt.iter().cloned());
     Ok(DockerConfig {
         engine,
-        host: cli.docker.docker_host.clone().filter(|h| !h.is_empty()),
+        connection,
+        pull_timeout: Duration::from_secs(cli.docker.pull_timeout.unsigned_abs()),
         image: cli
             .docker
             .image

@@ -181,7 +181,13 @@ const CONFINED: &[(&str, &[&str])] = &[
     ("tar::", &["src/backends/docker/helper/"]),
     ("axum::", &["src/transport/"]),
     ("hyper::", &["src/transport/"]),
-    ("hyper_util::", &["src/transport/"]),
+    // The Docker backend's TLS client (`backends::docker::tls`) is a hyper client too.
+    (
+        "hyper_util::",
+        &["src/transport/", "src/backends/docker/tls.rs"],
+    ),
+    ("hyper_rustls::", &["src/backends/docker/tls.rs"]),
+    ("rustls::", &["src/backends/docker/tls.rs"]),
     ("subtle::", &["src/transport/"]),
     (
         "reqwest::",

@@ -11,7 +11,7 @@ use bollard::query_parameters::{
     CreateContainerOptionsBuilder, CreateImageOptionsBuilder, StartContainerOptions,
 };
 use futures_util::StreamExt;
-use tracing::info;
+use tracing::{info, warn};
 
 use super::{DockerBackend, describe, is_running, status_of};
 use crate::backends::labels::{docker as label, format_bool};
@@ -297,7 +297,10 @@ fn container_body(backend: &DockerBackend, wanted: &Wanted<'_>) -> ContainerCrea
     body
 }
 
-/// Inspects the image and pulls it when missing, once per image however many callers wait.
+/// Inspects the image and pulls it when missing, once per image however many callers wait. A
+/// pull the engine reports no progress of for `--pull-timeout` is given up (a registry that
+/// accepts connections and never answers would otherwise hold the call for good); dropping the
+/// stream closes the request, and the engine abandons the pull.
 async fn ensure_image(
     backend: &DockerBackend,
     image: &str,
@@ -321,12 +324,25 @@ async fn ensure_image(
     };
     eprintln!("kilntainers: image {image} is not on the engine yet; pulling it (first use only)");
     let started = std::time::Instant::now();
+    let idle = backend.config.pull_timeout;
     let options = CreateImageOptionsBuilder::default()
         .from_image(image)
         .build();
     let mut stream = docker.create_image(Some(options), None, None);
     let mut layers: HashMap<String, Layer> = HashMap::new();
-    while let Some(item) = stream.next().await {
+    loop {
+        let item = match tokio::time::timeout(idle, stream.next()).await {
+            Ok(Some(item)) => item,
+            Ok(None) => break,
+            Err(_) => {
+                let secs = idle.as_secs();
+                eprintln!("kilntainers: pull of {image} given up: no progress for {secs} s");
+                warn!(image, secs, "pull stalled");
+                return Err(pull_failed(format!(
+                    "The engine reported no progress for {secs} s (--pull-timeout); the registry may be unreachable or too slow."
+                )));
+            }
+        };
         let info = item.map_err(|e| pull_failed(describe(&e)))?;
         if let Some(detail) = info.error_detail.and_then(|d| d.message) {
             return Err(pull_failed(detail));
@@ -349,15 +365,14 @@ async fn ensure_image(
                 status.starts_with("Pull complete") || status.starts_with("Already exists");
             layer.status = status;
         }
-        let done = layers.values().filter(|l| l.complete).count();
-        let current: i64 = layers.values().map(|l| l.current).sum();
-        let total: i64 = layers.values().map(|l| l.total).sum();
-        progress.report(
-            current as f64,
-            (total > 0).then_some(total as f64),
-            format!("Pulling {image}: {done}/{} layers complete", layers.len()),
-        );
+        report_pull(progress, image, &layers);
     }
+    // Podman ends its layers at "Download complete", Docker at "Pull complete": once the
+    // engine ends the stream without an error, every layer is in.
+    for layer in layers.values_mut() {
+        layer.complete = true;
+    }
+    report_pull(progress, image, &layers);
     eprintln!(
         "kilntainers: pulled {image} ({} layers) in {:.1} s",
         layers.len(),
@@ -369,6 +384,18 @@ async fn ensure_image(
         .await
         .map(drop)
         .map_err(|e| pull_failed(describe(&e)))
+}
+
+/// One progress report of a pull: bytes so far over the known total, and layers complete.
+fn report_pull(progress: &dyn Progress, image: &str, layers: &HashMap<String, Layer>) {
+    let done = layers.values().filter(|l| l.complete).count();
+    let current: i64 = layers.values().map(|l| l.current).sum();
+    let total: i64 = layers.values().map(|l| l.total).sum();
+    progress.report(
+        current as f64,
+        (total > 0).then_some(total as f64),
+        format!("Pulling {image}: {done}/{} layers complete", layers.len()),
+    );
 }
 
 /// Pull state of one layer, for progress totals and one log line per status change.

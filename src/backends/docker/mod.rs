@@ -12,6 +12,7 @@ mod networks;
 mod pool;
 mod ports;
 mod run_flags_api;
+mod tls;
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -35,7 +36,8 @@ use super::{
     Backend, BackendError, ComputerInfo, CreateSpec, ExecEnd, ExecSpec, Found, OutputSink,
     PortRoute, PortStream, Progress, Restarted, SandboxRef, WarmPoolSize,
 };
-use crate::config::{Config, DEFAULT_IMAGE, DockerConfig, Engine};
+use crate::config::engine::scheme;
+use crate::config::{Config, DEFAULT_IMAGE, DockerConfig, Engine, EngineAddress};
 use crate::ids::{ComputerId, ExecId, InstanceId};
 
 /// bollard's client timeout bounds request → response headers only; streamed bodies (exec
@@ -88,56 +90,74 @@ impl DockerBackend {
         self.config.engine.display_name()
     }
 
-    fn unreachable(&self, detail: impl std::fmt::Display) -> BackendError {
+    /// The error of a connection that failed: the reference's first line, then what would
+    /// help — the TLS files in use, or that the engine wants TLS.
+    fn unreachable(&self, endpoint: Option<&str>, error: &dyn std::error::Error) -> BackendError {
         let engine = self.engine_name();
+        let detail = error_chain(error);
         let mut message = format!("Cannot connect to {engine}. Is the {engine} daemon running?");
         if self.config.engine == Engine::Podman {
             message.push_str("\nStart the Podman API service with: podman system service --time=0 (rootful) or systemctl --user start podman.socket (rootless).");
         }
-        warn!(engine, %detail, "engine unreachable");
+        let endpoint_shown = endpoint.unwrap_or("the engine");
+        if let Some(tls) = &self.config.connection.tls {
+            message.push_str(&format!(
+                "\nTLS to {endpoint_shown} with the certificates in {} failed: {detail}\nca.pem must hold the CA that signed the engine's certificate, and the engine must accept cert.pem and key.pem.",
+                tls.dir.display()
+            ));
+        } else if detail.contains(TLS_ENGINE_ANSWER) {
+            message.push_str(&format!(
+                "\n{endpoint_shown} speaks TLS: set DOCKER_TLS_VERIFY=1 and DOCKER_CERT_PATH (or --docker-tls-verify and --docker-cert-path) to the directory holding ca.pem, cert.pem and key.pem."
+            ));
+        }
+        warn!(engine, endpoint = endpoint_shown, %detail, "engine unreachable");
         BackendError::Unavailable(message)
     }
 
-    /// The engine address: `--docker-host`, else `DOCKER_HOST`, else the engine's socket.
+    /// The engine address now: the configured one, or the first of Podman's sockets that exists.
     fn endpoint(&self) -> Option<String> {
-        if let Some(host) = &self.config.host {
-            return Some(host.clone());
+        match &self.config.connection.address {
+            EngineAddress::Fixed(host) => Some(host.clone()),
+            EngineAddress::FirstExisting(candidates) => candidates
+                .iter()
+                .find(|c| std::path::Path::new(c.trim_start_matches("unix://")).exists())
+                .cloned(),
         }
-        let from_env = std::env::var("DOCKER_HOST").ok().filter(|h| !h.is_empty());
-        match self.config.engine {
-            Engine::Docker => {
-                Some(from_env.unwrap_or_else(|| "unix:///var/run/docker.sock".to_owned()))
-            }
-            Engine::Podman => {
-                let mut candidates: Vec<String> = from_env
-                    .into_iter()
-                    .filter(|h| h.starts_with("unix://"))
-                    .collect();
-                if let Ok(dir) = std::env::var("XDG_RUNTIME_DIR") {
-                    candidates.push(format!("unix://{dir}/podman/podman.sock"));
+    }
+
+    /// A client for `endpoint` (nothing sent yet): TLS with the configured files, plain HTTP
+    /// for `tcp://` and `http://` without them, else by scheme.
+    fn connect(&self, endpoint: &str) -> Result<Docker, tls::TlsSetupError> {
+        let secs = API_TIMEOUT.as_secs();
+        let docker = match (&self.config.connection.tls, scheme(endpoint).as_str()) {
+            (Some(files), _) => tls::connect(endpoint, files, secs)?,
+            // Not `connect_with_host`: it would switch to TLS by itself when the environment
+            // has DOCKER_TLS_VERIFY, which the configuration already decided on.
+            (None, "tcp" | "http") => {
+                if !is_loopback_address(endpoint) {
+                    warn!(%endpoint, "the engine API is reached over plain HTTP: anyone on the path can read and change what the server sends, and run containers as root on that host; use TLS (DOCKER_TLS_VERIFY, https://) or ssh://");
                 }
-                // The uid of /proc/self is ours; avoids a libc dependency for getuid().
-                if let Some(uid) = current_uid() {
-                    candidates.push(format!("unix:///run/user/{uid}/podman/podman.sock"));
-                }
-                candidates.push("unix:///run/podman/podman.sock".to_owned());
-                candidates
-                    .into_iter()
-                    .find(|c| std::path::Path::new(c.trim_start_matches("unix://")).exists())
+                Docker::connect_with_http(endpoint, secs, bollard::API_DEFAULT_VERSION)?
             }
-        }
+            (None, _) => Docker::connect_with_host(endpoint)?,
+        };
+        Ok(docker.with_timeout(API_TIMEOUT))
     }
 
     async fn client(&self) -> Result<&Docker, BackendError> {
         self.client
             .get_or_try_init(|| async {
-                let endpoint = self.endpoint().ok_or_else(|| self.unreachable("no Podman API socket found"))?;
-                let docker = Docker::connect_with_host(&endpoint)
-                    .map_err(|e| self.unreachable(e))?
-                    .with_timeout(API_TIMEOUT);
-                docker.ping().await.map_err(|e| self.unreachable(e))?;
-                let docker = docker.negotiate_version().await.map_err(|e| self.unreachable(e))?;
-                info!(engine = self.engine_name(), %endpoint, api = ?docker.client_version(), "connected");
+                let endpoint = self.endpoint().ok_or_else(|| {
+                    self.unreachable(None, &std::io::Error::other("no Podman API socket found"))
+                })?;
+                let docker = self
+                    .connect(&endpoint)
+                    .map_err(|e| self.unreachable(Some(&endpoint), &e))?;
+                let unreachable = |e: DockerError| self.unreachable(Some(&endpoint), &e);
+                docker.ping().await.map_err(unreachable)?;
+                let docker = docker.negotiate_version().await.map_err(unreachable)?;
+                let tls = self.config.connection.tls.is_some();
+                info!(engine = self.engine_name(), %endpoint, tls, api = ?docker.client_version(), "connected");
                 Ok(docker)
             })
             .await
@@ -697,9 +717,41 @@ fn describe(error: &DockerError) -> String {
     }
 }
 
-fn current_uid() -> Option<u32> {
-    use std::os::unix::fs::MetadataExt;
-    std::fs::metadata("/proc/self").ok().map(|m| m.uid())
+/// What a Docker engine listening with TLS answers a plain HTTP request.
+const TLS_ENGINE_ANSWER: &str = "Client sent an HTTP request to an HTTPS server";
+
+/// An error and its sources, joined with `: ` (bollard's own text hides the cause, e.g. the
+/// TLS alert under "client error (Connect)").
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        let line = cause.to_string();
+        if !text.contains(&line) {
+            text.push_str(": ");
+            text.push_str(&line);
+        }
+        source = cause.source();
+    }
+    text
+}
+
+/// Whether a `tcp://` or `http://` address names this machine (plain HTTP is then no exposure).
+fn is_loopback_address(endpoint: &str) -> bool {
+    let rest = endpoint
+        .split_once("://")
+        .map_or(endpoint, |(_, rest)| rest);
+    let authority = rest.split('/').next().unwrap_or_default();
+    let host = match authority.strip_prefix('[') {
+        Some(bracketed) => bracketed.split(']').next().unwrap_or_default(),
+        None => authority
+            .rsplit_once(':')
+            .map_or(authority, |(host, _)| host),
+    };
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 #[cfg(test)]
@@ -711,6 +763,41 @@ mod tests {
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
             .collect()
+    }
+
+    #[test]
+    fn loopback_addresses_are_told_from_remote_ones() {
+        for local in [
+            "tcp://127.0.0.1:2375",
+            "http://localhost:1",
+            "tcp://[::1]:2375",
+            "tcp://127.9.0.1",
+        ] {
+            assert!(is_loopback_address(local), "{local}");
+        }
+        for remote in [
+            "tcp://10.0.0.5:2375",
+            "tcp://engine.example:2376",
+            "http://[2001:db8::1]:2375",
+            "tcp://127.0.0.1.example:1",
+        ] {
+            assert!(!is_loopback_address(remote), "{remote}");
+        }
+    }
+
+    #[test]
+    fn an_error_shows_its_causes_once() {
+        #[derive(Debug, thiserror::Error)]
+        #[error("client error (Connect)")]
+        struct Connect(#[source] std::io::Error);
+        let tls = std::io::Error::other("invalid peer certificate: UnknownIssuer");
+        let error = DockerError::IOError {
+            err: std::io::Error::other(Connect(tls)),
+        };
+        assert_eq!(
+            error_chain(&error),
+            "client error (Connect): invalid peer certificate: UnknownIssuer"
+        );
     }
 
     #[test]
