@@ -1,4 +1,4 @@
-"""Scenario 11: one principal scans another's network.  Two principals from a tokens file over
+"""Scenario 10: one principal scans another's network.  Two principals from a tokens file over
 HTTP; alice runs three computers, each serving a page on port 8000 and a second listener on
 port 22; bob's computer scans the whole /24 of alice's addresses on both ports, and tries the
 addresses of alice's computers directly.  Alice's own fourth computer runs the same scan as the
@@ -13,7 +13,7 @@ import pytest
 
 from faultkit import bb
 
-pytestmark = [pytest.mark.anyio, pytest.mark.scenario("11")]
+pytestmark = [pytest.mark.anyio, pytest.mark.scenario("10")]
 
 TOKENS = {"alice": "alice-" + "a" * 40, "bob": "bob-" + "b" * 40}
 PORTS = (8000, 22)
