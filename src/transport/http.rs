@@ -327,8 +327,9 @@ fn router(
         config,
     );
     // The last layer added runs first: Host/Origin, the token, the shutdown gate, the declared
-    // body size, the DELETE status, the holder scope, then the body screen right before rmcp
-    // (it reads at most MAX_REQUEST_BODY_BYTES, so a chunked body is capped while streaming).
+    // body size, the DELETE of a session, the holder scope, then the body screen right before rmcp
+    // (it reads at most MAX_REQUEST_BODY_BYTES, so a chunked body is capped while streaming,
+    // and all bodies together within one budget).
     let mcp_routes = Router::new()
         .route_service("/mcp", mcp.clone())
         .route_service("/mcp/", mcp)
@@ -338,7 +339,7 @@ fn router(
             sessions.clone(),
             sessions::refuse_foreign_session,
         ))
-        .layer(from_fn(sessions::delete_answers_ok))
+        .layer(from_fn_with_state(sessions.clone(), sessions::end_session))
         .layer(from_fn(guard::refuse_declared_oversize))
         .layer(from_fn_with_state(
             guard.clone(),

@@ -124,22 +124,46 @@ pub async fn refuse_foreign_session(
         && let Some(owner) = lock(&sessions.owners).get(&id).cloned()
         && owner != principal_of(&request)
     {
-        let mut response = Response::new(axum::body::Body::from("Not Found: Session not found"));
-        *response.status_mut() = axum::http::StatusCode::NOT_FOUND;
-        return response;
+        return session_not_found();
     }
     next.run(request).await
 }
 
-/// axum middleware: a session ended by `DELETE /mcp` is answered 200 rather than rmcp's 202.
-/// The official Python client accepts only 200/204 there and otherwise logs "Session
-/// termination failed" on every clean close (the Python reference's own server answers 200).
-pub async fn delete_answers_ok(request: Request, next: Next) -> Response {
-    let is_delete = request.method() == axum::http::Method::DELETE;
+/// axum middleware for `DELETE /mcp`: an unknown session id is `404` like on any other method
+/// (rmcp answers a `DELETE` of any id, known or not, as if it had ended a session; answering a
+/// caller 200 for ids that do not exist and 404 for another principal's would tell which ids
+/// exist), and a session it ended is `200` rather than rmcp's `202`. The official Python client
+/// accepts only 200/204 there and otherwise logs "Session termination failed" on every clean
+/// close (the Python reference's own server answers 200).
+pub async fn end_session(
+    State(sessions): State<Arc<IdleSessions>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if request.method() != axum::http::Method::DELETE {
+        return next.run(request).await;
+    }
+    let named = request
+        .headers()
+        .get(SESSION_ID_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| SessionId::from(v.to_owned()));
+    if let Some(id) = named
+        && !sessions.inner.has_session(&id).await.unwrap_or(false)
+    {
+        return session_not_found();
+    }
     let mut response = next.run(request).await;
-    if is_delete && response.status() == axum::http::StatusCode::ACCEPTED {
+    if response.status() == axum::http::StatusCode::ACCEPTED {
         *response.status_mut() = axum::http::StatusCode::OK;
     }
+    response
+}
+
+/// rmcp's answer for a session it does not know, byte for byte.
+fn session_not_found() -> Response {
+    let mut response = Response::new(axum::body::Body::from("Not Found: Session not found"));
+    *response.status_mut() = axum::http::StatusCode::NOT_FOUND;
     response
 }
 
