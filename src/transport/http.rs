@@ -333,7 +333,10 @@ fn router(
     let mcp_routes = Router::new()
         .route_service("/mcp", mcp.clone())
         .route_service("/mcp/", mcp)
-        .layer(from_fn(screen_body::screen_post))
+        .layer(from_fn_with_state(
+            screen_body::BodyBudget::new(screen_body::BODY_BUDGET_BYTES),
+            screen_body::screen_post,
+        ))
         .layer(from_fn(sessions::scope_holder))
         .layer(from_fn_with_state(
             sessions.clone(),
