@@ -25,6 +25,11 @@
 //! `--session-timeout` plus that timeout. [`IdleSessions::close_idle`] closes such
 //! sessions through the session manager, which drops the handler and so releases the
 //! session's computers exactly as a client `DELETE` does.
+//!
+//! **Reconnects.** A request's stream cut before its end keeps its events, the answer
+//! included, for the client's `GET` with `Last-Event-ID` ([`replay`]).
+
+mod replay;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -240,6 +245,8 @@ type SharedActivity = Arc<Mutex<Activity>>;
 /// rmcp's in-memory session manager plus our idle accounting (see the module doc).
 pub struct IdleSessions {
     inner: LocalSessionManager,
+    /// What cut request streams received since (see [`replay`]).
+    replays: Arc<replay::Replays>,
     activity: Mutex<HashMap<SessionId, SharedActivity>>,
     /// The principal that opened each session.
     owners: Mutex<HashMap<SessionId, Principal>>,
@@ -258,6 +265,7 @@ impl IdleSessions {
         inner.session_config = config;
         Self {
             inner,
+            replays: Arc::new(replay::Replays::default()),
             activity: Mutex::new(HashMap::new()),
             owners: Mutex::new(HashMap::new()),
             default_call_timeout,
@@ -322,6 +330,7 @@ impl SessionManager for IdleSessions {
     async fn close_session(&self, id: &SessionId) -> Result<(), Self::Error> {
         lock(&self.activity).remove(id);
         lock(&self.owners).remove(id);
+        self.replays.forget_session(id);
         self.inner.close_session(id).await
     }
 
@@ -330,7 +339,8 @@ impl SessionManager for IdleSessions {
         id: &SessionId,
         message: ClientJsonRpcMessage,
     ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
-        self.inner.create_stream(id, message).await
+        let stream = self.inner.create_stream(id, message).await?;
+        Ok(self.replays.wrap(id.clone(), stream))
     }
 
     async fn accept_message(
@@ -353,7 +363,14 @@ impl SessionManager for IdleSessions {
         id: &SessionId,
         last_event_id: String,
     ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
-        self.inner.resume(id, last_event_id).await
+        // A cut request's kept events first; rmcp's own resume serves the rest (the standalone
+        // stream, a request stream still connected).
+        if let Some(replay) = self.replays.resume(id, &last_event_id) {
+            return Ok(futures_util::future::Either::Left(replay));
+        }
+        Ok(futures_util::future::Either::Right(
+            self.inner.resume(id, last_event_id).await?,
+        ))
     }
 
     fn event_store(&self) -> Option<Arc<dyn EventStore>> {
