@@ -482,8 +482,8 @@ async def test_issue_30_accepted_connections_send_without_delay(kbb):
             client.close()
 
 
-# Mirror of the server's budget of buffered request bytes (src/transport/http/screen_body.rs).
-BODY_BUDGET = 32 * 1024 * 1024
+# Mirror of the server's budget of request-body memory (src/transport/http/screen_body.rs).
+BODY_BUDGET = 64 * 1024 * 1024
 
 
 async def test_issue_30_buffered_request_bodies_share_one_budget(kbb):

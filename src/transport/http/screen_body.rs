@@ -8,11 +8,13 @@
 //! for the requests it refuses itself. Bodies of any other content type are left to rmcp.
 //!
 //! This is where request bodies are held in memory, so this is where their total is bounded:
-//! every body read here takes its bytes from one [`BodyBudget`] as they arrive (a declared
-//! `Content-Length` all at once) and gives them back once rmcp has taken the message. A body
-//! that finds no room within [`BUDGET_WAIT`] is answered `503` with `Retry-After`: each
-//! request is capped at 8 MiB, but without a total a few hundred clients, or one client per
-//! principal, could make the server hold gigabytes (docs/reliability.md, "HTTP exposure").
+//! every body read here takes room in one [`BodyBudget`] as its bytes arrive (a declared
+//! `Content-Length` all at once), [`MEMORY_PER_BODY_BYTE`] bytes of it per byte, and gives it
+//! back once rmcp has taken the message. A body that finds no room within [`BUDGET_WAIT`] is
+//! answered `503` with `Retry-After`, and one that does not arrive whole within
+//! [`BODY_READ_TIMEOUT`] `408`: each request is capped at 8 MiB, but without a total a few
+//! hundred clients, or one client per principal, could make the server hold gigabytes
+//! (docs/reliability.md, "HTTP exposure").
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,10 +31,17 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use super::MAX_REQUEST_BODY_BYTES;
 use crate::transport::screen::{self, Screened};
 
-/// Bytes of request bodies held at once, across all requests: four of the largest legal
-/// requests, or thousands of ordinary ones (a tool call is a few hundred bytes), within the
-/// server's memory target of tens of MiB.
-pub const BODY_BUDGET_BYTES: usize = 32 * 1024 * 1024;
+/// Memory that request bodies may take at once, across all requests: one of the largest legal
+/// requests with room to spare, or thousands of ordinary ones (a tool call is a few hundred
+/// bytes).
+pub const BODY_BUDGET_BYTES: usize = 64 * 1024 * 1024;
+/// What one byte of a body costs while it is held: the byte, then the screen's parse into a
+/// JSON value and a typed message, then rmcp's own parse (a large string argument is copied by
+/// each). Measured: one 7.5 MiB body raises the server's peak by 46 MiB.
+pub const MEMORY_PER_BODY_BYTE: usize = 6;
+/// How long a whole body may take to arrive: 8 MiB at 140 KB/s. A client trickling a large
+/// body holds its room in the budget meanwhile, and must not hold it for ever.
+pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long a body waits for room in the budget before it is refused: long enough for the
 /// bodies ahead of it to reach rmcp (milliseconds each on loopback), short enough that a client
 /// is told to come back rather than left hanging behind clients that send slowly.
@@ -51,18 +60,31 @@ impl BodyBudget {
         })
     }
 
-    /// Room for `bytes` more, waiting at most [`BUDGET_WAIT`].
+    /// Room for `bytes` more bytes of body, waiting at most [`BUDGET_WAIT`].
     async fn take(&self, bytes: usize) -> Result<OwnedSemaphorePermit, Refusal> {
-        let count = u32::try_from(bytes).map_err(|_| Refusal::TooLarge)?;
+        let count = bytes
+            .checked_mul(MEMORY_PER_BODY_BYTE)
+            .and_then(|memory| u32::try_from(memory).ok())
+            .ok_or(Refusal::TooLarge)?;
         match tokio::time::timeout(BUDGET_WAIT, self.room.clone().acquire_many_owned(count)).await {
             Ok(Ok(permit)) => Ok(permit),
             Ok(Err(_)) | Err(_) => Err(Refusal::Busy),
         }
     }
 
-    /// Reads a whole body, holding budget for every byte kept; `declared` is its
-    /// `Content-Length` (already checked against the limit).
+    /// Reads a whole body within [`BODY_READ_TIMEOUT`], holding budget for every byte kept;
+    /// `declared` is its `Content-Length` (already checked against the limit).
     async fn read(
+        &self,
+        body: Body,
+        declared: Option<usize>,
+    ) -> Result<(Bytes, Option<OwnedSemaphorePermit>), Refusal> {
+        tokio::time::timeout(BODY_READ_TIMEOUT, self.read_whole(body, declared))
+            .await
+            .unwrap_or(Err(Refusal::Slow))
+    }
+
+    async fn read_whole(
         &self,
         body: Body,
         declared: Option<usize>,
@@ -100,6 +122,7 @@ impl BodyBudget {
 enum Refusal {
     TooLarge,
     Busy,
+    Slow,
     Unreadable,
 }
 
@@ -122,6 +145,14 @@ impl IntoResponse for Refusal {
                     .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
                 response
             }
+            Self::Slow => (
+                StatusCode::REQUEST_TIMEOUT,
+                format!(
+                    "Request Timeout: the request body did not arrive within {} seconds",
+                    BODY_READ_TIMEOUT.as_secs()
+                ),
+            )
+                .into_response(),
             Self::Unreadable => (
                 StatusCode::BAD_REQUEST,
                 "Bad Request: the request body could not be read",
@@ -200,10 +231,10 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn bodies_hold_budget_until_released_and_wait_briefly_for_it() {
-        let budget = BodyBudget::new(10);
+        let budget = BodyBudget::new(10 * MEMORY_PER_BODY_BYTE);
         let (first, held) = budget.read(chunked(&[b"abc", b"def"]), None).await.unwrap();
         assert_eq!(&first[..], b"abcdef");
-        assert_eq!(budget.room.available_permits(), 4);
+        assert_eq!(budget.room.available_permits(), 4 * MEMORY_PER_BODY_BYTE);
         // Over the budget while the first is held: refused after the wait.
         let started = tokio::time::Instant::now();
         let refused = budget.read(chunked(&[b"12345"]), None).await.unwrap_err();
@@ -218,8 +249,26 @@ mod tests {
             Refusal::Busy
         );
         drop(held);
-        assert_eq!(budget.room.available_permits(), 10);
+        assert_eq!(budget.room.available_permits(), 10 * MEMORY_PER_BODY_BYTE);
         let (again, _held) = budget.read(chunked(&[b"12345"]), Some(5)).await.unwrap();
         assert_eq!(&again[..], b"12345");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_body_that_never_ends_is_refused_after_the_read_timeout() {
+        let budget = BodyBudget::new(100);
+        let stalled =
+            futures_util::stream::iter(vec![Ok::<_, std::io::Error>(Bytes::from_static(b"{"))])
+                .chain(futures_util::stream::pending());
+        let refused = budget
+            .read(Body::from_stream(stalled), None)
+            .await
+            .unwrap_err();
+        assert_eq!(refused, Refusal::Slow);
+        assert_eq!(
+            budget.room.available_permits(),
+            100,
+            "a refused body kept its room"
+        );
     }
 }
