@@ -484,6 +484,15 @@ mod tests {
     }
 
     #[test]
+    fn ports_live_under_localhost_unless_the_listener_has_a_name() {
+        assert_eq!(origin_domain("127.0.0.1"), "localhost");
+        assert_eq!(origin_domain("0.0.0.0"), "localhost");
+        assert_eq!(origin_domain("[::1]"), "localhost");
+        assert_eq!(origin_domain("localhost"), "localhost");
+        assert_eq!(origin_domain("MCP.example.com"), "mcp.example.com");
+    }
+
+    #[test]
     fn ipv6_hosts_are_bracketed_in_urls() {
         assert_eq!(url_host("::1"), "[::1]");
         assert_eq!(url_host("[::1]"), "[::1]");
