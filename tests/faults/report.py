@@ -52,7 +52,11 @@ def figures_text(figures: dict) -> str:
 
 def rows(data: dict) -> list[tuple[str, str, str, str, str]]:
     out = []
-    for nodeid, entry in sorted(data.get("tests", {}).items(), key=lambda kv: (kv[1].get("scenario", ""), kv[0])):
+    def order(item: tuple[str, dict]) -> tuple[int, str]:
+        scenario = item[1].get("scenario", "")
+        return (int(scenario) if scenario.isdigit() else 1 << 30, item[0])
+
+    for nodeid, entry in sorted(data.get("tests", {}).items(), key=order):
         test = nodeid.split("::", 1)[-1]
         outcome = entry.get("outcome", "?")
         if entry.get("message"):
@@ -84,11 +88,17 @@ def markdown(data: dict) -> str:
     lines.append("|---|------|---------|---|---------|")
     for scenario, test, outcome, seconds, figs in rows(data):
         lines.append(f"| {scenario} | `{escape_cell(test)}` | {escape_cell(outcome)} | {seconds} | {escape_cell(figs)} |")
-    missing = sorted(set("12345678") - {entry.get("scenario") for entry in data.get("tests", {}).values()})
+    missing = sorted(set(scenario_numbers()) - {entry.get("scenario") for entry in data.get("tests", {}).values()},
+                     key=int)
     if missing:
         lines += ["", f"Not run in this run: scenario {', '.join(missing)}."]
     lines += ["", END]
     return "\n".join(lines)
+
+
+def scenario_numbers() -> list[str]:
+    """The scenarios the suite has: one `test_s<n>_*.py` file each."""
+    return [path.name[6:].split("_", 1)[0] for path in Path(__file__).parent.glob("test_s*_*.py")]
 
 
 def splice(page: str, figures: str) -> str:
