@@ -2,8 +2,10 @@
 into a table on stdout and, with `--write PATH`, into the reliability page
 (`docs/reliability.md`): the run's date and machine and one row per test with its outcome and
 figures, replacing only the page's generated section (the prose there is written by hand).
+With `--update`, a run of some tests (`scripts/fault-test.sh -k …`) replaces only their rows:
+the page's other rows stay, and the page says which run they come from.
 
-    python tests/faults/report.py [--results FILE] [--write docs/reliability.md]
+    python tests/faults/report.py [--results FILE] [--write docs/reliability.md [--update]]
 
 Standard library only, so it runs without the test venv."""
 
@@ -82,18 +84,44 @@ def escape_cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def markdown(data: dict) -> str:
+def markdown(data: dict, kept: tuple[str, list[str]] | None = None) -> str:
+    """The generated section; `kept` = (the earlier run's machine line, its table rows for
+    tests this run did not run), carried over by `--update`."""
     lines = [BEGIN, "", machine_text(data.get("run", {})) + ".", ""]
+    table = [(scenario, f"| {scenario} | `{escape_cell(test)}` | {escape_cell(outcome)} | {seconds} | {escape_cell(figs)} |")
+             for scenario, test, outcome, seconds, figs in rows(data)]
+    ran = {test for _, test, _, _, _ in rows(data)}
+    carried = []
+    if kept:
+        for row in kept[1]:
+            cells = [cell.strip() for cell in row.strip().strip("|").split("|")]
+            if len(cells) >= 2 and cells[1].strip("`") not in ran:
+                table.append((cells[0], row))
+                carried.append(cells[0])
+        if carried:
+            runs = ", ".join(sorted(set(carried), key=lambda n: int(n) if n.isdigit() else 1 << 30))
+            lines += [f"Rows of scenario {runs} are from an earlier run: {kept[0]}", ""]
+    table.sort(key=lambda item: int(item[0]) if item[0].isdigit() else 1 << 30)
     lines.append("| # | test | outcome | s | figures |")
     lines.append("|---|------|---------|---|---------|")
-    for scenario, test, outcome, seconds, figs in rows(data):
-        lines.append(f"| {scenario} | `{escape_cell(test)}` | {escape_cell(outcome)} | {seconds} | {escape_cell(figs)} |")
-    missing = sorted(set(scenario_numbers()) - {entry.get("scenario") for entry in data.get("tests", {}).values()},
-                     key=int)
+    lines += [row for _, row in table]
+    shown = {entry.get("scenario") for entry in data.get("tests", {}).values()} | set(carried)
+    missing = sorted(set(scenario_numbers()) - shown, key=int)
     if missing:
         lines += ["", f"Not run in this run: scenario {', '.join(missing)}."]
     lines += ["", END]
     return "\n".join(lines)
+
+
+def earlier_run(page: str) -> tuple[str, list[str]] | None:
+    """The machine line and table rows of the page's generated section, if it has one."""
+    if BEGIN not in page or END not in page:
+        return None
+    section = page.split(BEGIN, 1)[1].split(END, 1)[0]
+    lines = [line for line in section.splitlines() if line.strip()]
+    machine = next((line for line in lines if line.startswith("run on ")), "?")
+    rows = [line for line in lines if line.startswith("| ") and not line.startswith("| # ")]
+    return machine, rows
 
 
 def scenario_numbers() -> list[str]:
@@ -113,6 +141,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
     parser.add_argument("--write", type=Path, help="write the markdown page here")
+    parser.add_argument("--update", action="store_true",
+                        help="with --write: replace only the rows of the tests in the results, keep the page's others")
     args = parser.parse_args()
     if not args.results.exists():
         print(f"no results at {args.results}; run scripts/fault-test.sh", file=sys.stderr)
@@ -123,7 +153,8 @@ def main() -> int:
         print(f"\n[{scenario}] {test}: {outcome} ({seconds} s)\n    {figs}")
     if args.write:
         page = args.write.read_text() if args.write.exists() else ""
-        args.write.write_text(splice(page, markdown(data)))
+        kept = earlier_run(page) if args.update else None
+        args.write.write_text(splice(page, markdown(data, kept)))
         print(f"\nwrote {args.write}")
     return 0
 
