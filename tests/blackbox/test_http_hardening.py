@@ -5,7 +5,13 @@ without authentication is refused; a client trickling its request head is cut af
 header-read timeout; connections beyond the cap get 503; a body declared larger than the limit
 is refused before it is read and a chunked one is cut at the limit, with the server's memory
 bounded; a session whose only activity is a call that never ends is still reaped; and a
-`timeout` above one week is refused."""
+`timeout` above one week is refused.
+
+Issue 30: a DELETE of an unknown or another principal's session is 404; accepted sockets have
+TCP_NODELAY (read from the server's own descriptor with pidfd_getfd); unfinished large bodies
+share one memory budget (503 beyond); and an answer that is ready before the client reconnects
+with Last-Event-ID is replayed, to a raw client and to the official client's own reconnect
+through a relay that cuts the connection."""
 
 from __future__ import annotations
 

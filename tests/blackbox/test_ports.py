@@ -5,6 +5,12 @@ and without the token; a server bound to the computer's 127.0.0.1 and a computer
 network, both reached through the exec helper; an Upgrade (the WebSocket handshake) carried
 both ways; the forwarder ending with its computer; every message.
 
+Issue 30: over HTTP the url is the port's own origin (its key in the host name) and no loopback
+listener is opened; the computer never sees the client's cookies or a proxy's identity headers
+and the browser never gets the computer's origin-wide headers; pages on other origins cannot
+reach the route, even without authentication; WebSocket tunnels hold connection slots and are
+capped per principal.
+
 scripts/test.sh runs this file again with KILNTAINERS_EXEC_HELPER=off: the helper's route is
 then unavailable, and the cases that need it check the message instead."""
 
