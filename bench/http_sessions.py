@@ -9,6 +9,12 @@ computer), the others run in it. Even-numbered sessions then close properly (`DE
 odd-numbered ones are abandoned (the client drops its connections without `DELETE`), so only
 the server's idle timeout can release their computers.
 
+Then, on the same server, one more session runs 200 warm `echo` calls three ways: reading each
+SSE response to its end on one kept-alive connection, as clients that read whole responses do
+(this is where a listener without TCP_NODELAY added ~40 ms per call: the stream's last small
+write waited for the client's delayed ACK), on a fresh connection per call, and stopping at the
+response event.
+
 Reports: p50/p99 call latency (all calls, first calls, later calls), throughput (calls/s
 between the first call sent and the last answer), peak server RSS (`VmHWM` of
 `/proc/<pid>/status`, and the largest `VmRSS` seen by a 0.2 s poll), the number of this
@@ -34,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import logging
 import math
 import os
@@ -235,6 +242,77 @@ async def run_sessions(url: str, auth: dict, results: list[SessionResult], comma
             tg.start_soon(one_session, url, auth, r, commands, t0, start)
         await anyio.sleep(0)
         start.set()
+
+
+# --- one kept-alive connection (issue 30, item 19) ---------------------------------------------
+
+KEEP_ALIVE_CALLS = 200
+SSE_ACCEPT = "application/json, text/event-stream"
+
+
+def _post(client: httpx.Client, url: str, headers: dict, body: dict, whole: bool) -> dict:
+    """One JSON-RPC POST; its response message. `whole`: read the SSE body to its end, as a
+    client that reads every response completely does (and keeps the connection for the next
+    request); else stop at the response event and drop the connection."""
+    with client.stream("POST", url, json=body, headers=headers) as response:
+        if response.status_code not in (200, 202):
+            raise RuntimeError(f"{body.get('method')}: HTTP {response.status_code}")
+        if response.status_code == 202:
+            response.read()
+            return {}
+        found: dict = {}
+        # Read to the end of the stream (whole), or only up to the response event.
+        for line in response.iter_lines():
+            if line.startswith("data:") and line[5:].strip():
+                message = json.loads(line[5:])
+                if message.get("id") == body.get("id"):
+                    found = message
+                    if not whole:
+                        break
+    return found
+
+
+def keep_alive_phase(url: str, auth: dict, calls: int) -> dict[str, Any]:
+    """Warm `echo` calls in one session, three ways: whole responses on one kept-alive
+    connection, a fresh connection per call, and stopping at the response event."""
+    base = {**auth, "Accept": SSE_ACCEPT, "Content-Type": "application/json"}
+    out: dict[str, Any] = {}
+    with httpx.Client(timeout=60, limits=httpx.Limits(max_connections=1), verify=TLS) as client:
+        init = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {
+            "protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "bench-keep-alive", "version": "0"}}}
+        response = client.post(url, json=init, headers=base)
+        response.raise_for_status()
+        session = response.headers["mcp-session-id"]
+        headers = {**base, "Mcp-Session-Id": session, "MCP-Protocol-Version": "2025-11-25"}
+        _post(client, url, headers, {"jsonrpc": "2.0", "method": "notifications/initialized"}, True)
+        next_id = 1
+
+        def call(c: httpx.Client, whole: bool) -> float:
+            nonlocal next_id
+            next_id += 1
+            body = {"jsonrpc": "2.0", "id": next_id, "method": "tools/call",
+                    "params": {"name": TOOL, "arguments": {"command": "echo warm"}}}
+            t = perf()
+            message = _post(c, url, headers, body, whole)
+            took = perf() - t
+            if message.get("result", {}).get("structuredContent", {}).get("stdout") != "warm\n":
+                raise RuntimeError(f"unexpected answer: {str(message)[:300]}")
+            return took
+
+        call(client, True)  # creates the session's computer
+        out["whole_responses_one_connection"] = dist([call(client, True) for _ in range(calls)])
+        fresh = []
+        for _ in range(calls):
+            with httpx.Client(timeout=60, verify=TLS) as one:
+                fresh.append(call(one, True))
+        out["whole_responses_fresh_connection"] = dist(fresh)
+        stopping = []
+        for _ in range(calls):
+            with httpx.Client(timeout=60, verify=TLS) as one:
+                stopping.append(call(one, False))
+        out["stop_at_the_message"] = dist(stopping)
+        client.delete(url, headers=headers)
+    return out
 
 
 class ClientWarnings(logging.Handler):
@@ -448,6 +526,12 @@ def run(opts: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
         hwm = procfs.status_kib(proc.pid, "VmHWM")
         rss_end = procfs.status_kib(proc.pid, "VmRSS")
         cpu_end = procfs.cpu_seconds(proc.pid)
+        log(f"keep-alive phase: {KEEP_ALIVE_CALLS} warm calls each way in one session")
+        try:
+            keep_alive = keep_alive_phase(url, auth, KEEP_ALIVE_CALLS)
+        except Exception as e:  # noqa: BLE001 - reported as a problem of the run
+            keep_alive = {}
+            problems.append(f"keep-alive phase failed: {describe(e)}")
         rc, stop_s = stop_server(proc)
         if rc != 0:
             problems.append(f"server exit status after SIGTERM: {rc} (expected 0)")
@@ -500,6 +584,7 @@ def run(opts: argparse.Namespace) -> tuple[dict[str, Any], list[str]]:
                 round(all_gone_at - last_abandon, 2) if all_gone_at is not None else None
             ),
             "containers_left_after_idle_timeout": left_after_idle,
+            "warm_echo_keep_alive": keep_alive,
             "containers_left_after_server_stop": len(leftovers),
             "server_exit_status": rc,
             "server_stop_s": round(stop_s, 2) if stop_s is not None else None,
@@ -593,9 +678,20 @@ def rows(res: dict[str, Any]) -> list[tuple[str, str]]:
         (f"computer of an abandoned session removed, after it was abandoned (timeout {p['session_timeout_s']} s): min / p50 / max", f"{fmt(ab['min'], ' s')} / {fmt(ab['p50'], ' s')} / {fmt(ab['max'], ' s')}"),
         ("all containers gone, after the last abandon", fmt(r["all_containers_gone_s_after_last_abandon"], " s")),
         ("**containers left after the idle timeout**", f"**{r['containers_left_after_idle_timeout']}**"),
+        *keep_alive_rows(r.get("warm_echo_keep_alive") or {}),
         ("client transport warnings", "; ".join(f"{n} × `{m}`" for m, n in r["client_transport_warnings"].items()) or "none"),
         ("server exit after SIGTERM", f"status {r['server_exit_status']} in {fmt(r['server_stop_s'], ' s')}; {r['containers_left_after_server_stop']} container(s) left"),
     ]
+
+
+def keep_alive_rows(k: dict[str, Any]) -> list[tuple[str, str]]:
+    names = [
+        ("whole_responses_one_connection", "warm echo, whole responses on one kept-alive connection: p50 / p99"),
+        ("whole_responses_fresh_connection", "warm echo, whole responses, a fresh connection per call: p50 / p99"),
+        ("stop_at_the_message", "warm echo, stopping at the response event: p50 / p99"),
+    ]
+    return [(label, f"{fmt(k[key]['p50_ms'], ' ms')} / {fmt(k[key]['p99_ms'], ' ms')} (n={k[key]['n']})")
+            for key, label in names if key in k]
 
 
 def write_doc(res: dict[str, Any], doc: Path) -> None:

@@ -16,7 +16,9 @@
 #      compiled into the binary, so a stale binary would test a stale page)
 #   6. node --test: dashboard.test.mjs (app mode via the ext-apps AppBridge), web.test.mjs
 #      (GET / over HTTP), oauth.test.mjs (the web dashboard's OAuth sign-in against
-#      tests/oauth/issuer.mjs), inspector.test.mjs (MCP Inspector CLI 0.15.0)
+#      tests/oauth/issuer.mjs), inspector.test.mjs (MCP Inspector CLI 0.15.0), resume.test.mjs
+#      (the TypeScript SDKs' reconnect after a cut connection), ports.test.mjs (a computer's
+#      page against the port proxy without authentication)
 #
 # Screenshots land in tests/browser/output/. Exit status is the test runner's.
 set -euo pipefail
@@ -31,7 +33,7 @@ cd "$REPO_ROOT"
 BROWSER_DIR="$REPO_ROOT/tests/browser"
 TEST_FILES=("$@")
 if ((${#TEST_FILES[@]} == 0)); then
-    TEST_FILES=(dashboard.test.mjs web.test.mjs oauth.test.mjs inspector.test.mjs)
+    TEST_FILES=(dashboard.test.mjs web.test.mjs oauth.test.mjs inspector.test.mjs resume.test.mjs ports.test.mjs)
 fi
 
 # 1. Chromium from Debian (Playwright's own browser download cannot work here).

@@ -1,6 +1,8 @@
 //! `port_url` (docs/files.md, "Ports"): a URL for a port in a computer. It comes with the
-//! file tools' switch. The forwarders themselves are [`crate::ports`]'s; in HTTP mode the
-//! result also names the same port under the server's own `/computers/<id>/ports/<port>/`.
+//! file tools' switch. The routes themselves are [`crate::ports`]'s: over stdio a loopback
+//! forwarder; in HTTP mode the port's own origin on the server's listener, and in `proxy_url`
+//! the same port under the server's `/computers/<id>/ports/<port>/`, for HTTP clients that send
+//! the token.
 
 use rmcp::model::{CallToolResult, JsonObject, Tool};
 use serde_json::{Map, Value, json};
@@ -96,6 +98,9 @@ async fn call(
     match url {
         PortUrl::Forwarded(address) => {
             payload.insert("url".into(), Value::String(format!("http://{address}/")));
+        }
+        PortUrl::Origin(url) => {
+            payload.insert("url".into(), Value::String(url));
             if let Some(base) = proxy_base {
                 payload.insert(
                     "proxy_url".into(),

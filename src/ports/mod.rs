@@ -1,17 +1,26 @@
-//! Port forwarders (docs/files.md, "Ports"): `port_url`'s loopback listener per (computer,
-//! port), and the one way this process opens a connection to a port in a computer, which the
-//! forwarders and the HTTP transport's `/computers/<id>/ports/<port>/` route share.
+//! Port routes (docs/files.md, "Ports"): what `port_url` hands out for a port in a computer, and
+//! the one way this process opens a connection to such a port, which every route shares.
 //!
-//! A forwarder accepts on `127.0.0.1:<ephemeral>` and, for each connection, finds the computer
-//! again by id (so it keeps working across restarts and factory resets) and asks the backend
-//! for a stream to the port. It lives until the registry removes the computer, or the process
-//! ends. It never starts or creates a computer: a stopped one refuses connections.
+//! Two kinds of route, by transport:
+//!
+//! - **Over stdio**, a loopback forwarder per (computer, port): it accepts on
+//!   `127.0.0.1:<ephemeral>` and, for each connection, finds the computer again by id (so it keeps
+//!   working across restarts and factory resets) and asks the backend for a stream to the port.
+//! - **Over HTTP**, no listener of its own: a [`PortKey`], 128 random bits that name the port's
+//!   own origin on the HTTP listener (`p<port>-<key>.localhost`, served by the transport's port
+//!   proxy). A loopback forwarder would take no credential, and anything that reaches the
+//!   machine's loopback (a computer with host networking, a neighbouring container) could use
+//!   it; the key is the credential, and a host name of its own keeps the port's pages off the
+//!   server's origin.
+//!
+//! Both live until the registry removes the computer, or the process ends. Neither starts or
+//! creates a computer: a stopped one refuses connections.
 //!
 //! **Architecture invariant:** no MCP or HTTP types here; providers only through `dyn Backend`.
 
 use std::collections::HashMap;
 use std::net::{Ipv4Addr, SocketAddr};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError, Weak};
 
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::{CancellationToken, DropGuard};
@@ -50,10 +59,56 @@ impl From<RegistryError> for PortError {
 /// Where `port_url` sends a browser.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum PortUrl {
-    /// This process's forwarder on the loopback address.
+    /// This process's forwarder on the loopback address (stdio).
     Forwarded(SocketAddr),
+    /// The URL of the port's own origin on the HTTP listener, its key in the host name.
+    Origin(String),
     /// The provider's URL; `public` = anyone who has it reaches the port.
     Provider { url: String, public: bool },
+}
+
+/// The unguessable name of one (computer, port) on the HTTP listener: 128 bits from the
+/// thread's CSPRNG as 32 lowercase hex digits, so that the host label `p<port>-<key>` fits
+/// DNS's 63 bytes.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct PortKey(String);
+
+impl PortKey {
+    const LEN: usize = 32;
+
+    fn random() -> Self {
+        Self(format!("{:032x}", rand::random::<u128>()))
+    }
+
+    /// The first label of the port's host name.
+    fn label(&self, port: u16) -> String {
+        format!("p{port}-{}", self.0)
+    }
+
+    /// The port and key of a host name's first label (`p<port>-<key>`), else `None`.
+    fn from_label(label: &str) -> Option<(u16, Self)> {
+        let (port, key) = label.strip_prefix('p')?.split_once('-')?;
+        let port = port.parse().ok()?;
+        let key_ok =
+            key.len() == Self::LEN && key.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'));
+        key_ok.then(|| (port, Self(key.to_owned())))
+    }
+}
+
+/// Where the HTTP listener serves ports' own origins: `http://p<port>-<key>.<domain>:<port>/`.
+#[derive(Debug, Clone)]
+pub struct OriginNames {
+    /// `localhost` (browsers resolve its subdomains to loopback themselves), or the name the
+    /// listener is bound to.
+    pub domain: String,
+    pub listener_port: u16,
+}
+
+/// The keys handed out, both ways.
+#[derive(Default)]
+struct Origins {
+    by_key: HashMap<PortKey, (ComputerId, u16)>,
+    by_port: HashMap<(ComputerId, u16), PortKey>,
 }
 
 struct Forwarder {
@@ -65,6 +120,15 @@ struct Forwarder {
 pub struct Ports {
     registry: Arc<Registry>,
     forwarders: Mutex<HashMap<(ComputerId, u16), Forwarder>>,
+    /// Set by the HTTP transport: ports get keys, never forwarders.
+    over_http: OnceLock<OriginNames>,
+    origins: Mutex<Origins>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Every step under these locks leaves the maps consistent; a panic elsewhere must not
+    // stop the routes.
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Ports {
@@ -72,6 +136,8 @@ impl Ports {
         let ports = Arc::new(Self {
             registry: registry.clone(),
             forwarders: Mutex::new(HashMap::new()),
+            over_http: OnceLock::new(),
+            origins: Mutex::new(Origins::default()),
         });
         let weak: Weak<Self> = Arc::downgrade(&ports);
         // A forwarder finds the computer again by id, so it outlives a factory reset.
@@ -84,13 +150,30 @@ impl Ports {
     }
 
     fn forwarders(&self) -> MutexGuard<'_, HashMap<(ComputerId, u16), Forwarder>> {
-        self.forwarders
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+        lock(&self.forwarders)
     }
 
-    /// The URL of `port` in `sandbox`, starting its forwarder when the backend forwards; an
-    /// error when nothing accepts a connection on the port now.
+    /// From now on ports get origins of their own on the HTTP listener, and no loopback
+    /// forwarder is started.
+    pub fn route_over_http(&self, names: OriginNames) {
+        let _ = self.over_http.set(names);
+    }
+
+    /// The computer and port a request's host name (port and case removed) stands for, while
+    /// the computer lives: its first label must be `p<port>-<key>` of a key handed out.
+    pub fn origin_of_host(&self, host: &str) -> Option<(ComputerId, u16)> {
+        let (label, _) = host.split_once('.')?;
+        let (port, key) = PortKey::from_label(label)?;
+        lock(&self.origins)
+            .by_key
+            .get(&key)
+            .filter(|(_, known)| *known == port)
+            .cloned()
+    }
+
+    /// The route to `port` in `sandbox`: the provider's URL, or (after one test connection,
+    /// so a port nothing listens on is an error now) the port's key over HTTP or its
+    /// forwarder over stdio.
     pub async fn url(&self, sandbox: &SandboxRef, port: u16) -> Result<PortUrl, PortError> {
         match self.registry.backend().port_route(sandbox, port).await? {
             PortRoute::Provider { url, public } => Ok(PortUrl::Provider { url, public }),
@@ -99,6 +182,13 @@ impl Ports {
                 // can act on now rather than a page that fails later.
                 drop(self.registry.backend().connect_port(sandbox, port).await?);
                 let key = (sandbox.computer_id.clone(), port);
+                if let Some(names) = self.over_http.get() {
+                    let label = self.key_for(key).label(port);
+                    return Ok(PortUrl::Origin(format!(
+                        "http://{label}.{}:{}/",
+                        names.domain, names.listener_port
+                    )));
+                }
                 if let Some(forwarder) = self.forwarders().get(&key) {
                     return Ok(PortUrl::Forwarded(forwarder.address));
                 }
@@ -131,8 +221,25 @@ impl Ports {
         }
     }
 
-    /// Ends every forwarder of a computer that is gone.
+    /// The key of a port, the same for every call while its computer lives.
+    fn key_for(&self, port: (ComputerId, u16)) -> PortKey {
+        let mut origins = lock(&self.origins);
+        if let Some(existing) = origins.by_port.get(&port) {
+            return existing.clone();
+        }
+        let key = PortKey::random();
+        origins.by_key.insert(key.clone(), port.clone());
+        origins.by_port.insert(port, key.clone());
+        key
+    }
+
+    /// Ends every forwarder and key of a computer that is gone.
     fn close(&self, id: &ComputerId) {
+        {
+            let mut origins = lock(&self.origins);
+            origins.by_port.retain(|(computer, _), _| computer != id);
+            origins.by_key.retain(|_, (computer, _)| computer != id);
+        }
         let closed: Vec<Forwarder> = {
             let mut forwarders = self.forwarders();
             let keys: Vec<_> = forwarders

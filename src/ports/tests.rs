@@ -92,3 +92,61 @@ async fn deleting_the_computer_ends_its_forwarders_and_connect_never_creates() {
     ));
     assert!(!backend.exists(&id), "connect created the computer");
 }
+
+fn origin(url: PortUrl) -> String {
+    match url {
+        PortUrl::Origin(url) => url,
+        other => panic!("expected a port origin, got {other:?}"),
+    }
+}
+
+/// The host name of a port origin URL.
+fn host_of(url: &str) -> &str {
+    let authority = url.strip_prefix("http://").unwrap().trim_end_matches('/');
+    authority.rsplit_once(':').unwrap().0
+}
+
+// See: issue 30
+#[tokio::test]
+async fn over_http_ports_get_keyed_origins_and_no_listener() {
+    let (backend, registry, ports) = setup();
+    ports.route_over_http(super::OriginNames {
+        domain: "localhost".to_owned(),
+        listener_port: 8435,
+    });
+    let id = ComputerId::parse("web").unwrap();
+    let sandbox = backend.insert(&id, false, true);
+    let url = origin(within(ports.url(&sandbox, ECHO_PORT)).await.unwrap());
+    let host = host_of(&url);
+    let (label, domain) = host.split_once('.').unwrap();
+    assert_eq!(domain, "localhost");
+    let key = label.strip_prefix(&format!("p{ECHO_PORT}-")).unwrap();
+    assert!(
+        key.len() == 32
+            && key
+                .bytes()
+                .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase()),
+        "{key}"
+    );
+    assert!(url.ends_with(":8435/"), "{url}");
+    assert!(
+        ports.forwarders().is_empty(),
+        "a loopback forwarder was started over HTTP"
+    );
+    // The same key for the same port; the key names the computer and port, nothing else.
+    assert_eq!(
+        origin(within(ports.url(&sandbox, ECHO_PORT)).await.unwrap()),
+        url
+    );
+    assert_eq!(ports.origin_of_host(host), Some((id.clone(), ECHO_PORT)));
+    assert_eq!(
+        ports.origin_of_host(&host.replace(&format!("p{ECHO_PORT}-"), "p1-")),
+        None
+    );
+    let guessed = format!("p{ECHO_PORT}-{}.localhost", "0".repeat(32));
+    assert_eq!(ports.origin_of_host(&guessed), None);
+    assert_eq!(ports.origin_of_host("localhost"), None);
+    // Gone with the computer.
+    within(registry.delete(&id)).await.unwrap();
+    assert_eq!(ports.origin_of_host(host), None);
+}

@@ -77,6 +77,17 @@ fn url_host(host: &str) -> String {
     }
 }
 
+/// The name ports' own origins live under (`p<port>-<key>.<this>`): the `--host` name when it
+/// is one, else `localhost`, whose subdomains browsers resolve to loopback themselves.
+fn origin_domain(host: &str) -> String {
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    if bare.parse::<std::net::IpAddr>().is_ok() || bare.is_empty() {
+        "localhost".to_owned()
+    } else {
+        bare.to_ascii_lowercase()
+    }
+}
+
 /// Serves until SIGINT/SIGTERM, then drains; returns the process exit code.
 pub async fn serve(surface: Arc<Surface>, config: &HttpConfig, options: ServeOptions<'_>) -> i32 {
     let mut signals = shutdown::Signals::install();
@@ -229,6 +240,12 @@ pub async fn serve(surface: Arc<Surface>, config: &HttpConfig, options: ServeOpt
         end_sessions.child_token(),
     );
     surface.set_proxy_base(format!("http://{}:{port}", url_host(&config.host)));
+    if let Some(ports) = &surface.ports {
+        ports.route_over_http(crate::ports::OriginNames {
+            domain: origin_domain(&config.host),
+            listener_port: port,
+        });
+    }
     let mut server = tokio::spawn(listener::serve(listener, app, stop_accepting.clone()));
     let reaper = tokio::spawn(reap(sessions, registry.clone(), config.session_timeout));
 
@@ -310,18 +327,22 @@ fn router(
         config,
     );
     // The last layer added runs first: Host/Origin, the token, the shutdown gate, the declared
-    // body size, the DELETE status, the holder scope, then the body screen right before rmcp
-    // (it reads at most MAX_REQUEST_BODY_BYTES, so a chunked body is capped while streaming).
+    // body size, the DELETE of a session, the holder scope, then the body screen right before rmcp
+    // (it reads at most MAX_REQUEST_BODY_BYTES, so a chunked body is capped while streaming,
+    // and all bodies together within one budget).
     let mcp_routes = Router::new()
         .route_service("/mcp", mcp.clone())
         .route_service("/mcp/", mcp)
-        .layer(from_fn(screen_body::screen_post))
+        .layer(from_fn_with_state(
+            screen_body::BodyBudget::new(screen_body::BODY_BUDGET_BYTES),
+            screen_body::screen_post,
+        ))
         .layer(from_fn(sessions::scope_holder))
         .layer(from_fn_with_state(
             sessions.clone(),
             sessions::refuse_foreign_session,
         ))
-        .layer(from_fn(sessions::delete_answers_ok))
+        .layer(from_fn_with_state(sessions.clone(), sessions::end_session))
         .layer(from_fn(guard::refuse_declared_oversize))
         .layer(from_fn_with_state(
             guard.clone(),
@@ -362,13 +383,17 @@ fn router(
         guard::check_host_and_origin,
     ));
     let mut app = Router::new().merge(mcp_routes).merge(root);
-    if let Some(ports) = &surface.ports {
+    let proxy = surface
+        .ports
+        .as_ref()
+        .map(|ports| port_proxy::PortProxy::new(ports.clone(), guard.clone()));
+    if let Some(proxy) = &proxy {
         // The same gates as `/mcp`, in the same order (docs/files.md, "Ports").
-        let proxy = any(port_proxy::proxy).with_state(ports.clone());
+        let route = any(port_proxy::route).with_state(proxy.clone());
         let port_routes = Router::new()
-            .route("/computers/{computer_id}/ports/{port}", proxy.clone())
-            .route("/computers/{computer_id}/ports/{port}/", proxy.clone())
-            .route("/computers/{computer_id}/ports/{port}/{*rest}", proxy)
+            .route("/computers/{computer_id}/ports/{port}", route.clone())
+            .route("/computers/{computer_id}/ports/{port}/", route.clone())
+            .route("/computers/{computer_id}/ports/{port}/{*rest}", route)
             .layer(from_fn_with_state(
                 guard.clone(),
                 guard::refuse_while_draining,
@@ -377,8 +402,14 @@ fn router(
             .layer(from_fn_with_state(guard, guard::check_host_and_origin));
         app = app.merge(port_routes);
     }
-    app.route("/healthz", any(pages::healthz))
-        .fallback(pages::not_found)
+    let app = app
+        .route("/healthz", any(pages::healthz))
+        .fallback(pages::not_found);
+    match proxy {
+        // Before every route: a port's own origin is the port's, whatever the path.
+        Some(proxy) => app.layer(from_fn_with_state(proxy, port_proxy::serve_port_origins)),
+        None => app,
+    }
 }
 
 /// Re-reads `--auth-tokens-file` on every SIGHUP until aborted; a broken file keeps the
@@ -450,6 +481,15 @@ mod tests {
             reaper_period(Duration::from_secs(300)),
             Duration::from_secs(15)
         );
+    }
+
+    #[test]
+    fn ports_live_under_localhost_unless_the_listener_has_a_name() {
+        assert_eq!(origin_domain("127.0.0.1"), "localhost");
+        assert_eq!(origin_domain("0.0.0.0"), "localhost");
+        assert_eq!(origin_domain("[::1]"), "localhost");
+        assert_eq!(origin_domain("localhost"), "localhost");
+        assert_eq!(origin_domain("MCP.example.com"), "mcp.example.com");
     }
 
     #[test]

@@ -5,10 +5,20 @@ without authentication is refused; a client trickling its request head is cut af
 header-read timeout; connections beyond the cap get 503; a body declared larger than the limit
 is refused before it is read and a chunked one is cut at the limit, with the server's memory
 bounded; a session whose only activity is a call that never ends is still reaped; and a
-`timeout` above one week is refused."""
+`timeout` above one week is refused.
+
+Issue 30: a DELETE of an unknown or another principal's session is 404; accepted sockets have
+TCP_NODELAY (read from the server's own descriptor with pidfd_getfd); unfinished large bodies
+share one memory budget (503 beyond); and an answer that is ready before the client reconnects
+with Last-Event-ID is replayed, to a raw client and to the official client's own reconnect
+through a relay that cuts the connection."""
 
 from __future__ import annotations
 
+import asyncio
+import ctypes
+import dataclasses
+import json
 import os
 import socket
 import stat
@@ -21,7 +31,7 @@ import anyio
 import httpx
 import pytest
 
-from conftest import BIN, BUSYBOX_ARGS, apoll, free_port
+from conftest import BIN, BUSYBOX_ARGS, apoll, containers_for, docker, free_port
 from testkit import mcp_http, procfs
 
 pytestmark = pytest.mark.anyio
@@ -378,3 +388,305 @@ async def test_issue_15_timeout_above_one_week_is_refused(kbb):
     )
     assert proc.returncode == 1, (proc.returncode, proc.stderr)
     assert f"kilntainers: error: --timeout must be at most {WEEK} seconds (one week)." in proc.stderr.splitlines()
+
+
+# ---------------------------------------------------------------------------------------------
+# issue 30: session ids, TCP_NODELAY, the budget of buffered bodies, answers kept for a reconnect
+
+NAMED = {"alice": "alice-" + "n" * 40, "bob": "bob-" + "m" * 40}
+SESSION_NOT_FOUND = "Not Found: Session not found"
+
+
+def raw_session(url: str, token: str) -> str:
+    opened = mcp_http.post(url, initialize_body(), {"Authorization": f"Bearer {token}"})
+    assert opened.status_code == 200, (opened.status_code, opened.text)
+    session = opened.headers["mcp-session-id"]
+    notified = mcp_http.post(
+        url, {"jsonrpc": "2.0", "method": "notifications/initialized"},
+        {"Authorization": f"Bearer {token}", "Mcp-Session-Id": session, "MCP-Protocol-Version": mcp_http.PROTOCOL_VERSION},
+    )
+    assert notified.status_code in (200, 202), notified.status_code
+    return session
+
+
+def delete(url: str, session: str, token: str) -> httpx.Response:
+    return httpx.delete(url, headers={
+        "Authorization": f"Bearer {token}", "Mcp-Session-Id": session, "MCP-Protocol-Version": mcp_http.PROTOCOL_VERSION,
+    }, timeout=30)
+
+
+async def test_issue_30_delete_of_an_unknown_or_foreign_session_is_404(kbb, tmp_path):
+    # See: issue 30 (item 17)
+    tokens = tmp_path / "tokens"
+    tokens.write_text("".join(f"{p} {t}\n" for p, t in NAMED.items()))
+    tokens.chmod(0o600)
+    async with kbb.http_server("--auth-tokens-file", str(tokens), *BUSYBOX_ARGS) as srv:
+        alice, bob = NAMED["alice"], NAMED["bob"]
+        session = raw_session(srv.mcp_url, alice)
+        never = "0" * len(session)
+        unknown = delete(srv.mcp_url, never, alice)
+        assert unknown.status_code == 404, unknown.status_code
+        assert unknown.text == SESSION_NOT_FOUND
+        # Another principal's session is answered exactly like one that does not exist, and
+        # stays open.
+        foreign = delete(srv.mcp_url, session, bob)
+        assert (foreign.status_code, foreign.text) == (unknown.status_code, unknown.text)
+        listed = mcp_http.post(srv.mcp_url, {"jsonrpc": "2.0", "id": 2, "method": "tools/list"}, {
+            "Authorization": f"Bearer {alice}", "Mcp-Session-Id": session, "MCP-Protocol-Version": mcp_http.PROTOCOL_VERSION,
+        })
+        assert listed.status_code == 200, listed.status_code
+        assert delete(srv.mcp_url, session, alice).status_code == 200
+        again = delete(srv.mcp_url, session, alice)
+        assert (again.status_code, again.text) == (404, SESSION_NOT_FOUND)
+
+
+def server_socket_of(server_pid: int, server_port: int, client: socket.socket) -> socket.socket:
+    """The server's own end of `client`'s connection, duplicated into this process with
+    pidfd_getfd(2), so that its socket options can be read."""
+    client_port = client.getsockname()[1]
+    inode = None
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        local, remote = fields[1], fields[2]
+        if int(local.rsplit(":", 1)[1], 16) == server_port and int(remote.rsplit(":", 1)[1], 16) == client_port:
+            inode = fields[9]
+    assert inode, "the connection is not in /proc/net/tcp"
+    for fd in Path(f"/proc/{server_pid}/fd").iterdir():
+        try:
+            if os.readlink(fd) == f"socket:[{inode}]":
+                libc = ctypes.CDLL(None, use_errno=True)
+                pidfd = os.pidfd_open(server_pid)
+                try:
+                    duplicate = libc.syscall(SYS_PIDFD_GETFD, pidfd, int(fd.name), 0)
+                finally:
+                    os.close(pidfd)
+                assert duplicate >= 0, os.strerror(ctypes.get_errno())
+                return socket.socket(fileno=duplicate)
+        except OSError:
+            continue
+    raise AssertionError("no descriptor of the server holds the connection")
+
+
+# pidfd_getfd(2) on x86_64 and aarch64.
+SYS_PIDFD_GETFD = 438
+
+
+async def test_issue_30_accepted_connections_send_without_delay(kbb):
+    # See: issue 30 (item 19): without TCP_NODELAY, the last small write of a response waits
+    # for the client's delayed ACK (~40 ms per call for a client reading whole responses).
+    async with kbb.http_server(*BUSYBOX_ARGS) as srv:
+        client = connect(srv.port)
+        try:
+            client.sendall(f"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1:{srv.port}\r\n\r\n".encode())
+            assert read_status_line(client, 5).startswith(b"HTTP/1.1 200")
+            theirs = server_socket_of(srv.pid, srv.port, client)
+            try:
+                assert theirs.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0, "TCP_NODELAY is off"
+            finally:
+                theirs.close()
+        finally:
+            client.close()
+
+
+# Mirror of the server's budget of request-body memory (src/transport/http/screen_body.rs).
+BODY_BUDGET = 64 * 1024 * 1024
+
+
+async def test_issue_30_buffered_request_bodies_share_one_budget(kbb):
+    # See: issue 30 (item 18): many clients each holding a large, unfinished body must not
+    # grow the server past one budget; over it, a request waits briefly, then gets 503.
+    clients, size = 16, 7 * 1024 * 1024
+    async with kbb.http_server(*BUSYBOX_ARGS) as srv:
+        before = procfs.status_kib(srv.pid, "VmRSS")
+        head = request_head(srv.port, srv.auth(), ["Transfer-Encoding: chunked"])
+        body = b'{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"pad":"' + b"p" * size
+        states: list[dict] = [{} for _ in range(clients)]
+        sockets = [connect(srv.port, 30) for _ in range(clients)]
+
+        def hold(sock: socket.socket, state: dict) -> None:
+            # Sends all but the end of the body, then waits; an answer can come at any point.
+            try:
+                sock.sendall(head)
+                step = 256 * 1024
+                for at in range(0, len(body), step):
+                    piece = body[at:at + step]
+                    sock.sendall(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
+                state["sent"] = True
+            except OSError as exc:
+                state["send_error"] = repr(exc)
+
+        def answer(sock: socket.socket, state: dict) -> None:
+            try:
+                state["status"] = read_status_line(sock, 60)
+            except OSError as exc:
+                state["read_error"] = repr(exc)
+
+        threads = [threading.Thread(target=f, args=(s, st), daemon=True)
+                   for s, st in zip(sockets, states) for f in (hold, answer)]
+        try:
+            for thread in threads:
+                thread.start()
+            # Every client has either sent its whole body (and is held) or was answered.
+            settled = await apoll(lambda: all("sent" in st or "status" in st or "read_error" in st for st in states), 90, 0.2)
+            assert settled, states
+            peak = procfs.status_kib(srv.pid, "VmHWM")
+            refused = [st for st in states if st.get("status", b"").startswith(b"HTTP/1.1 503")]
+            print(f"RSS before {before} KiB, peak {peak} KiB; {len(refused)} of {clients} refused with 503")
+            assert peak - before < BODY_BUDGET // 1024 + 32 * 1024, f"peak {peak} KiB from {before} KiB"
+            assert refused, f"no request was refused over the budget: {states}"
+        finally:
+            for sock in sockets:
+                sock.close()
+            for thread in threads:
+                thread.join(10)
+        assert srv.healthy()
+        # The budget is given back: a normal request goes through.
+        async with kbb.http_session(srv) as sess:
+            assert (await sess.run("echo ok")).structured["stdout"] == "ok\n"
+
+
+# A command that finishes only once the test says so (a file appears), so that its connection
+# can be cut while it still runs.
+WAIT_FOR_GO = "while [ ! -e /tmp/go ]; do sleep 0.05; done; echo answer-after-reconnect"
+
+
+def sse_events(lines) -> list[dict]:
+    """The SSE events of `lines` (an iterator of decoded lines), as {id, data} dicts."""
+    events, event = [], {}
+    for line in lines:
+        if not line:
+            if event:
+                events.append(event)
+            event = {}
+            continue
+        field, _, value = line.partition(":")
+        event[field] = value[1:] if value.startswith(" ") else value
+    if event:
+        events.append(event)
+    return events
+
+
+def tool_call(request_id: int, arguments: dict) -> dict:
+    return {"jsonrpc": "2.0", "id": request_id, "method": "tools/call",
+            "params": {"name": "terminal_execute", "arguments": arguments}}
+
+
+async def test_issue_30_an_answer_ready_before_the_client_reconnects_is_replayed(kbb):
+    # See: issue 30 (item 16), with a raw client: the POST's stream is cut after its first
+    # event, the command ends, then the client reconnects with Last-Event-ID.
+    computer = kbb.new_id("resume")
+    kbb.track(computer)
+    async with kbb.http_server(*BUSYBOX_ARGS) as srv:
+        token = srv.token
+        session = raw_session(srv.mcp_url, token)
+        headers = {"Authorization": f"Bearer {token}", "Mcp-Session-Id": session,
+                   "MCP-Protocol-Version": mcp_http.PROTOCOL_VERSION}
+        made = mcp_http.post(srv.mcp_url, tool_call(2, {"computer_id": computer, "command": "true"}), headers)
+        assert made.status_code == 200 and '"isError":false' in made.text, made.text
+        [container] = containers_for(computer)
+        with httpx.Client(timeout=30) as client:
+            with client.stream("POST", srv.mcp_url, json=tool_call(3, {"computer_id": computer, "command": WAIT_FOR_GO}),
+                               headers={**headers, "Accept": mcp_http.ACCEPT, "Content-Type": "application/json"}) as cut:
+                assert cut.status_code == 200
+                first = None
+                for line in cut.iter_lines():
+                    if line.startswith("id:"):
+                        first = line[3:].strip()
+                        break
+            # Leaving the block closed the connection after the first event.
+        assert first, "the stream carried no event id to resume from"
+        docker("exec", container, "touch", "/tmp/go")
+        # The computer runs one command at a time: once this one is answered, the cut one has
+        # ended and its answer has been sent into the cut stream.
+        after = mcp_http.post(srv.mcp_url, tool_call(4, {"computer_id": computer, "command": "echo after"}), headers)
+        assert "after" in after.text, after.text
+        with httpx.Client(timeout=30) as client:
+            with client.stream("GET", srv.mcp_url, headers={**headers, "Accept": "text/event-stream",
+                                                              "Last-Event-ID": first}) as resumed:
+                assert resumed.status_code == 200
+                events = sse_events(resumed.iter_lines())
+        answers = [json.loads(e["data"]) for e in events if e.get("data")]
+        mine = [a for a in answers if a.get("id") == 3]
+        assert mine, f"the reconnect replayed no answer: {events}"
+        assert mine[0]["result"]["structuredContent"]["stdout"] == "answer-after-reconnect\n", mine
+        # Delivered once: it is not kept for another reconnect.
+        with httpx.Client(timeout=30) as client:
+            with client.stream("GET", srv.mcp_url, headers={**headers, "Accept": "text/event-stream",
+                                                              "Last-Event-ID": first}) as again:
+                replayed = [json.loads(e["data"]) for e in sse_events(again.iter_lines()) if e.get("data")]
+        assert not [a for a in replayed if a.get("id") == 3], replayed
+
+
+class CuttingProxy:
+    """A TCP relay in front of the server whose open connections the test can cut at once."""
+
+    def __init__(self, upstream_port: int):
+        self.upstream_port = upstream_port
+        self.writers: list[asyncio.StreamWriter] = []
+        self.from_client = bytearray()
+        self.server: asyncio.base_events.Server | None = None
+
+    async def start(self) -> int:
+        self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        return self.server.sockets[0].getsockname()[1]
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
+        self.writers += [writer, up_writer]
+
+        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, record: bool) -> None:
+            try:
+                while data := await src.read(65536):
+                    if record:
+                        self.from_client += data
+                    dst.write(data)
+                    await dst.drain()
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                dst.close()
+
+        await asyncio.gather(pipe(reader, up_writer, True), pipe(up_reader, writer, False))
+
+    def cut(self) -> None:
+        for writer in self.writers:
+            writer.transport.abort()
+        self.writers.clear()
+
+    async def close(self) -> None:
+        self.cut()
+        if self.server:
+            self.server.close()
+            await self.server.wait_closed()
+
+
+async def test_issue_30_the_sdk_client_gets_its_answer_after_its_own_reconnect(kbb):
+    # See: issue 30 (item 16), with the official client's own reconnect (Last-Event-ID after
+    # the announced retry delay).
+    computer = kbb.new_id("sdk-resume")
+    kbb.track(computer)
+    async with kbb.http_server(*BUSYBOX_ARGS) as srv:
+        proxy = CuttingProxy(srv.port)
+        proxied = dataclasses.replace(srv, port=await proxy.start())
+        try:
+            async with kbb.http_session(proxied, headers=srv.auth()) as sess:
+                (await sess.run("true", computer_id=computer)).ok()
+                [container] = containers_for(computer)
+                outcome: dict = {}
+
+                async def call() -> None:
+                    outcome["result"] = await sess.call({"computer_id": computer, "command": WAIT_FOR_GO}, timeout=40)
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(call)
+                    sent = await apoll(lambda: WAIT_FOR_GO.encode() in proxy.from_client, 20, 0.02)
+                    assert sent, "the call never reached the server"
+                    # The command is running when the connections are cut.
+                    running = await apoll(lambda: "sleep" in docker("exec", container, "ps", check=False).stdout, 20, 0.05)
+                    assert running
+                    proxy.cut()
+                    docker("exec", container, "touch", "/tmp/go")
+                result = outcome["result"].ok()
+                assert result.structured["stdout"] == "answer-after-reconnect\n", result
+        finally:
+            await proxy.close()

@@ -2,11 +2,10 @@
 into a table on stdout and, with `--write PATH`, into the reliability page
 (`docs/reliability.md`): the run's date and machine and one row per test with its outcome and
 figures, replacing only the page's generated section (the prose there is written by hand).
-With `--keep-earlier`, a run of some scenarios (`scripts/fault-test.sh -k …`) replaces only
-their rows: the rows of the page's earlier run for the other scenarios stay, under that run's
-own description.
+With `--update`, a run of some tests (`scripts/fault-test.sh -k …`) replaces only their rows:
+the page's other rows stay, and the page says which run they come from.
 
-    python tests/faults/report.py [--results FILE] [--write docs/reliability.md [--keep-earlier]]
+    python tests/faults/report.py [--results FILE] [--write docs/reliability.md [--update]]
 
 Standard library only, so it runs without the test venv."""
 
@@ -55,7 +54,11 @@ def figures_text(figures: dict) -> str:
 
 def rows(data: dict) -> list[tuple[str, str, str, str, str]]:
     out = []
-    for nodeid, entry in sorted(data.get("tests", {}).items(), key=lambda kv: (kv[1].get("scenario", ""), kv[0])):
+    def order(item: tuple[str, dict]) -> tuple[int, str]:
+        scenario = item[1].get("scenario", "")
+        return (int(scenario) if scenario.isdigit() else 1 << 30, item[0])
+
+    for nodeid, entry in sorted(data.get("tests", {}).items(), key=order):
         test = nodeid.split("::", 1)[-1]
         outcome = entry.get("outcome", "?")
         if entry.get("message"):
@@ -81,45 +84,49 @@ def escape_cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-SCENARIOS = ["1", "2", "3", "4", "5", "6", "7", "8", "9"]
-TABLE_HEAD = ["| # | test | outcome | s | figures |", "|---|------|---------|---|---------|"]
-
-
-def earlier_tables(page: str) -> list[tuple[str, list[str]]]:
-    """The runs described in the page's generated section: each run's description line and
-    its table rows (`| <scenario> | ...`)."""
-    if BEGIN not in page or END not in page:
-        return []
-    section = page.split(BEGIN, 1)[1].split(END, 1)[0]
-    runs: list[tuple[str, list[str]]] = []
-    for line in section.splitlines():
-        if line.startswith("run on ") or line.startswith("Kept from an earlier run: run on "):
-            runs.append((line.removeprefix("Kept from an earlier run: ").rstrip(":").rstrip("."), []))
-        elif line.startswith("| ") and not line.startswith("| # ") and runs:
-            runs[-1][1].append(line)
-    return runs
-
-
-def row_scenario(row: str) -> str:
-    return row.split("|")[1].strip()
-
-
-def markdown(data: dict, earlier: list[tuple[str, list[str]]] | None = None) -> str:
-    lines = [BEGIN, "", machine_text(data.get("run", {})) + ".", "", *TABLE_HEAD]
-    for scenario, test, outcome, seconds, figs in rows(data):
-        lines.append(f"| {scenario} | `{escape_cell(test)}` | {escape_cell(outcome)} | {seconds} | {escape_cell(figs)} |")
-    ran = {entry.get("scenario") for entry in data.get("tests", {}).values()}
-    shown = set(ran)
-    for description, old_rows in earlier or []:
-        kept = [row for row in old_rows if row_scenario(row) not in ran]
-        if kept:
-            lines += ["", f"Kept from an earlier run: {description}:", "", *TABLE_HEAD, *kept]
-            shown |= {row_scenario(row) for row in kept}
-    missing = [scenario for scenario in SCENARIOS if scenario not in shown]
+def markdown(data: dict, kept: tuple[str, list[str]] | None = None) -> str:
+    """The generated section; `kept` = (the earlier run's machine line, its table rows for
+    tests this run did not run), carried over by `--update`."""
+    lines = [BEGIN, "", machine_text(data.get("run", {})) + ".", ""]
+    table = [(scenario, f"| {scenario} | `{escape_cell(test)}` | {escape_cell(outcome)} | {seconds} | {escape_cell(figs)} |")
+             for scenario, test, outcome, seconds, figs in rows(data)]
+    ran = {test for _, test, _, _, _ in rows(data)}
+    carried = []
+    if kept:
+        for row in kept[1]:
+            cells = [cell.strip() for cell in row.strip().strip("|").split("|")]
+            if len(cells) >= 2 and cells[1].strip("`") not in ran:
+                table.append((cells[0], row))
+                carried.append(cells[0])
+        if carried:
+            runs = ", ".join(sorted(set(carried), key=lambda n: int(n) if n.isdigit() else 1 << 30))
+            lines += [f"Rows of scenario {runs} are from an earlier run: {kept[0]}", ""]
+    table.sort(key=lambda item: int(item[0]) if item[0].isdigit() else 1 << 30)
+    lines.append("| # | test | outcome | s | figures |")
+    lines.append("|---|------|---------|---|---------|")
+    lines += [row for _, row in table]
+    shown = {entry.get("scenario") for entry in data.get("tests", {}).values()} | set(carried)
+    missing = sorted(set(scenario_numbers()) - shown, key=int)
     if missing:
         lines += ["", f"Not run in this run: scenario {', '.join(missing)}."]
     lines += ["", END]
     return "\n".join(lines)
+
+
+def earlier_run(page: str) -> tuple[str, list[str]] | None:
+    """The machine line and table rows of the page's generated section, if it has one."""
+    if BEGIN not in page or END not in page:
+        return None
+    section = page.split(BEGIN, 1)[1].split(END, 1)[0]
+    lines = [line for line in section.splitlines() if line.strip()]
+    machine = next((line for line in lines if line.startswith("run on ")), "?")
+    rows = [line for line in lines if line.startswith("| ") and not line.startswith("| # ")]
+    return machine, rows
+
+
+def scenario_numbers() -> list[str]:
+    """The scenarios the suite has: one `test_s<n>_*.py` file each."""
+    return [path.name[6:].split("_", 1)[0] for path in Path(__file__).parent.glob("test_s*_*.py")]
 
 
 def splice(page: str, figures: str) -> str:
@@ -134,8 +141,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--results", type=Path, default=DEFAULT_RESULTS)
     parser.add_argument("--write", type=Path, help="write the markdown page here")
-    parser.add_argument("--keep-earlier", action="store_true",
-                        help="keep the page's rows of scenarios this run did not run")
+    parser.add_argument("--update", action="store_true",
+                        help="with --write: replace only the rows of the tests in the results, keep the page's others")
     args = parser.parse_args()
     if not args.results.exists():
         print(f"no results at {args.results}; run scripts/fault-test.sh", file=sys.stderr)
@@ -146,8 +153,8 @@ def main() -> int:
         print(f"\n[{scenario}] {test}: {outcome} ({seconds} s)\n    {figs}")
     if args.write:
         page = args.write.read_text() if args.write.exists() else ""
-        earlier = earlier_tables(page) if args.keep_earlier else None
-        args.write.write_text(splice(page, markdown(data, earlier)))
+        kept = earlier_run(page) if args.update else None
+        args.write.write_text(splice(page, markdown(data, kept)))
         print(f"\nwrote {args.write}")
     return 0
 

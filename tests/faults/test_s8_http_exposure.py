@@ -10,6 +10,7 @@ from __future__ import annotations
 import select
 import socket
 import subprocess
+import threading
 import time
 
 import httpx
@@ -149,3 +150,80 @@ async def test_non_loopback_bind_without_a_token_is_refused(kbb, figures):
     assert proc.returncode != 0, err
     assert "non-loopback" in err and "token" in err.lower(), err
     assert kbb.instance_locks(home) == [], "a refused start left an instance lock"
+
+
+# Many clients each sending a body just under the per-request limit, all at once: only the
+# server's budget of request-body memory (64 MiB, src/transport/http/screen_body.rs) bounds
+# what it holds: a body is charged six bytes per byte while it is held and parsed.
+BODY_BUDGET_MIB = 64
+FLOOD_CLIENTS = 32
+FLOOD_BODY_BYTES = 7 * MIB + MIB // 2
+
+
+def full_post(port: int, body: bytes) -> int | None:
+    """One complete chunked POST of `body`, reading the answer as soon as one comes (a refusal
+    can come before the body is through); the status, or None when none came."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=90) as sock:
+            head = (
+                f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nAuthorization: Bearer {TOKEN}\r\n"
+                f"Content-Type: application/json\r\nAccept: {ACCEPT}\r\nTransfer-Encoding: chunked\r\n\r\n"
+            )
+            sock.sendall(head.encode())
+            frames = [b"%x\r\n" % len(body[at:at + CHUNK]) + body[at:at + CHUNK] + b"\r\n"
+                      for at in range(0, len(body), CHUNK)] + [b"0\r\n\r\n"]
+            for frame in frames:
+                readable, _, _ = select.select([sock], [], [], 0)
+                if readable:
+                    break
+                try:
+                    sock.sendall(frame)
+                except OSError:
+                    break
+            reply = b""
+            while b"\r\n" not in reply:
+                readable, _, _ = select.select([sock], [], [], 90)
+                if not readable:
+                    break
+                data = sock.recv(4096)
+                if not data:
+                    break
+                reply += data
+    except OSError:
+        return None
+    return int(reply.split(b" ", 2)[1]) if reply.startswith(b"HTTP/1.1 ") else None
+
+
+async def test_many_large_bodies_at_once_stay_within_the_budget(kbb, figures):
+    """32 clients each POST a 7.5 MiB body at once (each under the 8 MiB limit): the server holds
+    at most its 64 MiB budget of them (six bytes of memory per body byte: the bytes and their
+    parses); the rest wait briefly, then get 503 with Retry-After. Peak RSS recorded."""
+    body = b'{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"pad":"' + b"p" * (FLOOD_BODY_BYTES - 80) + b'"}}'
+    async with kbb.http_server(*bb.BUSYBOX_ARGS, env={"KILNTAINERS_AUTH_TOKEN": TOKEN}) as srv:
+        rss_before = status_kib(srv.pid, "VmRSS")
+        statuses: list[int | None] = []
+        started = time.monotonic()
+        threads = [threading.Thread(target=lambda: statuses.append(full_post(srv.port, body)), daemon=True)
+                   for _ in range(FLOOD_CLIENTS)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+        counts: dict[str, int] = {}
+        for status in statuses:
+            counts[str(status)] = counts.get(str(status), 0) + 1
+        peak = status_kib(srv.pid, "VmHWM")
+        figures.update(
+            clients=FLOOD_CLIENTS,
+            body_mib=round(FLOOD_BODY_BYTES / MIB, 1),
+            statuses=counts,
+            seconds=round(time.monotonic() - started, 1),
+            rss_before_mib=mib(rss_before),
+            peak_rss_mib=mib(peak),
+            rss_after_mib=mib(status_kib(srv.pid, "VmRSS")),
+        )
+        assert len(statuses) == FLOOD_CLIENTS, statuses
+        # Read whole and answered by rmcp (no session: 400), or refused over the budget (503).
+        assert set(counts) <= {"400", "503"}, counts
+        assert peak - rss_before < (BODY_BUDGET_MIB + 16) * 1024, f"peak {peak} KiB from {rss_before} KiB"
+        assert srv.healthy()

@@ -97,6 +97,12 @@ impl AllowedHosts {
             .is_some_and(|authority| self.allows(&normalize(authority.host())))
     }
 
+    /// Whether ports' own origins (`p<port>-<key>.<domain>`) may live under `domain`: an
+    /// allowed host name (`localhost` always), never an address.
+    pub fn port_origin_domain_ok(&self, domain: &str) -> bool {
+        domain.parse::<IpAddr>().is_err() && self.allows(domain)
+    }
+
     /// The Origin check: absent passes; otherwise `http(s)://` + an allowed host, any port.
     pub fn origin_ok(&self, value: Option<&[u8]>) -> bool {
         let Some(value) = value else {
@@ -143,6 +149,10 @@ impl Guard {
     /// From now on `/mcp` answers 503 (shutdown cleanup must not race new computers).
     pub fn start_draining(&self) {
         self.draining.store(true, Ordering::SeqCst);
+    }
+
+    pub fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::SeqCst)
     }
 }
 
@@ -193,7 +203,7 @@ pub async fn refuse_while_draining(
     request: Request,
     next: Next,
 ) -> Response {
-    if guard.draining.load(Ordering::SeqCst) {
+    if guard.is_draining() {
         return text(StatusCode::SERVICE_UNAVAILABLE, "Server is shutting down");
     }
     next.run(request).await

@@ -2,7 +2,11 @@
 //! it bounds what a client that never finishes a request can hold. Each connection is served
 //! by hyper's HTTP/1 server with a header-read timeout (a client trickling its request head —
 //! slowloris — is disconnected) and a small read buffer; at most [`MAX_CONNECTIONS`] are served
-//! at once, and a connection beyond that is answered `503` and closed at once.
+//! at once, and a connection beyond that is answered `503` and closed at once. A connection
+//! handed over by an `Upgrade` (a WebSocket tunnel of the port proxy) keeps its slot: the
+//! route that carries it holds [`this_connection`] for as long as it does. Accepted sockets
+//! send without delay (`TCP_NODELAY`): a response's last small write (the end of an SSE
+//! stream) must not wait for the client's delayed ACK, about 40 ms per tool call otherwise.
 //!
 //! It knows nothing about routes or MCP: it serves whatever router it is given.
 
@@ -15,7 +19,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::service::TowerToHyperService;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_util::sync::CancellationToken;
 use tracing::warn;
 
@@ -41,6 +45,24 @@ const BUSY_WARNING_PERIOD: Duration = Duration::from_secs(60);
 /// Pause after an accept error such as `EMFILE`, so the loop does not spin while it lasts
 /// (hyper 0.14 and axum do the same).
 const ACCEPT_ERROR_PAUSE: Duration = Duration::from_millis(200);
+
+/// One connection's place among the [`MAX_CONNECTIONS`], held until the last holder drops it.
+#[derive(Clone)]
+pub struct ConnectionSlot(
+    #[expect(dead_code, reason = "held, never read")] Arc<OwnedSemaphorePermit>,
+);
+
+tokio::task_local! {
+    /// The slot of the connection whose requests are being served on this task (hyper polls a
+    /// connection's service calls on the connection's own task).
+    static CONNECTION: ConnectionSlot;
+}
+
+/// The slot of the connection the current request came on, to keep it taken beyond the
+/// connection's HTTP life (an upgraded connection); `None` outside this listener's tasks.
+pub fn this_connection() -> Option<ConnectionSlot> {
+    CONNECTION.try_with(ConnectionSlot::clone).ok()
+}
 
 /// Serves `app` on `listener` until `stop` is cancelled. Connections in progress then finish
 /// their current request (idle ones close); they are cut if the runtime goes away first.
@@ -74,10 +96,13 @@ pub async fn serve(listener: TcpListener, app: Router, stop: CancellationToken) 
             tokio::spawn(refuse(stream));
             continue;
         };
+        if let Err(error) = stream.set_nodelay(true) {
+            tracing::debug!(%error, "cannot set TCP_NODELAY");
+        }
         let service = TowerToHyperService::new(app.clone());
         let stop = stop.clone();
-        tokio::spawn(async move {
-            let _slot = slot;
+        let slot = ConnectionSlot(Arc::new(slot));
+        tokio::spawn(CONNECTION.scope(slot, async move {
             let mut builder = http1::Builder::new();
             builder
                 .timer(TokioTimer::new())
@@ -94,7 +119,7 @@ pub async fn serve(listener: TcpListener, app: Router, stop: CancellationToken) 
                     let _ = connection.await;
                 }
             }
-        });
+        }));
     }
 }
 

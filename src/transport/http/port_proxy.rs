@@ -1,27 +1,53 @@
-//! `/computers/<computer_id>/ports/<port>/…` (docs/files.md, "Ports"): a port in a computer
-//! on the server's own listener, behind the same Host/Origin check and token as `/mcp`. Each
-//! request opens one connection through [`crate::ports::Ports::connect`] (which never creates
-//! or starts a computer) and speaks HTTP/1.1 to the port with the prefix taken off the path;
-//! a WebSocket (any `Upgrade`) is carried both ways once the port agrees to it.
+//! The port proxy (docs/files.md, "Ports"): HTTP to a port in a computer, on two routes.
 //!
-//! The server's `Authorization` header never reaches the computer, and responses stream
-//! through without being buffered here.
+//! - **A port's own origin**, `http://p<port>-<key>.localhost:<port>/…`: the URL `port_url`
+//!   hands out over HTTP. The host name carries the port's key ([`crate::ports`]), which is
+//!   the only credential asked for, so a browser can follow the link; being an origin of its
+//!   own, the port's pages cannot read the server's other routes (`/mcp`, the dashboard's
+//!   storage) or another port's. [`serve_port_origins`] takes such requests before any other
+//!   route, whatever their path: `/mcp` on a port's origin is the computer's `/mcp`.
+//! - **The path route**, `/computers/<computer_id>/ports/<port>/…` on the server's origin,
+//!   behind the same Host/Origin check, token and drain gates as `/mcp`: for HTTP clients that
+//!   send the token. Its pages share the server's origin, so they are sandboxed into an opaque
+//!   one ([`SERVER_ORIGIN_POLICY`]).
+//!
+//! Both refuse requests that pages on other origins make ([`foreign_initiator`]), so that a page
+//! a computer serves cannot reach another computer's ports, even when the server runs without
+//! authentication. Each request opens one connection through [`crate::ports::Ports::connect`]
+//! (which never creates or starts a computer) and speaks HTTP/1.1 to the port. Credentials stay
+//! on their side: what a browser or a proxy in front adds to a request (cookies, `Authorization`,
+//! `X-Forwarded-*`, `X-Auth-*`, …) never reaches the computer, and what a computer could use
+//! to act on an origin beyond its page (`Set-Cookie`, `Service-Worker-Allowed`,
+//! `Clear-Site-Data`, HSTS, `Alt-Svc`, reporting endpoints, CORS grants) never reaches the
+//! browser. A WebSocket (any `Upgrade`) is carried both ways once the port agrees to it, as a
+//! [tunnel](Tunnels): it keeps its connection slot of the listener, a principal holds at most
+//! [`TUNNELS_PER_PRINCIPAL`], and one quiet for [`TUNNEL_IDLE_TIMEOUT`] is closed. Responses
+//! stream through without being buffered here.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::http::header::{
-    AUTHORIZATION, CONNECTION, CONTENT_TYPE, HOST, LOCATION, PROXY_AUTHORIZATION, TE, TRAILER,
-    TRANSFER_ENCODING, UPGRADE,
+    CONNECTION, CONTENT_SECURITY_POLICY, CONTENT_TYPE, HOST, LOCATION, ORIGIN, PROXY_AUTHORIZATION,
+    REFERRER_POLICY, TE, TRAILER, TRANSFER_ENCODING, UPGRADE,
 };
-use axum::http::{HeaderMap, HeaderName, HeaderValue, StatusCode, Uri};
+use axum::http::{HeaderMap, HeaderName, HeaderValue, Method, StatusCode, Uri};
+use axum::middleware::Next;
 use axum::response::Response;
 use hyper::client::conn::http1 as client;
 use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::time::Instant;
 use tracing::debug;
 
+use super::guard::Guard;
+use super::listener;
 use crate::ids::ComputerId;
 use crate::mcp::ports::message;
 use crate::ports::{PortError, Ports};
@@ -30,6 +56,61 @@ use crate::ports::{PortError, Ports};
 /// page may compile first).
 const RESPONSE_TIMEOUT: Duration = Duration::from_secs(120);
 const PREFIX: &str = "/computers/";
+/// Tunnels one principal holds at once. A browser tab holds one or two (a dev server's reload
+/// socket); every tunnel also holds one of the listener's 512 connections, so one principal
+/// must not be able to take them all.
+pub const TUNNELS_PER_PRINCIPAL: usize = 64;
+/// A tunnel with no byte either way for this long is closed. Long enough for a person
+/// pausing over a page (a dev server's client reconnects its reload socket by itself), short
+/// enough that tunnels a client forgot do not hold connection slots for hours.
+pub const TUNNEL_IDLE_TIMEOUT: Duration = Duration::from_secs(10 * 60);
+/// Pages on the server's origin run in an opaque origin of their own: scripts, forms and
+/// pop-ups work, but nothing the server's origin holds (the dashboard's storage, `/mcp`,
+/// other computers' routes) is theirs.
+const SERVER_ORIGIN_POLICY: &str =
+    "sandbox allow-scripts allow-forms allow-popups allow-modals allow-downloads";
+/// Pages on their own origin keep it (a dev server's ES modules and storage need it); the
+/// sandbox still keeps them from navigating the browser's top window elsewhere.
+const OWN_ORIGIN_POLICY: &str =
+    "sandbox allow-scripts allow-same-origin allow-forms allow-popups allow-modals allow-downloads";
+/// Request headers that carry the caller's credentials or a proxy's claims about the caller;
+/// none of them is the computer's business.
+const CREDENTIAL_HEADERS: [&str; 6] = [
+    "authorization",
+    "cookie",
+    "forwarded",
+    "x-real-ip",
+    "x-remote-user",
+    "remote-user",
+];
+/// Prefixes of the same: reverse proxies' `X-Forwarded-*` (user, e-mail, address),
+/// `X-Auth-Request-*` (oauth2-proxy) and the identity assertions of AWS ALB, Cloudflare
+/// Access, Google IAP and Azure App Service.
+const CREDENTIAL_HEADER_PREFIXES: [&str; 6] = [
+    "x-forwarded-",
+    "x-auth-",
+    "x-amzn-oidc-",
+    "cf-access-",
+    "x-goog-iap-",
+    "x-ms-client-principal",
+];
+/// Response headers whose effect reaches beyond the page: cookies of the origin, a service
+/// worker for all of it, wiping its storage, pinning the host to HTTPS or to another server,
+/// reporting its traffic elsewhere.
+const ORIGIN_WIDE_HEADERS: [&str; 9] = [
+    "set-cookie",
+    "set-cookie2",
+    "service-worker-allowed",
+    "clear-site-data",
+    "strict-transport-security",
+    "alt-svc",
+    "nel",
+    "report-to",
+    "reporting-endpoints",
+];
+/// CORS grants: another origin's requests are refused before they reach the computer, so a
+/// grant could only widen what the next change lets through.
+const CORS_PREFIX: &str = "access-control-";
 
 fn text(status: StatusCode, body: String) -> Response {
     let mut response = Response::new(Body::from(body));
@@ -39,6 +120,32 @@ fn text(status: StatusCode, body: String) -> Response {
         HeaderValue::from_static("text/plain; charset=utf-8"),
     );
     response
+}
+
+/// What the proxy routes share.
+pub struct PortProxy {
+    pub ports: Arc<Ports>,
+    pub guard: Arc<Guard>,
+    tunnels: Tunnels,
+}
+
+impl PortProxy {
+    pub fn new(ports: Arc<Ports>, guard: Arc<Guard>) -> Arc<Self> {
+        Arc::new(Self {
+            ports,
+            guard,
+            tunnels: Tunnels::default(),
+        })
+    }
+}
+
+/// Which origin a route serves pages on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Exposure {
+    /// The server's own (the path route).
+    ServerOrigin,
+    /// The port's own (its key in the host name).
+    OwnOrigin,
 }
 
 /// The computer, port and rest of the path (`None`: no slash after the port).
@@ -98,6 +205,22 @@ fn strip_hop_by_hop(headers: &mut HeaderMap, keep_upgrade: bool) {
     }
 }
 
+/// Removes every header named in `exact` or starting with one of `prefixes` (names are
+/// lowercase in `HeaderMap`).
+fn strip_named(headers: &mut HeaderMap, exact: &[&str], prefixes: &[&str]) {
+    let doomed: Vec<HeaderName> = headers
+        .keys()
+        .filter(|name| {
+            let name = name.as_str();
+            exact.contains(&name) || prefixes.iter().any(|prefix| name.starts_with(prefix))
+        })
+        .cloned()
+        .collect();
+    for name in doomed {
+        headers.remove(name);
+    }
+}
+
 fn wants_upgrade(headers: &HeaderMap) -> bool {
     headers.contains_key(UPGRADE)
         && headers
@@ -110,11 +233,127 @@ fn wants_upgrade(headers: &HeaderMap) -> bool {
             })
 }
 
-pub async fn proxy(State(ports): State<Arc<Ports>>, mut request: Request) -> Response {
+/// Why a request comes from a page this route must not serve, if it does: a page on another
+/// origin (its `Origin`, or Fetch Metadata's `Sec-Fetch-Site`). Requests without either (a
+/// person typing the address, an HTTP client) pass. A port's own origin also takes top-level
+/// navigations from elsewhere (a link in the dashboard or a chat): they need the port's key,
+/// and what they load is a page, not something another page can read.
+fn foreign_initiator(
+    headers: &HeaderMap,
+    method: &Method,
+    exposure: Exposure,
+) -> Option<&'static str> {
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    if let Some(origin) = headers.get(ORIGIN) {
+        let own = header(HOST.as_str()).unwrap_or_default();
+        let same = origin
+            .to_str()
+            .ok()
+            .and_then(|origin| {
+                origin
+                    .strip_prefix("http://")
+                    .or_else(|| origin.strip_prefix("https://"))
+            })
+            .is_some_and(|authority| !own.is_empty() && authority.eq_ignore_ascii_case(own));
+        if !same {
+            return Some("a page on another origin");
+        }
+    }
+    match header("sec-fetch-site") {
+        None | Some("none" | "same-origin") => None,
+        Some(_) => {
+            let top_level_navigation = exposure == Exposure::OwnOrigin
+                && matches!(*method, Method::GET | Method::HEAD)
+                && header("sec-fetch-mode") == Some("navigate")
+                && header("sec-fetch-dest") == Some("document");
+            (!top_level_navigation).then_some("a page on another site")
+        }
+    }
+}
+
+fn refuse_initiator(why: &str) -> Response {
+    text(
+        StatusCode::FORBIDDEN,
+        format!(
+            "Forbidden: a port is served only to its own pages and to direct requests, not to {why}."
+        ),
+    )
+}
+
+/// The host name of a request, lowercase, without port or IPv6 brackets.
+fn request_host(request: &Request) -> Option<String> {
+    let value = request
+        .headers()
+        .get(HOST)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+        .or_else(|| request.uri().authority().map(|a| a.as_str().to_owned()))?;
+    let authority = value.parse::<axum::http::uri::Authority>().ok()?;
+    Some(authority.host().to_ascii_lowercase())
+}
+
+/// axum middleware in front of every route: a request for a port's own origin (its host name
+/// names a port key handed out, under an allowed name) goes to that port, whatever its path;
+/// anything else goes on to the server's routes.
+pub async fn serve_port_origins(
+    State(proxy): State<Arc<PortProxy>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    let Some(host) = request_host(&request) else {
+        return next.run(request).await;
+    };
+    let Some((label, domain)) = host.split_once('.') else {
+        return next.run(request).await;
+    };
+    if !proxy.guard.hosts.port_origin_domain_ok(domain) {
+        return next.run(request).await;
+    }
+    let Some((computer, port)) = proxy.ports.origin_of_host(&host) else {
+        // A port origin's shape under our name but no key of ours: guessed, or its computer is
+        // gone. Nothing else lives on such a name.
+        if label.starts_with('p') && label.contains('-') && label.len() > 32 {
+            return text(StatusCode::NOT_FOUND, "Not Found".to_owned());
+        }
+        return next.run(request).await;
+    };
+    if proxy.guard.is_draining() {
+        return text(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "Server is shutting down".to_owned(),
+        );
+    }
+    if let Some(why) = foreign_initiator(request.headers(), request.method(), Exposure::OwnOrigin) {
+        return refuse_initiator(why);
+    }
+    let path = request
+        .uri()
+        .path_and_query()
+        .map_or("/", |p| p.as_str())
+        .to_owned();
+    forward(
+        &proxy,
+        &computer,
+        port,
+        request,
+        path,
+        Exposure::OwnOrigin,
+        None,
+    )
+    .await
+}
+
+/// The path route's handler, behind the Host/Origin check, the token and the drain gate.
+pub async fn route(State(proxy): State<Arc<PortProxy>>, request: Request) -> Response {
     let target = match parse(request.uri()) {
         Ok(target) => target,
         Err((status, body)) => return text(status, body),
     };
+    if let Some(why) =
+        foreign_initiator(request.headers(), request.method(), Exposure::ServerOrigin)
+    {
+        return refuse_initiator(why);
+    }
     let Some(rest) = target.rest else {
         // Relative links in the page resolve against the directory, so it gets its slash.
         let query = request
@@ -133,7 +372,52 @@ pub async fn proxy(State(ports): State<Arc<Ports>>, mut request: Request) -> Res
     let computer = target
         .computer
         .owned_by(&super::auth::principal_of(&request));
-    let stream = match ports.connect(&computer, target.port).await {
+    let query = request
+        .uri()
+        .query()
+        .map(|q| format!("?{q}"))
+        .unwrap_or_default();
+    let prefix = format!("{PREFIX}{}/ports/{}", target.computer, target.port);
+    forward(
+        &proxy,
+        &computer,
+        target.port,
+        request,
+        format!("/{rest}{query}"),
+        Exposure::ServerOrigin,
+        Some(prefix),
+    )
+    .await
+}
+
+/// One request to `port` in `computer` (already scoped to its owner), sent to `path` there.
+async fn forward(
+    proxy: &PortProxy,
+    computer: &ComputerId,
+    port: u16,
+    mut request: Request,
+    path: String,
+    exposure: Exposure,
+    prefix: Option<String>,
+) -> Response {
+    let upgrade = wants_upgrade(request.headers());
+    // A tunnel is admitted before anything is dialled.
+    let tunnel = if upgrade {
+        match proxy.tunnels.admit(computer) {
+            Some(tunnel) => Some(tunnel),
+            None => {
+                return text(
+                    StatusCode::TOO_MANY_REQUESTS,
+                    format!(
+                        "Too many open tunnels (WebSocket connections) through the port proxy: at most {TUNNELS_PER_PRINCIPAL} at once per principal. Close some and retry."
+                    ),
+                );
+            }
+        }
+    } else {
+        None
+    };
+    let stream = match proxy.ports.connect(computer, port).await {
         Ok(stream) => stream,
         Err(error @ PortError::NotFound(_)) => return text(StatusCode::NOT_FOUND, message(&error)),
         Err(error) => return text(StatusCode::BAD_GATEWAY, message(&error)),
@@ -141,10 +425,7 @@ pub async fn proxy(State(ports): State<Arc<Ports>>, mut request: Request) -> Res
     let (mut sender, connection) = match client::handshake(TokioIo::new(stream)).await {
         Ok(pair) => pair,
         Err(error) => {
-            return text(
-                StatusCode::BAD_GATEWAY,
-                format!("Port {}: {error}", target.port),
-            );
+            return text(StatusCode::BAD_GATEWAY, format!("Port {port}: {error}"));
         }
     };
     tokio::spawn(async move {
@@ -153,31 +434,25 @@ pub async fn proxy(State(ports): State<Arc<Ports>>, mut request: Request) -> Res
         }
     });
 
-    let upgrade = wants_upgrade(request.headers());
     let client_upgrade = upgrade.then(|| hyper::upgrade::on(&mut request));
     let (mut parts, body) = request.into_parts();
-    let query = parts
-        .uri
-        .query()
-        .map(|q| format!("?{q}"))
-        .unwrap_or_default();
-    parts.uri = match Uri::try_from(format!("/{rest}{query}")) {
+    parts.uri = match Uri::try_from(path) {
         Ok(uri) => uri,
         Err(error) => return text(StatusCode::BAD_REQUEST, error.to_string()),
     };
     parts.version = axum::http::Version::HTTP_11;
     let headers = &mut parts.headers;
     strip_hop_by_hop(headers, upgrade);
-    headers.remove(AUTHORIZATION);
+    strip_named(headers, &CREDENTIAL_HEADERS, &CREDENTIAL_HEADER_PREFIXES);
     if let Some(host) = headers.remove(HOST) {
         headers.insert("x-forwarded-host", host);
     }
     // Dev servers commonly accept only their own names in Host.
-    if let Ok(host) = HeaderValue::try_from(format!("localhost:{}", target.port)) {
+    if let Ok(host) = HeaderValue::try_from(format!("localhost:{port}")) {
         headers.insert(HOST, host);
     }
-    if let Ok(prefix) =
-        HeaderValue::try_from(format!("{PREFIX}{}/ports/{}", target.computer, target.port))
+    if let Some(prefix) = prefix
+        && let Ok(prefix) = HeaderValue::try_from(prefix)
     {
         headers.insert("x-forwarded-prefix", prefix);
     }
@@ -186,40 +461,168 @@ pub async fn proxy(State(ports): State<Arc<Ports>>, mut request: Request) -> Res
         match tokio::time::timeout(RESPONSE_TIMEOUT, sender.send_request(upstream)).await {
             Ok(Ok(response)) => response,
             Ok(Err(error)) => {
-                return text(
-                    StatusCode::BAD_GATEWAY,
-                    format!("Port {}: {error}", target.port),
-                );
+                return text(StatusCode::BAD_GATEWAY, format!("Port {port}: {error}"));
             }
             Err(_) => {
                 return text(
                     StatusCode::GATEWAY_TIMEOUT,
                     format!(
-                        "Port {} did not answer within {} seconds.",
-                        target.port,
+                        "Port {port} did not answer within {} seconds.",
                         RESPONSE_TIMEOUT.as_secs()
                     ),
                 );
             }
         };
-    if response.status() == StatusCode::SWITCHING_PROTOCOLS
-        && let Some(client_upgrade) = client_upgrade
-    {
+    let switching = response.status() == StatusCode::SWITCHING_PROTOCOLS;
+    if switching && let (Some(client_upgrade), Some(tunnel)) = (client_upgrade, tunnel) {
         let upstream_upgrade = hyper::upgrade::on(&mut response);
+        // The listener's slot for this connection stays taken while the tunnel lives.
+        let slot = listener::this_connection();
         tokio::spawn(async move {
+            let _held = (tunnel, slot);
             if let (Ok(client), Ok(upstream)) = (client_upgrade.await, upstream_upgrade.await) {
-                let _ = tokio::io::copy_bidirectional(
-                    &mut TokioIo::new(client),
-                    &mut TokioIo::new(upstream),
+                carry(
+                    TokioIo::new(client),
+                    TokioIo::new(upstream),
+                    TUNNEL_IDLE_TIMEOUT,
                 )
                 .await;
             }
         });
     }
     let (mut parts, body) = response.into_parts();
-    let switching = parts.status == StatusCode::SWITCHING_PROTOCOLS;
-    strip_hop_by_hop(&mut parts.headers, switching);
+    let headers = &mut parts.headers;
+    strip_hop_by_hop(headers, switching);
+    strip_named(headers, &ORIGIN_WIDE_HEADERS, &[CORS_PREFIX]);
+    if !switching {
+        let policy = match exposure {
+            Exposure::ServerOrigin => SERVER_ORIGIN_POLICY,
+            Exposure::OwnOrigin => OWN_ORIGIN_POLICY,
+        };
+        // Added next to any policy of the page's own: a browser enforces every one.
+        headers.append(CONTENT_SECURITY_POLICY, HeaderValue::from_static(policy));
+        // A port's host name is its key: pages must not send it to other sites.
+        headers.insert(REFERRER_POLICY, HeaderValue::from_static("no-referrer"));
+    }
     Response::from_parts(parts, Body::new(body))
+}
+
+/// The tunnels open now, per owner (the principal whose computer they reach).
+#[derive(Default)]
+struct Tunnels {
+    open: Arc<Mutex<HashMap<String, usize>>>,
+}
+
+/// One admitted tunnel; dropping it gives its place back.
+struct Tunnel {
+    open: Arc<Mutex<HashMap<String, usize>>>,
+    owner: String,
+}
+
+impl Tunnels {
+    /// A place for a tunnel to `computer`, unless its owner holds [`TUNNELS_PER_PRINCIPAL`].
+    fn admit(&self, computer: &ComputerId) -> Option<Tunnel> {
+        // An id is its slug plus, for any principal but `default`, `.<owner tag>`.
+        let owner = computer.as_str()[computer.slug().len()..].to_owned();
+        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        let count = open.entry(owner.clone()).or_default();
+        if *count >= TUNNELS_PER_PRINCIPAL {
+            return None;
+        }
+        *count += 1;
+        Some(Tunnel {
+            open: self.open.clone(),
+            owner,
+        })
+    }
+}
+
+impl Drop for Tunnel {
+    fn drop(&mut self) {
+        let mut open = self.open.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(count) = open.get_mut(&self.owner) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                open.remove(&self.owner);
+            }
+        }
+    }
+}
+
+/// Copies both ways until either side ends or nothing moves for `idle`.
+async fn carry<A, B>(client: A, upstream: B, idle: Duration)
+where
+    A: AsyncRead + AsyncWrite + Unpin,
+    B: AsyncRead + AsyncWrite + Unpin,
+{
+    let started = Instant::now();
+    let last = Arc::new(AtomicU64::new(0));
+    let mut client = Watched {
+        inner: client,
+        started,
+        last: last.clone(),
+    };
+    let mut upstream = Watched {
+        inner: upstream,
+        started,
+        last: last.clone(),
+    };
+    let copy = tokio::io::copy_bidirectional(&mut client, &mut upstream);
+    tokio::pin!(copy);
+    loop {
+        let quiet_since = started + Duration::from_millis(last.load(Ordering::Relaxed));
+        tokio::select! {
+            _ = &mut copy => return,
+            () = tokio::time::sleep_until(quiet_since + idle) => {
+                let moved = started + Duration::from_millis(last.load(Ordering::Relaxed));
+                if moved == quiet_since {
+                    debug!(idle_secs = idle.as_secs(), "closing an idle tunnel");
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// A stream that records when bytes last came in (milliseconds since `started`).
+struct Watched<T> {
+    inner: T,
+    started: Instant,
+    last: Arc<AtomicU64>,
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Watched<T> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = Pin::new(&mut self.inner).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            let elapsed = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+            self.last.store(elapsed, Ordering::Relaxed);
+        }
+        polled
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Watched<T> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
 }
 
 #[cfg(test)]
@@ -260,5 +663,179 @@ mod tests {
         strip_hop_by_hop(&mut headers, false);
         assert!(!headers.contains_key(UPGRADE) && !headers.contains_key(CONNECTION));
         assert!(headers.contains_key("x-kept"));
+    }
+
+    #[test]
+    fn credentials_and_origin_wide_headers_are_dropped() {
+        let mut headers = HeaderMap::new();
+        for name in [
+            "cookie",
+            "authorization",
+            "x-forwarded-for",
+            "x-forwarded-user",
+            "x-auth-request-email",
+            "cf-access-jwt-assertion",
+            "x-ms-client-principal-name",
+            "x-kept",
+        ] {
+            headers.insert(HeaderName::from_static(name), HeaderValue::from_static("v"));
+        }
+        strip_named(
+            &mut headers,
+            &CREDENTIAL_HEADERS,
+            &CREDENTIAL_HEADER_PREFIXES,
+        );
+        assert_eq!(
+            headers.keys().map(HeaderName::as_str).collect::<Vec<_>>(),
+            ["x-kept"]
+        );
+        let mut headers = HeaderMap::new();
+        for name in [
+            "set-cookie",
+            "service-worker-allowed",
+            "access-control-allow-origin",
+            "content-type",
+        ] {
+            headers.insert(HeaderName::from_static(name), HeaderValue::from_static("v"));
+        }
+        strip_named(&mut headers, &ORIGIN_WIDE_HEADERS, &[CORS_PREFIX]);
+        assert_eq!(
+            headers.keys().map(HeaderName::as_str).collect::<Vec<_>>(),
+            ["content-type"]
+        );
+    }
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.append(
+                HeaderName::from_static(name),
+                HeaderValue::from_static(value),
+            );
+        }
+        map
+    }
+
+    #[test]
+    fn only_a_routes_own_pages_and_direct_requests_get_through() {
+        let get = Method::GET;
+        let host = ("host", "p80-k.localhost:8435");
+        for (pairs, server, own) in [
+            // An HTTP client, a typed address, the page's own requests.
+            (vec![host], true, true),
+            (vec![host, ("sec-fetch-site", "none")], true, true),
+            (
+                vec![
+                    host,
+                    ("sec-fetch-site", "same-origin"),
+                    ("origin", "http://p80-k.localhost:8435"),
+                ],
+                true,
+                true,
+            ),
+            (
+                vec![host, ("origin", "https://P80-K.localhost:8435")],
+                true,
+                true,
+            ),
+            // Another page: by Origin, opaque (a sandboxed page), by Fetch Metadata.
+            (
+                vec![host, ("origin", "http://127.0.0.1:8435")],
+                false,
+                false,
+            ),
+            (vec![host, ("origin", "null")], false, false),
+            (
+                vec![
+                    host,
+                    ("sec-fetch-site", "same-site"),
+                    ("sec-fetch-mode", "no-cors"),
+                ],
+                false,
+                false,
+            ),
+            // A link followed from elsewhere: only a port's own origin takes it.
+            (
+                vec![
+                    host,
+                    ("sec-fetch-site", "cross-site"),
+                    ("sec-fetch-mode", "navigate"),
+                    ("sec-fetch-dest", "document"),
+                ],
+                false,
+                true,
+            ),
+            (
+                vec![
+                    host,
+                    ("sec-fetch-site", "cross-site"),
+                    ("sec-fetch-mode", "navigate"),
+                    ("sec-fetch-dest", "iframe"),
+                ],
+                false,
+                false,
+            ),
+        ] {
+            let map = headers(&pairs);
+            assert_eq!(
+                foreign_initiator(&map, &get, Exposure::ServerOrigin).is_none(),
+                server,
+                "{pairs:?}"
+            );
+            assert_eq!(
+                foreign_initiator(&map, &get, Exposure::OwnOrigin).is_none(),
+                own,
+                "{pairs:?}"
+            );
+        }
+        let navigate = headers(&[
+            host,
+            ("sec-fetch-site", "cross-site"),
+            ("sec-fetch-mode", "navigate"),
+            ("sec-fetch-dest", "document"),
+        ]);
+        assert!(foreign_initiator(&navigate, &Method::POST, Exposure::OwnOrigin).is_some());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_quiet_tunnel_is_closed_and_a_busy_one_is_not() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (client, mut client_far) = tokio::io::duplex(64);
+        let (upstream, mut upstream_far) = tokio::io::duplex(64);
+        let idle = Duration::from_secs(60);
+        let tunnel = tokio::spawn(carry(client, upstream, idle));
+        // Traffic every 40 s keeps it open past the idle time.
+        for _ in 0..4 {
+            tokio::time::sleep(Duration::from_secs(40)).await;
+            client_far.write_all(b"x").await.unwrap();
+            let mut byte = [0u8; 1];
+            upstream_far.read_exact(&mut byte).await.unwrap();
+        }
+        assert!(!tunnel.is_finished());
+        tokio::time::sleep(idle + Duration::from_secs(1)).await;
+        tokio::task::yield_now().await;
+        assert!(tunnel.is_finished(), "a quiet tunnel stayed open");
+    }
+
+    #[test]
+    fn tunnels_are_counted_per_owner() {
+        let tunnels = Tunnels::default();
+        let alice = ComputerId::parse("web")
+            .unwrap()
+            .owned_by(&crate::ids::Principal::parse("alice").unwrap());
+        let mine: Vec<Tunnel> = (0..TUNNELS_PER_PRINCIPAL)
+            .map(|_| tunnels.admit(&alice).unwrap())
+            .collect();
+        assert!(tunnels.admit(&alice).is_none());
+        let default = ComputerId::parse("web").unwrap();
+        assert!(
+            tunnels.admit(&default).is_some(),
+            "another owner was refused"
+        );
+        drop(mine);
+        assert!(
+            tunnels.admit(&alice).is_some(),
+            "closed tunnels were not given back"
+        );
     }
 }

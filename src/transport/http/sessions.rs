@@ -25,6 +25,11 @@
 //! `--session-timeout` plus that timeout. [`IdleSessions::close_idle`] closes such
 //! sessions through the session manager, which drops the handler and so releases the
 //! session's computers exactly as a client `DELETE` does.
+//!
+//! **Reconnects.** A request's stream cut before its end keeps its events, the answer
+//! included, for the client's `GET` with `Last-Event-ID` ([`replay`]).
+
+mod replay;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -124,22 +129,46 @@ pub async fn refuse_foreign_session(
         && let Some(owner) = lock(&sessions.owners).get(&id).cloned()
         && owner != principal_of(&request)
     {
-        let mut response = Response::new(axum::body::Body::from("Not Found: Session not found"));
-        *response.status_mut() = axum::http::StatusCode::NOT_FOUND;
-        return response;
+        return session_not_found();
     }
     next.run(request).await
 }
 
-/// axum middleware: a session ended by `DELETE /mcp` is answered 200 rather than rmcp's 202.
-/// The official Python client accepts only 200/204 there and otherwise logs "Session
-/// termination failed" on every clean close (the Python reference's own server answers 200).
-pub async fn delete_answers_ok(request: Request, next: Next) -> Response {
-    let is_delete = request.method() == axum::http::Method::DELETE;
+/// axum middleware for `DELETE /mcp`: an unknown session id is `404` like on any other method
+/// (rmcp answers a `DELETE` of any id, known or not, as if it had ended a session; answering a
+/// caller 200 for ids that do not exist and 404 for another principal's would tell which ids
+/// exist), and a session it ended is `200` rather than rmcp's `202`. The official Python client
+/// accepts only 200/204 there and otherwise logs "Session termination failed" on every clean
+/// close (the Python reference's own server answers 200).
+pub async fn end_session(
+    State(sessions): State<Arc<IdleSessions>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if request.method() != axum::http::Method::DELETE {
+        return next.run(request).await;
+    }
+    let named = request
+        .headers()
+        .get(SESSION_ID_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| SessionId::from(v.to_owned()));
+    if let Some(id) = named
+        && !sessions.inner.has_session(&id).await.unwrap_or(false)
+    {
+        return session_not_found();
+    }
     let mut response = next.run(request).await;
-    if is_delete && response.status() == axum::http::StatusCode::ACCEPTED {
+    if response.status() == axum::http::StatusCode::ACCEPTED {
         *response.status_mut() = axum::http::StatusCode::OK;
     }
+    response
+}
+
+/// rmcp's answer for a session it does not know, byte for byte.
+fn session_not_found() -> Response {
+    let mut response = Response::new(axum::body::Body::from("Not Found: Session not found"));
+    *response.status_mut() = axum::http::StatusCode::NOT_FOUND;
     response
 }
 
@@ -216,6 +245,8 @@ type SharedActivity = Arc<Mutex<Activity>>;
 /// rmcp's in-memory session manager plus our idle accounting (see the module doc).
 pub struct IdleSessions {
     inner: LocalSessionManager,
+    /// What cut request streams received since (see [`replay`]).
+    replays: Arc<replay::Replays>,
     activity: Mutex<HashMap<SessionId, SharedActivity>>,
     /// The principal that opened each session.
     owners: Mutex<HashMap<SessionId, Principal>>,
@@ -234,6 +265,7 @@ impl IdleSessions {
         inner.session_config = config;
         Self {
             inner,
+            replays: Arc::new(replay::Replays::default()),
             activity: Mutex::new(HashMap::new()),
             owners: Mutex::new(HashMap::new()),
             default_call_timeout,
@@ -298,6 +330,7 @@ impl SessionManager for IdleSessions {
     async fn close_session(&self, id: &SessionId) -> Result<(), Self::Error> {
         lock(&self.activity).remove(id);
         lock(&self.owners).remove(id);
+        self.replays.forget_session(id);
         self.inner.close_session(id).await
     }
 
@@ -306,7 +339,8 @@ impl SessionManager for IdleSessions {
         id: &SessionId,
         message: ClientJsonRpcMessage,
     ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
-        self.inner.create_stream(id, message).await
+        let stream = self.inner.create_stream(id, message).await?;
+        Ok(self.replays.wrap(id.clone(), stream))
     }
 
     async fn accept_message(
@@ -329,7 +363,14 @@ impl SessionManager for IdleSessions {
         id: &SessionId,
         last_event_id: String,
     ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
-        self.inner.resume(id, last_event_id).await
+        // A cut request's kept events first; rmcp's own resume serves the rest (the standalone
+        // stream, a request stream still connected).
+        if let Some(replay) = self.replays.resume(id, &last_event_id) {
+            return Ok(futures_util::future::Either::Left(replay));
+        }
+        Ok(futures_util::future::Either::Right(
+            self.inner.resume(id, last_event_id).await?,
+        ))
     }
 
     fn event_store(&self) -> Option<Arc<dyn EventStore>> {

@@ -253,7 +253,7 @@ export function fileSteps(step, ctx) {
     assert.equal(await $("#port-links").isVisible(), false);
   });
 
-  step("Open port on a real server shows a loopback link that reaches it", async () => {
+  step("Open port on a real server shows a link that reaches it", async () => {
     // Without -f BusyBox httpd listens, then detaches: listening once the command returns.
     const started = await call(ctx.client, "terminal_execute", {
       computer_id: ctx.computerId,
@@ -265,22 +265,58 @@ export function fileSteps(step, ctx) {
     await waitStatus(`Port 8080 of ${ctx.computerId} is open.`);
     const links = $("#port-links a");
     const href = await links.first().getAttribute("href");
-    assert.match(href, /^http:\/\/127\.0\.0\.1:\d+\/$/);
     assert.equal(await links.first().textContent(), href);
     assert.equal(await links.first().getAttribute("target"), "_blank");
     assert.equal(await links.first().getAttribute("rel"), "noopener noreferrer");
-    const res = await fetch(href);
-    assert.equal(res.status, 200);
-    assert.equal(await res.text(), INDEX_HTML);
     if (ctx.web) {
-      // HTTP mode: also the server's own route, which needs the bearer token.
+      // HTTP mode: the port's own origin on the server's listener, its key in the host name
+      // (docs/files.md, "Ports"); Chromium resolves *.localhost to loopback itself.
+      assert.match(href, /^http:\/\/p8080-[0-9a-f]{32}\.localhost:\d+\/$/);
+      const portPage = await ctx.page().context().newPage();
+      try {
+        const res = await portPage.goto(href);
+        assert.equal(res.status(), 200);
+        assert.equal(await res.text(), INDEX_HTML);
+        const policy = res.headers()["content-security-policy"] ?? "";
+        assert.match(policy, /^sandbox /, policy);
+        assert.equal(res.headers()["referrer-policy"], "no-referrer");
+        // The page's origin is the port's, not the server's: /mcp there is the computer's
+        // (BusyBox httpd answers a POST with 501), and the dashboard's origin is another one.
+        const seen = await portPage.evaluate(async () => {
+          const mcp = await fetch("/mcp", { method: "POST", headers: { "content-type": "application/json" }, body: "{}" });
+          return { origin: location.origin, status: mcp.status, body: await mcp.text() };
+        });
+        assert.notEqual(seen.origin, new URL(ctx.serverUrl).origin);
+        assert.equal(seen.status, 501, JSON.stringify(seen));
+        assert.match(seen.body, /501 Not Implemented/);
+        // Reading the server's /mcp from the port's page is a cross-origin request the server
+        // refuses (its Origin is not an allowed host) and the browser would not let it read.
+        const crossOrigin = await portPage.evaluate(async (url) => {
+          try {
+            await fetch(url, { method: "POST", headers: { "content-type": "application/json" }, body: "{}" });
+            return "read";
+          } catch {
+            return "refused";
+          }
+        }, `${ctx.serverUrl}/mcp`);
+        assert.equal(crossOrigin, "refused");
+      } finally {
+        await portPage.close();
+      }
+      // The server's own route too, which needs the bearer token.
       assert.equal(await links.count(), 2);
       const proxy = await links.nth(1).getAttribute("href");
       assert.equal(proxy, `${ctx.serverUrl}/computers/${ctx.computerId}/ports/8080/`);
       const viaProxy = await fetch(proxy, { headers: { Authorization: `Bearer ${ctx.token}` } });
       assert.equal(viaProxy.status, 200);
       assert.equal(await viaProxy.text(), INDEX_HTML);
+      assert.match(viaProxy.headers.get("content-security-policy") ?? "", /^sandbox /);
     } else {
+      // Over stdio: a loopback forwarder.
+      assert.match(href, /^http:\/\/127\.0\.0\.1:\d+\/$/);
+      const res = await fetch(href);
+      assert.equal(res.status, 200);
+      assert.equal(await res.text(), INDEX_HTML);
       assert.equal(await links.count(), 1, "a proxy link over stdio");
     }
     assert.equal(await $("#port-links .warn").count(), 0, "a warning for a loopback URL");
