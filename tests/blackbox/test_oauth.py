@@ -25,6 +25,7 @@ import json
 import re
 import socket
 import subprocess
+import time
 import uuid
 
 import anyio
@@ -339,6 +340,28 @@ async def test_invalid_tokens_are_refused_with_invalid_token(kbb):
             assert srv.containers() == []
 
 
+async def test_issue_30_times_written_as_strings_are_refused(kbb):
+    """CVE-2026-25537: jsonwebtoken before 10.3 read an `nbf` (or `exp`) that is a JSON string as
+    absent, so a token not valid for years passed. Both are refused now, and nothing is created."""
+    # See: issue 30
+    async with async_issuer() as iss:
+        async with kbb.http_server(*BUSYBOX_ARGS, "--oauth-issuer", iss.issuer) as srv:
+            string_nbf = await token(iss, "string_nbf_token", "alice", srv.mcp_url)
+            claims = decode(string_nbf)[1]
+            assert isinstance(claims["nbf"], str) and int(claims["nbf"]) > claims["iat"] + 200, claims
+            string_exp = await token(iss, "string_exp_token", "alice", srv.mcp_url)
+            claims = decode(string_exp)[1]
+            assert isinstance(claims["exp"], str) and int(claims["exp"]) < time.time() - 200, claims
+            assert_accepted(srv, await token(iss, "token", "alice", srv.mcp_url), "the control token")
+            for what, tok, why in (
+                ("nbf in the future, as a string", string_nbf, "the access token's nbf claim is not a number"),
+                ("exp in the past, as a string", string_exp, "the access token has no usable exp claim"),
+            ):
+                params = assert_refused(srv, tok, what)
+                assert params["error_description"] == why, (what, params)
+            assert srv.containers() == []
+
+
 async def test_missing_scope_is_403_insufficient_scope(kbb):
     async with async_issuer() as iss:
         args = ["--oauth-issuer", iss.issuer, "--oauth-required-scope", "mcp:tools"]
@@ -610,3 +633,4 @@ async def test_sdk_oauth_client_discovers_registers_and_calls(kbb):
             assert srv.base_url + PRM_PATH in urls, seen
             assert any(status == 401 and url.startswith(srv.mcp_url) for _, url, status in seen), seen
             assert iss.issuer + "/reg" in urls and iss.issuer + "/token" in urls, seen
+

@@ -254,14 +254,28 @@ impl Verifier {
         let claims = jsonwebtoken::decode::<Value>(token, &key, &validation)
             .map_err(|error| {
                 use jsonwebtoken::errors::ErrorKind;
-                invalid(match error.kind() {
-                    ErrorKind::ExpiredSignature => "the access token has expired",
-                    ErrorKind::ImmatureSignature => "the access token is not valid yet",
-                    ErrorKind::InvalidAudience => "the access token is for another resource (aud)",
-                    ErrorKind::InvalidIssuer => "the access token is from another issuer (iss)",
-                    ErrorKind::InvalidSignature => "the access token's signature does not verify",
-                    ErrorKind::MissingRequiredClaim(_) => "the access token lacks exp, iss or aud",
-                    _ => "the access token is not valid",
+                Refusal::Invalid(match error.kind() {
+                    ErrorKind::ExpiredSignature => "the access token has expired".to_owned(),
+                    ErrorKind::ImmatureSignature => "the access token is not valid yet".to_owned(),
+                    ErrorKind::InvalidAudience => {
+                        "the access token is for another resource (aud)".to_owned()
+                    }
+                    ErrorKind::InvalidIssuer => {
+                        "the access token is from another issuer (iss)".to_owned()
+                    }
+                    ErrorKind::InvalidSignature => {
+                        "the access token's signature does not verify".to_owned()
+                    }
+                    // Absent, or present with the wrong JSON type (an `exp` that is a string).
+                    ErrorKind::MissingRequiredClaim(claim) => {
+                        format!("the access token has no usable {} claim", quoted(claim))
+                    }
+                    // CVE-2026-25537: before jsonwebtoken 10.3 an `nbf` of the wrong JSON type
+                    // was read as absent, so a token not valid yet passed.
+                    ErrorKind::InvalidClaimFormat(claim) => {
+                        format!("the access token's {} claim is not a number", quoted(claim))
+                    }
+                    _ => "the access token is not valid".to_owned(),
                 })
             })?
             .claims;
@@ -746,6 +760,84 @@ mod tests {
         );
         assert_eq!(scopes(&json!({"scp": "d e"})), ["d", "e"]);
         assert!(scopes(&json!({})).is_empty());
+    }
+
+    /// RFC 8037 appendix A.1's Ed25519 key: the seed `d` and the public `x`.
+    const ED25519_SEED: &str = "nWGxne_9WmC6hEr0kuwsxERJxWl7MmkZcDusAxyuf2A";
+    const ED25519_X: &str = "11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo";
+
+    /// A verifier that already holds the RFC 8037 key as its JWKS (nothing is fetched), and a
+    /// signer of tokens with that key.
+    fn verifier_with_key() -> (Verifier, impl Fn(Value) -> String) {
+        use base64::Engine as _;
+        let check = verifier(&[]);
+        let set: JwkSet = serde_json::from_value(json!({"keys": [
+            {"kty": "OKP", "crv": "Ed25519", "x": ED25519_X, "kid": "k1", "alg": "EdDSA"}
+        ]}))
+        .unwrap();
+        check.keys.try_lock().unwrap().set = Some(set);
+        let seed = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(ED25519_SEED)
+            .unwrap();
+        // PKCS#8 of an Ed25519 private key: a fixed 16-byte prefix, then the 32-byte seed.
+        let mut der = vec![
+            0x30, 0x2e, 0x02, 0x01, 0x00, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22,
+            0x04, 0x20,
+        ];
+        der.extend_from_slice(&seed);
+        let key = jsonwebtoken::EncodingKey::from_ed_der(&der);
+        let sign = move |claims: Value| {
+            let mut header = jsonwebtoken::Header::new(Algorithm::EdDSA);
+            header.kid = Some("k1".to_owned());
+            jsonwebtoken::encode(&header, &claims, &key).unwrap()
+        };
+        (check, sign)
+    }
+
+    fn now() -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+    }
+
+    #[test]
+    fn times_of_the_wrong_type_are_refused() {
+        // See: issue 30 (CVE-2026-25537)
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let (check, sign) = verifier_with_key();
+        let claims = |extra: Value| {
+            let mut claims = json!({
+                "iss": "http://127.0.0.1:9/", "aud": "http://127.0.0.1:8435/mcp", "sub": "alice",
+                "exp": now() + 600,
+            });
+            claims.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            claims
+        };
+        assert!(runtime.block_on(check.verify(&sign(claims(json!({}))))).is_ok());
+        let refused = |why: &str| Err(Refusal::Invalid(why.to_owned()));
+        let nbf = "the access token's nbf claim is not a number";
+        let exp = "the access token has no usable exp claim";
+        for (extra, why) in [
+            (json!({"nbf": (now() + 600).to_string()}), nbf),
+            (json!({"nbf": now() - 600, "exp": (now() + 600).to_string()}), exp),
+            (json!({"exp": (now() - 600).to_string()}), exp),
+        ] {
+            assert_eq!(
+                runtime.block_on(check.verify(&sign(claims(extra.clone())))),
+                refused(why),
+                "{extra}"
+            );
+        }
+        // Another type again: refused, for whatever reason the library gives.
+        assert!(
+            runtime
+                .block_on(check.verify(&sign(claims(json!({"nbf": [now() + 600]})))))
+                .is_err()
+        );
     }
 
     #[test]
