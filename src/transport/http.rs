@@ -138,6 +138,9 @@ pub async fn serve(surface: Arc<Surface>, config: &HttpConfig, options: ServeOpt
                         verifier.audience(),
                         auth::oauth::metadata_url(verifier.audience())
                     );
+                    if let Some(warning) = verifier.principal_claim_warning() {
+                        eprintln!("kilntainers: warning: {warning}");
+                    }
                     let verifier = Arc::new(verifier);
                     let sign_in = options.lifecycle_tools.then(|| {
                         eprintln!(

@@ -147,11 +147,8 @@ fn parse_tokens(text: &str) -> Result<Vec<(Principal, Secret)>, String> {
                 fields.len()
             ));
         };
-        let Some(principal) = Principal::parse(name) else {
-            return Err(format!(
-                "line {number}: the principal name must be 1-256 printable characters."
-            ));
-        };
+        let principal = Principal::named(name)
+            .map_err(|why| format!("line {number}: the principal name {why}."))?;
         if entries.iter().any(|(p, _)| *p == principal) {
             return Err(format!(
                 "line {number}: principal '{principal}' appears twice."
@@ -402,6 +399,8 @@ mod tests {
             ("alice a\nalice b", "appears twice"),
             ("alice a\nbob a", "already given"),
             ("# only a comment", "no '<principal>"),
+            ("https://id.example.com#bob s3cret", "only OAuth principals"),
+            ("bo\u{200b}b s3cret", "U+200B"),
         ] {
             let error = parse_tokens(bad).unwrap_err();
             assert!(error.contains(why), "{bad:?}: {error}");

@@ -35,6 +35,10 @@ const REFETCH_INTERVAL: Duration = Duration::from_secs(10);
 const FETCH_TIMEOUT: Duration = Duration::from_secs(10);
 /// Largest metadata or key document read.
 const MAX_DOCUMENT_BYTES: usize = 1024 * 1024;
+/// Principal claims whose value is never given to another account: `sub` (OpenID Connect Core
+/// §2: "never reassigned") and Microsoft Entra ID's immutable object id `oid`. Any other claim
+/// is warned about at startup ([`Verifier::principal_claim_warning`]).
+const STABLE_CLAIMS: [&str; 2] = ["sub", "oid"];
 /// Signature algorithms accepted: asymmetric only, so no key in a public JWKS can sign.
 const ALGORITHMS: [Algorithm; 9] = [
     Algorithm::RS256,
@@ -198,6 +202,18 @@ impl Verifier {
         &self.issuer
     }
 
+    /// The startup warning for a `--oauth-principal-claim` users may choose or change at many
+    /// issuers (`email`, `preferred_username`, …): whoever holds such a value next owns the
+    /// computers filed under it.
+    pub fn principal_claim_warning(&self) -> Option<String> {
+        let claim = &self.principal_claim;
+        (!STABLE_CLAIMS.contains(&claim.as_str())).then(|| {
+            format!(
+                "--oauth-principal-claim {claim}: users may be able to choose or change this claim at the issuer, or it may be given to someone else later, and whoever holds a value owns the computers filed under it. Use sub (the default) unless the issuer guarantees that {claim} is unique and never reassigned (docs/auth.md, \"Who is calling\")."
+            )
+        })
+    }
+
     /// The RFC 9728 document served at [`metadata_url`].
     pub fn resource_metadata(&self) -> Value {
         let mut document = json!({
@@ -293,14 +309,9 @@ impl Verifier {
             .get(&self.principal_claim)
             .and_then(Value::as_str)
             .ok_or_else(|| invalid("the access token names no principal"))?;
-        let principal = Principal::parse(name)
-            .ok_or_else(|| invalid("the access token's principal is not a valid name"))?;
-        // `default` owns the computers of the single token and of the time before principals;
-        // no token from outside may speak for it.
-        if principal.is_default() {
-            return Err(invalid("the principal 'default' is reserved"));
-        }
-        Ok(principal)
+        // Qualified by the issuer, so never a tokens-file name nor `default` (docs/auth.md).
+        Principal::oauth(&self.issuer, name)
+            .map_err(|_| invalid("the access token's principal is not a valid name"))
     }
 
     /// The verification key for `kid`, fetching the issuer's keys when needed.
@@ -837,6 +848,41 @@ mod tests {
             runtime
                 .block_on(check.verify(&sign(claims(json!({"nbf": [now() + 600]})))))
                 .is_err()
+        );
+    }
+
+    #[test]
+    fn token_principals_are_named_after_the_issuer() {
+        // See: issue 30
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let (check, sign) = verifier_with_key();
+        let token = |sub: &str| {
+            sign(json!({
+                "iss": "http://127.0.0.1:9/", "aud": "http://127.0.0.1:8435/mcp", "sub": sub,
+                "exp": now() + 600,
+            }))
+        };
+        let principal = runtime.block_on(check.verify(&token("bob"))).unwrap();
+        assert_eq!(principal.as_str(), "http://127.0.0.1:9#bob");
+        assert_ne!(principal, Principal::named("bob").unwrap());
+        let default = runtime.block_on(check.verify(&token("default"))).unwrap();
+        assert!(!default.is_default());
+        assert_eq!(
+            runtime.block_on(check.verify(&token("bo\u{200b}b"))),
+            Err(Refusal::Invalid(
+                "the access token's principal is not a valid name".to_owned()
+            ))
+        );
+        assert!(check.principal_claim_warning().is_none());
+        let mut email = verifier(&[]);
+        email.principal_claim = "email".to_owned();
+        assert!(
+            email
+                .principal_claim_warning()
+                .is_some_and(|w| w.starts_with("--oauth-principal-claim email: "))
         );
     }
 
