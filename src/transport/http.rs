@@ -384,8 +384,8 @@ fn router(
         .fallback(pages::not_found)
 }
 
-/// Re-reads `--auth-tokens-file` on every SIGHUP until aborted; a broken file keeps the
-/// tokens in use and says why.
+/// Re-reads `--auth-tokens-file` on every SIGHUP until aborted; a broken file keeps only the
+/// tokens its lines still give, and says why.
 async fn reload_on_hangup(
     named: Arc<NamedTokens>,
     hangups: std::io::Result<tokio::signal::unix::Signal>,
@@ -405,11 +405,13 @@ async fn reload_on_hangup(
                 principals = count,
                 "reloaded --auth-tokens-file"
             ),
-            Err(message) => {
+            Err(failure) => {
                 tracing::error!(
                     target: auth::AUDIT,
-                    error = message,
-                    "cannot reload --auth-tokens-file; keeping the tokens loaded before"
+                    error = failure.error,
+                    kept = failure.kept,
+                    revoked = failure.revoked,
+                    "cannot reload --auth-tokens-file; only the tokens of lines still in it stay valid"
                 );
             }
         }

@@ -28,6 +28,9 @@ pub const AUDIT: &str = "kilntainers::audit";
 
 /// Largest tokens file read.
 const MAX_TOKENS_FILE_BYTES: u64 = 1024 * 1024;
+/// Shortest token a tokens-file line may give: 16 bytes of random text are out of reach of
+/// guessing, at the rates any listener answers; shorter ones are typos or passwords.
+const MIN_TOKEN_BYTES: usize = 16;
 
 /// Why a request was not let in.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,15 +70,42 @@ impl NamedTokens {
         })
     }
 
-    /// Re-reads the file. On any error the tokens in use stay as they were.
-    pub fn reload(&self) -> Result<usize, String> {
-        let entries = read_tokens_file(&self.path)?;
-        let count = entries.len();
-        *self
-            .entries
+    /// Re-reads the file; the number of principals. A file that does not load is no reason to
+    /// keep honouring what it no longer says: the tokens whose lines are still in it, exactly,
+    /// stay valid, and every other is revoked at once; a file that cannot be read at all (gone,
+    /// opened to others, too large) leaves none of its tokens valid (docs/auth.md).
+    pub fn reload(&self) -> Result<usize, ReloadFailure> {
+        let (error, text) = match read_tokens_text(&self.path) {
+            Ok(text) => match parse_tokens(&text) {
+                Ok(entries) => {
+                    let count = entries.len();
+                    *self.write() = entries;
+                    return Ok(count);
+                }
+                Err(error) => (
+                    format!("--auth-tokens-file {}: {error}", self.path.display()),
+                    Some(text),
+                ),
+            },
+            Err(error) => (error, None),
+        };
+        let mut entries = self.write();
+        let before = entries.len();
+        entries.retain(|(principal, token)| {
+            text.as_deref()
+                .is_some_and(|text| still_granted(text, principal, token))
+        });
+        Err(ReloadFailure {
+            error,
+            kept: entries.len(),
+            revoked: before - entries.len(),
+        })
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Vec<(Principal, Secret)>> {
+        self.entries
             .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = entries;
-        Ok(count)
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// The principal whose token `presented` is. Every entry is compared, in constant time
@@ -100,9 +130,45 @@ impl NamedTokens {
     }
 }
 
-/// Parses a tokens file: `<principal> <token>` per line, `#` comment lines, blank lines.
-/// Refused when group or others may read it, since every line is a credential.
+/// A reload that did not load the file: why, and what became of the tokens in use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReloadFailure {
+    /// The file's error, as at startup.
+    pub error: String,
+    /// Tokens whose lines are still in the file, exactly and once: still valid.
+    pub kept: usize,
+    /// Tokens no longer valid.
+    pub revoked: usize,
+}
+
+/// Whether `text`, a tokens file that does not load as a whole, still has the line
+/// `<principal> <token>`, and gives the token on no other line.
+fn still_granted(text: &str, principal: &Principal, token: &Secret) -> bool {
+    let lines: Vec<Vec<&str>> = text
+        .lines()
+        .filter(|line| !line.trim_start().starts_with('#'))
+        .map(|line| line.split_whitespace().collect())
+        .collect();
+    let exact = lines
+        .iter()
+        .filter(|fields| fields[..] == [principal.as_str(), token.expose()])
+        .count();
+    let anywhere = lines
+        .iter()
+        .filter(|fields| fields.iter().any(|field| *field == token.expose()))
+        .count();
+    exact == 1 && anywhere == 1
+}
+
+/// Reads and checks a tokens file: `<principal> <token>` per line, `#` comment lines, blank
+/// lines. Refused when group or others may read it, since every line is a credential.
 fn read_tokens_file(path: &Path) -> Result<Vec<(Principal, Secret)>, String> {
+    let text = read_tokens_text(path)?;
+    parse_tokens(&text).map_err(|e| format!("--auth-tokens-file {}: {e}", path.display()))
+}
+
+/// The text of a tokens file that only its owner can read, within [`MAX_TOKENS_FILE_BYTES`].
+fn read_tokens_text(path: &Path) -> Result<String, String> {
     use std::io::Read;
     use std::os::unix::fs::PermissionsExt;
     let shown = path.display();
@@ -129,7 +195,7 @@ fn read_tokens_file(path: &Path) -> Result<Vec<(Principal, Secret)>, String> {
             "--auth-tokens-file {shown} is larger than {MAX_TOKENS_FILE_BYTES} bytes."
         ));
     }
-    parse_tokens(&text).map_err(|e| format!("--auth-tokens-file {shown}: {e}"))
+    Ok(text)
 }
 
 fn parse_tokens(text: &str) -> Result<Vec<(Principal, Secret)>, String> {
@@ -152,6 +218,12 @@ fn parse_tokens(text: &str) -> Result<Vec<(Principal, Secret)>, String> {
         if entries.iter().any(|(p, _)| *p == principal) {
             return Err(format!(
                 "line {number}: principal '{principal}' appears twice."
+            ));
+        }
+        if token.len() < MIN_TOKEN_BYTES {
+            return Err(format!(
+                "line {number}: the token is {} bytes; a token must be at least {MIN_TOKEN_BYTES} bytes (make one with: openssl rand -hex 32).",
+                token.len()
             ));
         }
         if entries.iter().any(|(_, t)| t.expose() == token) {
@@ -388,21 +460,33 @@ mod tests {
             .block_on(future)
     }
 
+    /// Tokens of the 16 bytes a line needs at least.
+    const A: &str = "token-a-16-bytes";
+    const B: &str = "token-b-16-bytes";
+    const C: &str = "token-c-16-bytes";
+
     #[test]
     fn tokens_file_lines_name_principals() {
-        let entries = parse_tokens("# team\nalice  s3cret-a\n\n  bob\ts3cret-b  \n").unwrap();
+        let entries = parse_tokens(&format!("# team\nalice  {A}\n\n  bob\t{B}  \n")).unwrap();
         let names: Vec<&str> = entries.iter().map(|(p, _)| p.as_str()).collect();
         assert_eq!(names, ["alice", "bob"]);
         for (bad, why) in [
-            ("alice", "expected"),
-            ("alice a b", "3 fields"),
-            ("alice a\nalice b", "appears twice"),
-            ("alice a\nbob a", "already given"),
-            ("# only a comment", "no '<principal>"),
-            ("https://id.example.com#bob s3cret", "only OAuth principals"),
-            ("bo\u{200b}b s3cret", "U+200B"),
+            ("alice".to_owned(), "expected"),
+            (format!("alice {A} b"), "3 fields"),
+            (format!("alice {A}\nalice {B}"), "appears twice"),
+            (format!("alice {A}\nbob {A}"), "already given"),
+            ("# only a comment".to_owned(), "no '<principal>"),
+            (
+                format!("https://id.example.com#bob {A}"),
+                "only OAuth principals",
+            ),
+            (format!("bo\u{200b}b {A}"), "U+200B"),
+            (
+                format!("alice {A}\nbob thirteen-byte"),
+                "line 2: the token is 13 bytes; a token must be at least 16 bytes",
+            ),
         ] {
-            let error = parse_tokens(bad).unwrap_err();
+            let error = parse_tokens(&bad).unwrap_err();
             assert!(error.contains(why), "{bad:?}: {error}");
         }
     }
@@ -410,25 +494,48 @@ mod tests {
     #[test]
     fn tokens_file_readable_by_others_is_refused() {
         use std::os::unix::fs::PermissionsExt;
-        let scratch = Scratch::file("perm", "alice s3cret\n", 0o644);
+        let scratch = Scratch::file("perm", &format!("alice {A}\n"), 0o644);
         let path = scratch.0.clone();
         let error = NamedTokens::load(&path).unwrap_err();
         assert!(error.contains("chmod 600"), "{error}");
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
         let tokens = NamedTokens::load(&path).unwrap();
-        assert_eq!(tokens.principal("s3cret").unwrap().as_str(), "alice");
-        // A broken edit keeps the tokens in use.
-        std::fs::write(&path, "alice\n").unwrap();
-        assert!(tokens.reload().is_err());
-        assert_eq!(tokens.principal("s3cret").unwrap().as_str(), "alice");
-        std::fs::write(&path, "bob other\n").unwrap();
+        assert_eq!(tokens.principal(A).unwrap().as_str(), "alice");
+        std::fs::write(&path, format!("bob {B}\n")).unwrap();
         assert_eq!(tokens.reload(), Ok(1));
-        assert!(tokens.principal("s3cret").is_none());
+        assert!(tokens.principal(A).is_none());
+    }
+
+    #[test]
+    fn a_failed_reload_keeps_only_the_lines_still_in_the_file() {
+        // See: issue 30
+        use std::os::unix::fs::PermissionsExt;
+        let scratch = Scratch::file("reload", &format!("alice {A}\nbob {B}\ncarol {C}\n"), 0o600);
+        let path = scratch.0.clone();
+        let tokens = NamedTokens::load(&path).unwrap();
+        // alice's line gone, carol's token moved onto a broken line, bob's kept.
+        std::fs::write(&path, format!("bob {B}\ncarol {C} extra\n# alice {A}\n")).unwrap();
+        let failure = tokens.reload().unwrap_err();
+        assert!(failure.error.contains("line 2"), "{failure:?}");
+        assert_eq!((failure.kept, failure.revoked), (1, 2));
+        assert!(tokens.principal(A).is_none() && tokens.principal(C).is_none());
+        assert_eq!(tokens.principal(B).unwrap().as_str(), "bob");
+        // A token given on two lines of a broken file is nobody's.
+        std::fs::write(&path, format!("bob {B}\ndave {B}\nbroken\n")).unwrap();
+        assert_eq!(tokens.reload().unwrap_err().kept, 0);
+        assert!(tokens.principal(B).is_none());
+        // Unreadable as a whole (opened to others): none of the file's tokens.
+        std::fs::write(&path, format!("bob {B}\n")).unwrap();
+        assert_eq!(tokens.reload(), Ok(1));
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
+        let failure = tokens.reload().unwrap_err();
+        assert_eq!((failure.kept, failure.revoked), (0, 1));
+        assert!(tokens.principal(B).is_none());
     }
 
     #[test]
     fn callers_map_to_principals() {
-        let scratch = Scratch::file("map", "alice token-a\nbob token-b\n", 0o600);
+        let scratch = Scratch::file("map", &format!("alice {A}\nbob {B}\n"), 0o600);
         let named = Arc::new(NamedTokens::load(&scratch.0).unwrap());
         let auth = Authenticator::new(Some(Secret::new("single")), Some(named));
         let who = |header: Option<&'static [u8]>| block_on(auth.authenticate(header));
@@ -442,15 +549,21 @@ mod tests {
             who(Some(b"Bearer SINGLE")),
             Err(Refusal::Invalid(_))
         ));
-        assert_eq!(who(Some(b"bearer token-a")).unwrap().as_str(), "alice");
-        assert_eq!(who(Some(b"Bearer token-b")).unwrap().as_str(), "bob");
+        assert_eq!(
+            who(Some(b"bearer token-a-16-bytes")).unwrap().as_str(),
+            "alice"
+        );
+        assert_eq!(
+            who(Some(b"Bearer token-b-16-bytes")).unwrap().as_str(),
+            "bob"
+        );
         assert_eq!(who(None), Err(Refusal::Missing));
         assert!(matches!(
             who(Some(b"Bearer token-c")),
             Err(Refusal::Invalid(_))
         ));
         assert!(matches!(
-            who(Some(b"Basic token-a")),
+            who(Some(b"Basic token-a-16-bytes")),
             Err(Refusal::Invalid(_))
         ));
         let open = Authenticator::new(None, None);
