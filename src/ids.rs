@@ -486,9 +486,11 @@ mod tests {
             Principal::named(oauth_bob.as_str()),
             Err(InvalidPrincipal::OAuthForm)
         );
-        assert!(!Principal::oauth("https://id.example.com", "default")
-            .unwrap()
-            .is_default());
+        assert!(
+            !Principal::oauth("https://id.example.com", "default")
+                .unwrap()
+                .is_default()
+        );
         // What the server wrote into a label reads back.
         assert_eq!(Principal::parse(oauth_bob.as_str()), Some(oauth_bob));
         assert_eq!(

@@ -726,9 +726,15 @@ mod tests {
     #[test]
     fn issuer_has_no_query_or_fragment() {
         // See: issue 30
-        for bad in ["https://id.example.com/#x", "https://id.example.com/?tenant=a"] {
+        for bad in [
+            "https://id.example.com/#x",
+            "https://id.example.com/?tenant=a",
+        ] {
             let error = config(&["--transport", "http", "--oauth-issuer", bad]).unwrap_err();
-            assert!(error.contains("without a query or fragment"), "{bad}: {error}");
+            assert!(
+                error.contains("without a query or fragment"),
+                "{bad}: {error}"
+            );
         }
     }
 

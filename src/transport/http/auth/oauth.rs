@@ -825,16 +825,26 @@ mod tests {
                 "iss": "http://127.0.0.1:9/", "aud": "http://127.0.0.1:8435/mcp", "sub": "alice",
                 "exp": now() + 600,
             });
-            claims.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+            claims
+                .as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
             claims
         };
-        assert!(runtime.block_on(check.verify(&sign(claims(json!({}))))).is_ok());
+        assert!(
+            runtime
+                .block_on(check.verify(&sign(claims(json!({})))))
+                .is_ok()
+        );
         let refused = |why: &str| Err(Refusal::Invalid(why.to_owned()));
         let nbf = "the access token's nbf claim is not a number";
         let exp = "the access token has no usable exp claim";
         for (extra, why) in [
             (json!({"nbf": (now() + 600).to_string()}), nbf),
-            (json!({"nbf": now() - 600, "exp": (now() + 600).to_string()}), exp),
+            (
+                json!({"nbf": now() - 600, "exp": (now() + 600).to_string()}),
+                exp,
+            ),
             (json!({"exp": (now() - 600).to_string()}), exp),
         ] {
             assert_eq!(
