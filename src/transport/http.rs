@@ -152,7 +152,17 @@ pub async fn serve(surface: Arc<Surface>, config: &HttpConfig, options: ServeOpt
                                 None => "a client registered on first use".to_owned(),
                             }
                         );
-                        pages::sign_in::routes(verifier.clone(), oauth.dashboard_client_id.clone())
+                        // The page's own origins: this listener's port (unless any Host name
+                        // reaches it), or the audience's, behind a proxy.
+                        let page_origins = pages::sign_in::PageOrigins::new(
+                            verifier.audience(),
+                            (!hosts.any()).then_some(port),
+                        );
+                        pages::sign_in::routes(
+                            verifier.clone(),
+                            oauth.dashboard_client_id.clone(),
+                            page_origins,
+                        )
                     });
                     (auth.with_oauth(verifier), sign_in)
                 }

@@ -762,3 +762,58 @@ async def test_issue_30_a_principal_claim_users_can_choose_is_warned_about(kbb, 
         assert warning in log, log
         assert "sub" in log.split(warning, 1)[1].splitlines()[0]
 
+
+# ---------------------------------------------------------------------------------------------
+# issue 30: the dashboard's sign-in relay registers and redeems only for this listener's page
+
+
+def relay_post(srv, path: str, origin: str | None, body: dict | None = None, **headers) -> httpx.Response:
+    """A POST as a browser's fetch() sends it from a page at `origin` to this server."""
+    sent = {"Content-Type": "application/json", **headers}
+    if origin is not None:
+        sent["Origin"] = origin
+    return httpx.post(srv.base_url + path, headers=sent, json=body or {}, timeout=30)
+
+
+async def test_issue_30_sign_in_relay_serves_only_the_listeners_own_origin(kbb):
+    """A page on another port of an allowed host (another local service, a computer's forwarded
+    port) cannot have the relay register a client redirecting to itself, nor redeem a code for
+    it: only the origin the dashboard is served from is a redirect URI. The relay is also
+    rate-limited: a burst of registrations gets 429 with Retry-After beyond its allowance."""
+    # See: issue 30
+    async with async_issuer() as iss:
+        args = ["--lifecycle-tools", "--oauth-issuer", iss.issuer, "--oauth-required-scope", "mcp:tools"]
+        async with kbb.http_server(*BUSYBOX_ARGS, *args) as srv:
+            own = srv.base_url
+            other_port = free_port()
+            grant = {"client_id": "x", "code": "not-a-code", "code_verifier": "v" * 43}
+            for origin, why in (
+                (f"http://127.0.0.1:{other_port}", "another port of an allowed host"),
+                (f"http://localhost:{other_port}", "another port of another allowed name"),
+                (f"https://127.0.0.1:{srv.port}", "another scheme"),
+                (f"http://localhost:{srv.port}", "another host than the request's"),
+            ):
+                for path, body in (("/dashboard/oauth/register", None), ("/dashboard/oauth/token", grant)):
+                    response = relay_post(srv, path, origin, body)
+                    assert response.status_code in (400, 403), (why, path, response.status_code, response.text)
+                    assert "client_id" not in response.json() and "access_token" not in response.json(), response.text
+            # A browser says when a request is not from the same origin; such a request is refused.
+            cross = relay_post(srv, "/dashboard/oauth/register", own, **{"Sec-Fetch-Site": "same-site"})
+            assert cross.status_code == 403, (cross.status_code, cross.text)
+
+            # The page itself registers (redirect URI: its own address).
+            page = relay_post(srv, "/dashboard/oauth/register", own, **{"Sec-Fetch-Site": "same-origin"})
+            assert page.status_code == 200, page.text
+            assert page.json()["redirect_uri"] == own + "/"
+
+            # A burst of registrations is cut off, with a Retry-After.
+            answers = [relay_post(srv, "/dashboard/oauth/register", own) for _ in range(40)]
+            codes = [a.status_code for a in answers]
+            assert 429 in codes, codes
+            assert codes.count(200) < 20, codes
+            limited = next(a for a in answers if a.status_code == 429)
+            assert int(limited.headers["retry-after"]) >= 1, limited.headers
+            assert limited.json()["error"] == "temporarily_unavailable", limited.text
+            # The issuer saw only the registrations let through.
+            log = srv.stderr()
+            assert log.count("registered a dashboard client") == 1 + codes.count(200), codes

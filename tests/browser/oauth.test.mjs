@@ -10,6 +10,7 @@ import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
 import { createHash, randomBytes } from "node:crypto";
 import { existsSync } from "node:fs";
+import { createServer } from "node:http";
 import { join } from "node:path";
 import { createInterface } from "node:readline";
 import { after, before, describe } from "node:test";
@@ -407,6 +408,41 @@ describe("web dashboard sign-in with OAuth (dynamic client registration)", () =>
     await listed(page, 1);
     aliceToken = await storedToken(page);
     assert.equal(payload(aliceToken).sub, ALICE);
+  });
+
+  step("a page on another port of the same host cannot use the sign-in relay", async () => {
+    // See: issue 30. What a computer's page behind a port_url forwarder, or any other local
+    // service, could do from the user's browser: POSTs the browser sends without a preflight.
+    const attackerPort = await freePort();
+    const attacker = createServer((_req, res) => {
+      res.setHeader("content-type", "text/html");
+      res.end(`<!doctype html><title>loading</title><script>
+        (async () => {
+          const body = JSON.stringify({ client_id: "x", code: "y", code_verifier: "v".repeat(43) });
+          for (const path of ["/dashboard/oauth/register", "/dashboard/oauth/token"]) {
+            await fetch(${JSON.stringify(server.url)} + path, { method: "POST", mode: "no-cors", body }).catch(() => {});
+          }
+          document.title = "done";
+        })();
+      </script>`);
+    });
+    await new Promise((ok) => attacker.listen(attackerPort, "127.0.0.1", ok));
+    const page = await alice.context.newPage();
+    const statuses = [];
+    page.on("response", (r) => {
+      if (new URL(r.url()).pathname.startsWith("/dashboard/oauth/")) statuses.push([new URL(r.url()).pathname, r.status()]);
+    });
+    try {
+      await page.goto(`http://127.0.0.1:${attackerPort}/`);
+      await waitFor(async () => (await page.title()) === "done", 15_000, "the other page's requests");
+      await waitFor(() => statuses.length === 2, 5_000, "both responses");
+    } finally {
+      await page.close();
+      attacker.closeAllConnections();
+      await new Promise((ok) => attacker.close(ok));
+    }
+    assert.deepEqual(statuses, [["/dashboard/oauth/register", 403], ["/dashboard/oauth/token", 403]]);
+    assert.ok(!server.stderr().includes(`redirect_uri=http://127.0.0.1:${attackerPort}/`), "a client was registered for the other page");
   });
 
   step("Sign out forgets the token, ends the session and keeps the permanent computer", async () => {
