@@ -1,13 +1,16 @@
 """Authentication hardening over HTTP (docs/auth.md), with real HTTP clients against the real
 binary: a tokens-file reload that fails still revokes the tokens whose lines are gone, and stops
 accepting the file's tokens when the file cannot be read; tokens shorter than 16 bytes are
-refused.
+refused; refused requests are logged with a capped, escaped path, at a bounded rate.
 """
 
 from __future__ import annotations
 
+import re
 import signal
+import socket
 import subprocess
+import time
 
 import httpx
 import pytest
@@ -99,3 +102,78 @@ async def test_issue_30_tokens_shorter_than_16_bytes_are_refused(kbb, tmp_path):
         assert status(srv, short) == 401
         assert status(srv, ALICE) != 401
 
+
+# ---------------------------------------------------------------------------------------------
+# refusal log lines (issue 30)
+
+TOKEN = "single-" + "s" * 40
+# docs/auth.md, "Audit": the longest path written, and the refusal lines' rate.
+MAX_LOGGED_PATH = 256
+REFUSAL_LINES_BURST = 20
+REFUSAL_LINES_PER_SECOND = 10
+
+
+def refusal_lines(text: str) -> list[str]:
+    return [line for line in text.splitlines() if "request refused" in line]
+
+
+def raw_request(srv, target: bytes) -> bytes:
+    """One HTTP/1.1 request with exactly these request-target bytes; the status line back."""
+    with socket.create_connection((srv.host, srv.port), timeout=10) as conn:
+        conn.sendall(b"GET " + target + b" HTTP/1.1\r\nHost: 127.0.0.1:" + str(srv.port).encode()
+                     + b"\r\nConnection: close\r\n\r\n")
+        return conn.makefile("rb").readline()
+
+
+async def test_issue_30_refused_paths_are_logged_capped_escaped_and_rate_limited(kbb):
+    # See: issue 30
+    async with kbb.http_server("--auth-token", TOKEN, "--file-tools", *BUSYBOX_ARGS) as srv:
+        start = len(srv.stderr())
+        long_path = "/computers/x/ports/80/" + "a" * 50_000
+        with httpx.Client(timeout=10) as client:
+            assert client.get(srv.base_url + long_path).status_code == 401
+            assert poll(lambda: refusal_lines(srv.stderr()[start:]), 10, 0.05)
+            line = refusal_lines(srv.stderr()[start:])[0]
+            assert len(line) <= MAX_LOGGED_PATH + 400, f"a {len(long_path)}-byte path logged as {len(line)} bytes"
+            assert "a" * (MAX_LOGGED_PATH + 1) not in line
+            assert re.search(r"50022 bytes", line), line
+            # An accepted request's audit line is capped the same way.
+            accepted = client.get(srv.base_url + long_path, headers={"Authorization": f"Bearer {TOKEN}"})
+            assert accepted.status_code != 401
+
+            def audit_lines() -> list[str]:
+                return [l for l in srv.stderr()[start:].splitlines() if "principal=default" in l and "path=" in l]
+
+            assert poll(audit_lines, 10, 0.05)
+            assert all(len(l) <= MAX_LOGGED_PATH + 400 for l in audit_lines()), [len(l) for l in audit_lines()]
+
+        # Bytes a terminal would act on never reach the log as they are.
+        for target in (b"/computers/x/ports/80/\xe2\x80\xaeevil", b"/computers/x/ports/80/\x1b[2Jx", b"/computers/x/ports/80/%0Afake"):
+            raw_request(srv, target)
+        text = srv.stderr()[start:]
+        assert "\u202e" not in text and "\x1b" not in text, "a control or bidi character reached the log"
+        assert not any(l.startswith("fake") for l in text.splitlines()), "a path forged a log line"
+
+        # A flood of refusals: lines at the configured rate, and a count of those left out.
+        flood_start = len(srv.stderr())
+        sent = 500
+        t0 = time.monotonic()
+        with httpx.Client(timeout=10) as client:
+            for _ in range(sent):
+                assert client.get(srv.base_url + "/computers/x/ports/80/").status_code == 401
+        elapsed = time.monotonic() - t0
+        assert poll(lambda: refusal_lines(srv.stderr()[flood_start:]), 10, 0.05)
+        written = refusal_lines(srv.stderr()[flood_start:])
+        bound = REFUSAL_LINES_BURST + REFUSAL_LINES_PER_SECOND * elapsed + 2
+        assert len(written) <= bound, f"{len(written)} refusal lines for {sent} refusals in {elapsed:.1f} s"
+
+        # The next line after the flood says how many were left out.
+        def summarised():
+            httpx.get(srv.base_url + "/computers/x/ports/80/", timeout=10)
+            return re.findall(r"suppressed=(\d+)", srv.stderr()[flood_start:])
+
+        counts = poll(summarised, 10, 0.2)
+        assert counts, "no line counts the refusal lines left out"
+        lines = refusal_lines(srv.stderr()[flood_start:])
+        assert sum(int(c) for c in counts) + len(lines) >= sent, (counts, len(lines))
+        assert srv.healthy()

@@ -3,7 +3,9 @@
 //! or an OAuth access token ([`oauth`]); or refused with 401/403 and a `WWW-Authenticate`
 //! challenge that tells an OAuth client where to find the protected-resource metadata. The
 //! principal travels on in the request's extensions. Tokens are compared in constant time and
-//! never logged; one audit line records each request's outcome.
+//! never logged; one audit line records each request's outcome, with the path capped and
+//! escaped ([`loggable`]); refusal lines, which anyone can cause, at a bounded rate
+//! ([`RefusalLog`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
@@ -20,6 +22,7 @@ use super::guard::Guard;
 use crate::config::Secret;
 use crate::ids::Principal;
 
+pub mod allowance;
 #[cfg(feature = "oauth")]
 pub mod oauth;
 
@@ -31,6 +34,72 @@ const MAX_TOKENS_FILE_BYTES: u64 = 1024 * 1024;
 /// Shortest token a tokens-file line may give: 16 bytes of random text are out of reach of
 /// guessing, at the rates any listener answers; shorter ones are typos or passwords.
 const MIN_TOKEN_BYTES: usize = 16;
+
+/// Longest request path (or method, or Host) written to a log line, in bytes once escaped;
+/// the rest is counted, not written. Paths of the routes are far shorter; a request can carry
+/// one of 64 KiB.
+pub const MAX_LOGGED_TEXT: usize = 256;
+/// Refusal lines written at once, and then per second: anyone who reaches the listener can
+/// cause one per request, so a flood must not become a flood of log.
+const REFUSAL_LINES_BURST: u32 = 20;
+const REFUSAL_LINES_PER_SECOND: u32 = 10;
+
+/// `text` (a request path, method or Host) as it can go into a log line: every byte outside
+/// printable ASCII as `%XX`, so nothing in it can end the line, move a terminal's cursor or
+/// reorder what a reader sees (bidirectional controls); at most [`MAX_LOGGED_TEXT`] bytes, then
+/// `… (<n> bytes)` with the whole length.
+pub fn loggable(text: &str) -> String {
+    let mut shown = String::with_capacity(text.len().min(MAX_LOGGED_TEXT) + 24);
+    for byte in text.bytes() {
+        let piece_len = if byte.is_ascii_graphic() { 1 } else { 3 };
+        if shown.len() + piece_len > MAX_LOGGED_TEXT {
+            shown.push_str(&format!("… ({} bytes)", text.len()));
+            return shown;
+        }
+        if byte.is_ascii_graphic() {
+            shown.push(char::from(byte));
+        } else {
+            shown.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    shown
+}
+
+/// The gate of refusal lines: [`REFUSAL_LINES_BURST`] at once, then
+/// [`REFUSAL_LINES_PER_SECOND`]; the lines left out are counted, and the next line written
+/// says how many (`suppressed=<n>`).
+#[derive(Debug)]
+pub struct RefusalLog {
+    lines: allowance::Allowance,
+    suppressed: std::sync::atomic::AtomicU64,
+}
+
+impl Default for RefusalLog {
+    fn default() -> Self {
+        Self {
+            lines: allowance::Allowance::new(
+                REFUSAL_LINES_BURST,
+                std::time::Duration::from_secs(1) / REFUSAL_LINES_PER_SECOND,
+            ),
+            suppressed: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+}
+
+impl RefusalLog {
+    /// Whether a refusal line may be written now; if so, how many were left out before it
+    /// (`None` for none, so that the field appears only when it says something).
+    pub fn admit(&self) -> Option<Option<u64>> {
+        use std::sync::atomic::Ordering;
+        match self.lines.take() {
+            Ok(()) => Some(Some(self.suppressed.swap(0, Ordering::Relaxed)).filter(|n| *n > 0)),
+            Err(_) => {
+                self.suppressed.fetch_add(1, Ordering::Relaxed);
+                None
+            }
+        }
+    }
+}
 
 /// Why a request was not let in.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -246,6 +315,8 @@ pub struct Authenticator {
     named: Option<Arc<NamedTokens>>,
     #[cfg(feature = "oauth")]
     oauth: Option<Arc<oauth::Verifier>>,
+    /// The gate of every refusal line of this listener, the guard's included.
+    pub refusals: RefusalLog,
 }
 
 impl std::fmt::Debug for Authenticator {
@@ -264,6 +335,7 @@ impl Authenticator {
             named,
             #[cfg(feature = "oauth")]
             oauth: None,
+            refusals: RefusalLog::default(),
         }
     }
 
@@ -387,8 +459,8 @@ pub async fn require_auth(
         .headers()
         .get(AUTHORIZATION)
         .map(HeaderValue::as_bytes);
-    let method = request.method().clone();
-    let path = request.uri().path().to_owned();
+    let method = loggable(request.method().as_str());
+    let path = loggable(request.uri().path());
     match guard.auth.authenticate(presented).await {
         Ok(principal) => {
             request.extensions_mut().insert(principal.clone());
@@ -396,7 +468,7 @@ pub async fn require_auth(
             tracing::info!(
                 target: AUDIT,
                 principal = %principal,
-                %method,
+                method,
                 path,
                 status = response.status().as_u16(),
                 "request"
@@ -405,19 +477,22 @@ pub async fn require_auth(
         }
         Err(refusal) => {
             let response = refused(&guard.auth, &refusal);
-            let reason = match &refusal {
-                Refusal::Missing => "no bearer token".to_owned(),
-                Refusal::Invalid(reason) => reason.clone(),
-                Refusal::InsufficientScope => "missing required scope".to_owned(),
-            };
-            tracing::warn!(
-                target: AUDIT,
-                %method,
-                path,
-                status = response.status().as_u16(),
-                reason,
-                "request refused"
-            );
+            if let Some(suppressed) = guard.auth.refusals.admit() {
+                let reason = match &refusal {
+                    Refusal::Missing => "no bearer token".to_owned(),
+                    Refusal::Invalid(reason) => reason.clone(),
+                    Refusal::InsufficientScope => "missing required scope".to_owned(),
+                };
+                tracing::warn!(
+                    target: AUDIT,
+                    method,
+                    path,
+                    status = response.status().as_u16(),
+                    reason,
+                    suppressed,
+                    "request refused"
+                );
+            }
             response
         }
     }
@@ -531,6 +606,48 @@ mod tests {
         let failure = tokens.reload().unwrap_err();
         assert_eq!((failure.kept, failure.revoked), (0, 1));
         assert!(tokens.principal(B).is_none());
+    }
+
+    #[test]
+    fn logged_text_is_escaped_and_capped() {
+        // See: issue 30
+        assert_eq!(loggable("/computers/x/ports/80/"), "/computers/x/ports/80/");
+        assert_eq!(
+            loggable("/a b\n\u{1b}[2J\u{202e}"),
+            "/a%20b%0A%1B[2J%E2%80%AE"
+        );
+        let long = format!("/p/{}", "a".repeat(50_000));
+        let shown = loggable(&long);
+        assert!(shown.len() <= MAX_LOGGED_TEXT + 24, "{}", shown.len());
+        assert!(
+            shown.starts_with("/p/aaa") && shown.ends_with("… (50003 bytes)"),
+            "{shown}"
+        );
+        // An escape is never cut in half.
+        let shown = loggable(&"\u{7f}".repeat(200));
+        assert!(
+            shown
+                .trim_end_matches(" (200 bytes)")
+                .trim_end_matches('…')
+                .ends_with("%7F")
+        );
+    }
+
+    #[test]
+    fn refusal_lines_are_rationed_and_counted() {
+        let log = RefusalLog::default();
+        let written = (0..100).filter(|_| log.admit().is_some()).count();
+        // The burst, plus what refilled while the loop ran (a few at most).
+        assert!((20..25).contains(&written), "{written}");
+        // The next line once the rate allows one, within a second (polled).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let mut admitted = log.admit();
+        while admitted.is_none() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            admitted = log.admit();
+        }
+        let suppressed = admitted.flatten().unwrap();
+        assert!(suppressed >= 100 - 25, "{suppressed}");
     }
 
     #[test]

@@ -19,8 +19,8 @@
 //! back for the user's access token. The routes take no credential, so they are rate-limited
 //! as well.
 
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
@@ -34,6 +34,7 @@ use axum::routing::any;
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 
+use super::super::auth::allowance::Allowance;
 use super::super::auth::oauth::{CodeGrant, SignInError, Verifier};
 use super::super::auth::{AUDIT, Refusal};
 
@@ -53,41 +54,6 @@ const REGISTRATION_EVERY: Duration = Duration::from_secs(6);
 /// Code exchanges relayed at once, and then one more every [`TOKEN_EVERY`]: one per sign-in.
 const TOKEN_BURST: u32 = 30;
 const TOKEN_EVERY: Duration = Duration::from_secs(1);
-
-/// A token bucket: `burst` requests at once, then one more every `every`.
-struct Allowance {
-    burst: u32,
-    every: Duration,
-    /// Requests still allowed now (fractional while refilling), as of the instant.
-    left: Mutex<(f64, Instant)>,
-}
-
-impl Allowance {
-    fn new(burst: u32, every: Duration) -> Self {
-        Self {
-            burst,
-            every,
-            left: Mutex::new((f64::from(burst), Instant::now())),
-        }
-    }
-
-    /// Takes one request's place, or says how long until there is one.
-    fn take(&self) -> Result<(), Duration> {
-        let mut left = self
-            .left
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let now = Instant::now();
-        let refilled = now.duration_since(left.1).as_secs_f64() / self.every.as_secs_f64();
-        *left = ((left.0 + refilled).min(f64::from(self.burst)), now);
-        if left.0 >= 1.0 {
-            left.0 -= 1.0;
-            Ok(())
-        } else {
-            Err(self.every.mul_f64(1.0 - left.0))
-        }
-    }
-}
 
 /// Where the dashboard is served from: the only origin the relay registers and redeems for.
 #[derive(Debug, Clone)]
@@ -537,21 +503,6 @@ mod tests {
             assert_eq!(uri(&local, bad, "127.0.0.1:8435"), none, "{bad}");
         }
         assert_eq!(redirect_uri(&local, &HeaderMap::new()), none);
-    }
-
-    #[test]
-    fn allowances_refill_at_their_rate() {
-        let allowance = Allowance::new(2, Duration::from_secs(60));
-        assert!(allowance.take().is_ok() && allowance.take().is_ok());
-        let wait = allowance.take().unwrap_err();
-        assert!(
-            wait > Duration::from_secs(59) && wait <= Duration::from_secs(60),
-            "{wait:?}"
-        );
-        // A minute later, one more.
-        allowance.left.lock().unwrap().1 -= Duration::from_secs(60);
-        assert!(allowance.take().is_ok());
-        assert!(allowance.take().is_err());
     }
 
     #[test]
