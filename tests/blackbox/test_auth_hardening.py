@@ -142,17 +142,18 @@ async def test_issue_30_refused_paths_are_logged_capped_escaped_and_rate_limited
             assert accepted.status_code != 401
 
             def audit_lines() -> list[str]:
-                return [l for l in srv.stderr()[start:].splitlines() if "principal=default" in l and "path=" in l]
+                rows = srv.stderr()[start:].splitlines()
+                return [row for row in rows if "principal=default" in row and "path=" in row]
 
             assert poll(audit_lines, 10, 0.05)
-            assert all(len(l) <= MAX_LOGGED_PATH + 400 for l in audit_lines()), [len(l) for l in audit_lines()]
+            assert all(len(row) <= MAX_LOGGED_PATH + 400 for row in audit_lines()), [len(r) for r in audit_lines()]
 
         # Bytes a terminal would act on never reach the log as they are.
         for target in (b"/computers/x/ports/80/\xe2\x80\xaeevil", b"/computers/x/ports/80/\x1b[2Jx", b"/computers/x/ports/80/%0Afake"):
             raw_request(srv, target)
         text = srv.stderr()[start:]
         assert "\u202e" not in text and "\x1b" not in text, "a control or bidi character reached the log"
-        assert not any(l.startswith("fake") for l in text.splitlines()), "a path forged a log line"
+        assert not any(row.startswith("fake") for row in text.splitlines()), "a path forged a log line"
 
         # A flood of refusals: lines at the configured rate, and a count of those left out.
         flood_start = len(srv.stderr())
@@ -167,13 +168,17 @@ async def test_issue_30_refused_paths_are_logged_capped_escaped_and_rate_limited
         bound = REFUSAL_LINES_BURST + REFUSAL_LINES_PER_SECOND * elapsed + 2
         assert len(written) <= bound, f"{len(written)} refusal lines for {sent} refusals in {elapsed:.1f} s"
 
-        # The next line after the flood says how many were left out.
-        def summarised():
-            httpx.get(srv.base_url + "/computers/x/ports/80/", timeout=10)
-            return re.findall(r"suppressed=(\d+)", srv.stderr()[flood_start:])
+        # Every refusal is written or counted: once the rate lets a line through again, it says
+        # how many were left out since the last one written.
+        probes = 0
 
-        counts = poll(summarised, 10, 0.2)
-        assert counts, "no line counts the refusal lines left out"
-        lines = refusal_lines(srv.stderr()[flood_start:])
-        assert sum(int(c) for c in counts) + len(lines) >= sent, (counts, len(lines))
+        def accounted() -> bool:
+            nonlocal probes
+            httpx.get(srv.base_url + "/computers/x/ports/80/", timeout=10)
+            probes += 1
+            text = srv.stderr()[flood_start:]
+            counted = sum(int(n) for n in re.findall(r"suppressed=(\d+)", text))
+            return counted + len(refusal_lines(text)) == sent + probes
+
+        assert poll(accounted, 10, 0.2), "the refusal lines left out are not all counted"
         assert srv.healthy()
