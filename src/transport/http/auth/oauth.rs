@@ -773,29 +773,29 @@ mod tests {
         assert!(scopes(&json!({})).is_empty());
     }
 
-    /// RFC 8037 appendix A.1's Ed25519 key: the seed `d` and the public `x`.
-    const ED25519_SEED: &str = "nWGxne_9WmC6hEr0kuwsxERJxWl7MmkZcDusAxyuf2A";
+    /// RFC 8037 appendix A.1's Ed25519 key: the private seed `d` (decoded) and the public `x`.
+    const ED25519_SEED: [u8; 32] = [
+        0x9d, 0x61, 0xb1, 0x9d, 0xef, 0xfd, 0x5a, 0x60, 0xba, 0x84, 0x4a, 0xf4, 0x92, 0xec, 0x2c,
+        0xc4, 0x44, 0x49, 0xc5, 0x69, 0x7b, 0x32, 0x69, 0x19, 0x70, 0x3b, 0xac, 0x03, 0x1c, 0xae,
+        0x7f, 0x60,
+    ];
     const ED25519_X: &str = "11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo";
 
     /// A verifier that already holds the RFC 8037 key as its JWKS (nothing is fetched), and a
     /// signer of tokens with that key.
     fn verifier_with_key() -> (Verifier, impl Fn(Value) -> String) {
-        use base64::Engine as _;
         let check = verifier(&[]);
         let set: JwkSet = serde_json::from_value(json!({"keys": [
             {"kty": "OKP", "crv": "Ed25519", "x": ED25519_X, "kid": "k1", "alg": "EdDSA"}
         ]}))
         .unwrap();
         check.keys.try_lock().unwrap().set = Some(set);
-        let seed = base64::engine::general_purpose::URL_SAFE_NO_PAD
-            .decode(ED25519_SEED)
-            .unwrap();
         // PKCS#8 of an Ed25519 private key: a fixed 16-byte prefix, then the 32-byte seed.
         let mut der = vec![
             0x30, 0x2e, 0x02, 0x01, 0x00, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22,
             0x04, 0x20,
         ];
-        der.extend_from_slice(&seed);
+        der.extend_from_slice(&ED25519_SEED);
         let key = jsonwebtoken::EncodingKey::from_ed_der(&der);
         let sign = move |claims: Value| {
             let mut header = jsonwebtoken::Header::new(Algorithm::EdDSA);
