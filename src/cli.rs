@@ -132,7 +132,7 @@ pub struct Cli {
         long,
         value_name = "URL",
         env = "KILNTAINERS_OAUTH_ISSUER",
-        help = "HTTP: accept OAuth 2.1 JWT access tokens from this authorization server (https://, or http:// on loopback); the principal is the token's subject",
+        help = "HTTP: accept OAuth 2.1 JWT access tokens from this authorization server (https://, or http:// on loopback); the principal is <issuer>#<the token's subject>",
         help_heading = "access options"
     )]
     pub oauth_issuer: Option<String>,
@@ -157,7 +157,7 @@ pub struct Cli {
         value_name = "CLAIM",
         env = "KILNTAINERS_OAUTH_PRINCIPAL_CLAIM",
         default_value = "sub",
-        help = "HTTP: the access-token claim that names the principal (default: sub)",
+        help = "HTTP: the access-token claim that names the principal after the issuer; keep sub unless the issuer never reassigns this claim (default: sub)",
         help_heading = "access options"
     )]
     pub oauth_principal_claim: String,

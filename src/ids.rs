@@ -1,5 +1,5 @@
 //! Validated identifiers: [`ComputerId`] (a computer, scoped to its owner), [`Principal`] (who
-//! a request acts for), [`InstanceId`] (one server process), [`ExecId`] (the tag carried by
+//! a request acts for, tokens-file and OAuth names kept apart), [`InstanceId`] (one server process), [`ExecId`] (the tag carried by
 //! every command's process tree) and [`JobId`] (a command that outlives its tool call).
 //!
 //! Everything past the MCP argument layer takes these types, never `&str`, so the slug rule of
@@ -118,13 +118,87 @@ impl fmt::Display for ComputerId {
 #[error("{}", INVALID_COMPUTER_ID)]
 pub struct InvalidComputerId;
 
-/// Who a request acts for: a named token's name, an OAuth claim, or `default` (stdio, the single
-/// `--auth-token`, unauthenticated HTTP). Computers are per principal (docs/auth.md).
+/// Who a request acts for: a tokens-file name, an OAuth principal (`<issuer>#<claim value>`), or
+/// `default` (stdio, the single `--auth-token`, unauthenticated HTTP). Computers are per
+/// principal (docs/auth.md, "Who is calling").
+///
+/// The two namespaces cannot meet: every OAuth principal contains the issuer's `://`, and no
+/// tokens-file name may ([`Principal::named`]). So an OAuth subject `bob` is not the tokens
+/// file's `bob`, nor the subject `bob` of another issuer.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Principal(String);
 
-/// Longest accepted principal name, in bytes.
-const MAX_PRINCIPAL_LEN: usize = 256;
+/// Longest tokens-file name or OAuth claim value, in bytes.
+const MAX_NAME_LEN: usize = 256;
+/// Longest whole principal read back from a label or metadata, in bytes: an OAuth claim value
+/// of [`MAX_NAME_LEN`] after an issuer URL.
+const MAX_STORED_LEN: usize = 1024;
+/// What every OAuth principal contains and no tokens-file name may.
+const OAUTH_MARK: &str = "://";
+
+/// Why a name cannot be a principal; the text completes "the principal name …".
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InvalidPrincipal {
+    #[error("must be 1-{MAX_NAME_LEN} bytes long")]
+    Length,
+    #[error("contains whitespace or a control character")]
+    Control,
+    #[error(
+        "contains U+{0:04X}, an invisible Unicode format character that would make two different names look the same"
+    )]
+    Format(u32),
+    #[error("contains '://', which only OAuth principals (<issuer>#<claim>) have")]
+    OAuthForm,
+}
+
+/// Unicode general category Cf (format characters, as of Unicode 15.0): invisible characters such as
+/// zero-width spaces and joiners, bidirectional overrides and the byte-order mark, with which
+/// `bob` and `bo\u{200b}b` would read the same in a log line or a label listing.
+fn is_format_char(c: char) -> bool {
+    matches!(
+        u32::from(c),
+        0x00AD
+            | 0x0600..=0x0605
+            | 0x061C
+            | 0x06DD
+            | 0x070F
+            | 0x0890..=0x0891
+            | 0x08E2
+            | 0x180E
+            | 0x200B..=0x200F
+            | 0x202A..=0x202E
+            | 0x2060..=0x2064
+            | 0x2066..=0x206F
+            | 0xFEFF
+            | 0xFFF9..=0xFFFB
+            | 0x110BD
+            | 0x110CD
+            | 0x13430..=0x1343F
+            | 0x1BCA0..=0x1BCA3
+            | 0x1D173..=0x1D17A
+            | 0xE0001
+            | 0xE0020..=0xE007F
+    )
+}
+
+/// The character rules every principal keeps: principals end up in labels and log lines.
+fn check_characters(raw: &str) -> Result<(), InvalidPrincipal> {
+    if raw.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(InvalidPrincipal::Control);
+    }
+    if let Some(c) = raw.chars().find(|c| is_format_char(*c)) {
+        return Err(InvalidPrincipal::Format(u32::from(c)));
+    }
+    Ok(())
+}
+
+/// A tokens-file name or an OAuth claim value: 1-256 bytes and [`check_characters`].
+fn check_name(raw: &str) -> Result<(), InvalidPrincipal> {
+    if raw.is_empty() || raw.len() > MAX_NAME_LEN {
+        return Err(InvalidPrincipal::Length);
+    }
+    check_characters(raw)
+}
 
 impl Principal {
     pub const DEFAULT_NAME: &'static str = "default";
@@ -135,12 +209,28 @@ impl Principal {
         Self(Self::DEFAULT_NAME.to_owned())
     }
 
-    /// 1-256 bytes without whitespace or control characters: principals end up in labels and
-    /// log lines.
+    /// A name of `--auth-tokens-file`: 1-256 bytes without whitespace, control or format
+    /// characters, and without `://`, which marks the OAuth namespace.
+    pub fn named(raw: &str) -> Result<Self, InvalidPrincipal> {
+        check_name(raw)?;
+        if raw.contains(OAUTH_MARK) {
+            return Err(InvalidPrincipal::OAuthForm);
+        }
+        Ok(Self(raw.to_owned()))
+    }
+
+    /// The principal of an OAuth token: `value` (its principal claim, 1-256 bytes, the same
+    /// characters as a tokens-file name) qualified by the issuer, as `<issuer>#<value>`, since a
+    /// subject is unique only within its issuer (OpenID Connect Core §2). A trailing `/` of the
+    /// issuer is dropped, so both spellings of one issuer name the same principals.
+    pub fn oauth(issuer: &str, value: &str) -> Result<Self, InvalidPrincipal> {
+        check_name(value)?;
+        Ok(Self(format!("{}#{value}", issuer.trim_end_matches('/'))))
+    }
+
+    /// Any principal as this server wrote it into a label or metadata.
     pub fn parse(raw: &str) -> Option<Self> {
-        let ok = !raw.is_empty()
-            && raw.len() <= MAX_PRINCIPAL_LEN
-            && !raw.chars().any(|c| c.is_whitespace() || c.is_control());
+        let ok = !raw.is_empty() && raw.len() <= MAX_STORED_LEN && check_characters(raw).is_ok();
         ok.then(|| Self(raw.to_owned()))
     }
 
@@ -335,13 +425,82 @@ mod tests {
 
     #[test]
     fn principals_are_printable_names() {
-        assert!(Principal::parse("alice@example.com").is_some());
-        assert!(Principal::parse("auth0|1234").is_some());
+        assert!(Principal::named("alice@example.com").is_ok());
+        assert!(Principal::named("auth0|1234").is_ok());
         for bad in ["", "a b", "a\tb", "a\u{7}"] {
+            assert!(Principal::named(bad).is_err(), "{bad:?}");
             assert!(Principal::parse(bad).is_none(), "{bad:?}");
         }
-        assert!(Principal::parse(&"x".repeat(257)).is_none());
-        assert!(Principal::parse("default").is_some_and(|p| p.is_default()));
+        assert_eq!(
+            Principal::named(&"x".repeat(257)),
+            Err(InvalidPrincipal::Length)
+        );
+        assert!(Principal::named("default").is_ok_and(|p| p.is_default()));
+    }
+
+    #[test]
+    fn format_characters_are_refused_everywhere() {
+        // See: issue 30
+        for (bad, code) in [
+            ("bo\u{200b}b", 0x200B),
+            ("\u{200f}bob", 0x200F),
+            ("bob\u{202e}", 0x202E),
+            ("b\u{2060}ob", 0x2060),
+            ("b\u{2064}ob", 0x2064),
+            ("\u{feff}bob", 0xFEFF),
+            ("bo\u{ad}b", 0xAD),
+            ("bob\u{e0041}", 0xE0041),
+        ] {
+            assert_eq!(
+                Principal::named(bad),
+                Err(InvalidPrincipal::Format(code)),
+                "{bad:?}"
+            );
+            assert_eq!(
+                Principal::oauth("https://id.example.com", bad),
+                Err(InvalidPrincipal::Format(code)),
+                "{bad:?}"
+            );
+            assert!(Principal::parse(bad).is_none(), "{bad:?}");
+        }
+        // Visible non-ASCII letters stay accepted.
+        assert!(Principal::named("jos\u{e9}").is_ok());
+        assert!(Principal::named("\u{5f20}\u{4e09}").is_ok());
+    }
+
+    #[test]
+    fn oauth_principals_are_apart_from_tokens_file_names() {
+        // See: issue 30
+        let bob = Principal::named("bob").unwrap();
+        let oauth_bob = Principal::oauth("https://id.example.com/realms/team/", "bob").unwrap();
+        assert_eq!(oauth_bob.as_str(), "https://id.example.com/realms/team#bob");
+        assert_eq!(
+            Principal::oauth("https://id.example.com/realms/team", "bob"),
+            Ok(oauth_bob.clone())
+        );
+        assert_ne!(bob, oauth_bob);
+        assert_ne!(
+            Principal::oauth("https://other.example.com", "bob").unwrap(),
+            oauth_bob
+        );
+        let dev_box = ComputerId::parse("dev-box").unwrap();
+        assert_ne!(dev_box.owned_by(&bob), dev_box.owned_by(&oauth_bob));
+        // No tokens-file line can name an OAuth principal, nor the reserved `default` an OAuth one.
+        assert_eq!(
+            Principal::named(oauth_bob.as_str()),
+            Err(InvalidPrincipal::OAuthForm)
+        );
+        assert!(
+            !Principal::oauth("https://id.example.com", "default")
+                .unwrap()
+                .is_default()
+        );
+        // What the server wrote into a label reads back.
+        assert_eq!(Principal::parse(oauth_bob.as_str()), Some(oauth_bob));
+        assert_eq!(
+            Principal::oauth("https://id.example.com", &"x".repeat(257)),
+            Err(InvalidPrincipal::Length)
+        );
     }
 
     #[test]

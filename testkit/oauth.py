@@ -14,6 +14,8 @@ Tokens a resource server must refuse:
 * another resource (wrong `aud`): `iss.token(user, "http://127.0.0.1:1/other")`
 * expired / not yet valid / without exp (properly signed): `iss.expired_token(...)`,
   `iss.not_yet_valid_token(...)`, `iss.no_exp_token(...)`
+* the same times written as JSON strings (CVE-2026-25537): `iss.string_nbf_token(...)` (nbf in
+  the future), `iss.string_exp_token(...)` (exp in the past)
 * a bad signature: `tampered(token)` flips bits in the signature of a real token
 * another issuer: `with issuer() as other: other.token(...)` (its own `iss`, keys and kids)
 * the right key but another `iss`: `iss.other_iss_token(...)`
@@ -64,6 +66,8 @@ WITHIN_LEEWAY_CLIENT_ID = "kilntainers-test-within-leeway"
 SCP_CLIENT_ID = "kilntainers-test-scp"
 OTHER_ISS_CLIENT_ID = "kilntainers-test-other-iss"
 NO_EXP_CLIENT_ID = "kilntainers-test-no-exp"
+STRING_NBF_CLIENT_ID = "kilntainers-test-string-nbf"
+STRING_EXP_CLIENT_ID = "kilntainers-test-string-exp"
 REDIRECT_URI = "http://127.0.0.1/callback"
 DEFAULT_SCOPE = "mcp:tools"
 
@@ -358,6 +362,14 @@ class Issuer:
     def no_exp_token(self, user: str, resource: str, scope: str = DEFAULT_SCOPE) -> str:
         """Properly signed, without an `exp` claim."""
         return self.token(user, resource, scope, client_id=NO_EXP_CLIENT_ID)
+
+    def string_nbf_token(self, user: str, resource: str, scope: str = DEFAULT_SCOPE) -> str:
+        """Properly signed, `nbf` 5 minutes after it was issued, as a JSON string ("1767...")."""
+        return self.token(user, resource, scope, client_id=STRING_NBF_CLIENT_ID)
+
+    def string_exp_token(self, user: str, resource: str, scope: str = DEFAULT_SCOPE) -> str:
+        """Properly signed, `exp` 5 minutes before it was issued, as a JSON string."""
+        return self.token(user, resource, scope, client_id=STRING_EXP_CLIENT_ID)
 
     def other_iss_token(self, user: str, resource: str, scope: str = DEFAULT_SCOPE) -> str:
         """Signed with this issuer's key, but `iss` is the issuer URL with `/other` appended."""

@@ -174,6 +174,13 @@ impl OAuthConfig {
             );
         }
         check_oauth_url("--oauth-issuer", issuer)?;
+        // RFC 8414 §2; and the issuer names OAuth principals as `<issuer>#<claim>`
+        // (docs/auth.md), which a `#` of its own would make ambiguous.
+        if issuer.contains(['?', '#']) {
+            return fail(format!(
+                "--oauth-issuer must be a URL without a query or fragment (no '?' or '#'), got: {issuer}"
+            ));
+        }
         if let Some(audience) = &cli.oauth_audience
             && audience.trim().is_empty()
         {
@@ -792,6 +799,21 @@ mod tests {
             config(&["--transport", "http", "--oauth-dashboard-client-id", "x"]).unwrap_err(),
             "--oauth-dashboard-client-id needs --oauth-issuer."
         );
+    }
+
+    #[test]
+    fn issuer_has_no_query_or_fragment() {
+        // See: issue 30
+        for bad in [
+            "https://id.example.com/#x",
+            "https://id.example.com/?tenant=a",
+        ] {
+            let error = config(&["--transport", "http", "--oauth-issuer", bad]).unwrap_err();
+            assert!(
+                error.contains("without a query or fragment"),
+                "{bad}: {error}"
+            );
+        }
     }
 
     #[test]

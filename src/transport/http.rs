@@ -149,6 +149,9 @@ pub async fn serve(surface: Arc<Surface>, config: &HttpConfig, options: ServeOpt
                         verifier.audience(),
                         auth::oauth::metadata_url(verifier.audience())
                     );
+                    if let Some(warning) = verifier.principal_claim_warning() {
+                        eprintln!("kilntainers: warning: {warning}");
+                    }
                     let verifier = Arc::new(verifier);
                     let sign_in = options.lifecycle_tools.then(|| {
                         eprintln!(
@@ -160,7 +163,17 @@ pub async fn serve(surface: Arc<Surface>, config: &HttpConfig, options: ServeOpt
                                 None => "a client registered on first use".to_owned(),
                             }
                         );
-                        pages::sign_in::routes(verifier.clone(), oauth.dashboard_client_id.clone())
+                        // The page's own origins: this listener's port (unless any Host name
+                        // reaches it), or the audience's, behind a proxy.
+                        let page_origins = pages::sign_in::PageOrigins::new(
+                            verifier.audience(),
+                            (!hosts.any()).then_some(port),
+                        );
+                        pages::sign_in::routes(
+                            verifier.clone(),
+                            oauth.dashboard_client_id.clone(),
+                            page_origins,
+                        )
                     });
                     (auth.with_oauth(verifier), sign_in)
                 }
@@ -412,8 +425,8 @@ fn router(
     }
 }
 
-/// Re-reads `--auth-tokens-file` on every SIGHUP until aborted; a broken file keeps the
-/// tokens in use and says why.
+/// Re-reads `--auth-tokens-file` on every SIGHUP until aborted; a broken file keeps only the
+/// tokens its lines still give, and says why.
 async fn reload_on_hangup(
     named: Arc<NamedTokens>,
     hangups: std::io::Result<tokio::signal::unix::Signal>,
@@ -433,11 +446,13 @@ async fn reload_on_hangup(
                 principals = count,
                 "reloaded --auth-tokens-file"
             ),
-            Err(message) => {
+            Err(failure) => {
                 tracing::error!(
                     target: auth::AUDIT,
-                    error = message,
-                    "cannot reload --auth-tokens-file; keeping the tokens loaded before"
+                    error = failure.error,
+                    kept = failure.kept,
+                    revoked = failure.revoked,
+                    "cannot reload --auth-tokens-file; only the tokens of lines still in it stay valid"
                 );
             }
         }

@@ -25,6 +25,7 @@ import json
 import re
 import socket
 import subprocess
+import time
 import uuid
 
 import anyio
@@ -78,6 +79,11 @@ def track_scoped(kbb, computer_id: str, *principals: str, temporary: bool | None
     checks that the server removed them itself)."""
     for principal in principals:
         kbb.track(scoped(computer_id, principal), temporary=temporary)
+
+
+def oauth_principal(iss: oauth.Issuer, value: str) -> str:
+    """The principal of an OAuth token whose principal claim is `value` (docs/auth.md)."""
+    return f"{iss.issuer.rstrip('/')}#{value}"
 
 
 def owned_container(computer_id: str, principal: str) -> str | None:
@@ -216,14 +222,15 @@ async def test_real_token_runs_a_command_as_its_subject(kbb):
                 assert result["stdout"] == "hi\n" and result["exit_code"] == 0
                 cid = result["computer_id"]
                 assert "." not in cid, "a client saw the owner tag"
-                track_scoped(kbb, cid, "alice", temporary=True)
-                container = owned_container(cid, "alice")
+                alice = oauth_principal(iss, "alice")
+                track_scoped(kbb, cid, alice, temporary=True)
+                container = owned_container(cid, alice)
                 assert container and is_running(container)
                 info = inspect(container)
-                assert info["Config"]["Labels"].get("kilntainers.owner") == "alice", info["Config"]["Labels"]
-                assert info["Name"] == f"/kilntainer-{cid}.{owner_tag('alice')}"
+                assert info["Config"]["Labels"].get("kilntainers.owner") == alice, info["Config"]["Labels"]
+                assert info["Name"] == f"/kilntainer-{cid}.{owner_tag(alice)}"
                 assert all(status < 400 for method, status, _ in sess.responses if method == "POST"), sess.responses
-        assert await apoll(lambda: owned_container(cid, "alice") is None, 15, 0.2), "alice's temporary computer outlived her session"
+        assert await apoll(lambda: owned_container(cid, alice) is None, 15, 0.2), "alice's temporary computer outlived her session"
 
 
 @pytest.mark.parametrize("alg", ["RS256", "PS256", "ES256", "EdDSA"])
@@ -291,10 +298,11 @@ async def test_principal_claim_names_the_owner(kbb):
             tok = await token(iss, "token", "alice", srv.mcp_url)
             async with kbb.http_session(srv, headers=bearer(tok)) as sess:
                 cid = (await sess.run("true")).structured["computer_id"]
-                track_scoped(kbb, cid, "alice@example.test", temporary=True)
-                container = owned_container(cid, "alice@example.test")
+                principal = oauth_principal(iss, "alice@example.test")
+                track_scoped(kbb, cid, principal, temporary=True)
+                container = owned_container(cid, principal)
                 assert container, "no container named for the email claim's principal"
-                assert inspect(container)["Config"]["Labels"].get("kilntainers.owner") == "alice@example.test"
+                assert inspect(container)["Config"]["Labels"].get("kilntainers.owner") == principal
 
 
 # ---------------------------------------------------------------------------------------------
@@ -317,7 +325,6 @@ async def test_invalid_tokens_are_refused_with_invalid_token(kbb):
                 "expired": await token(iss, "expired_token", "alice", url),
                 "not yet valid": await token(iss, "not_yet_valid_token", "alice", url),
                 "no exp": await token(iss, "no_exp_token", "alice", url),
-                "the reserved principal default": await token(iss, "token", "default", url),
                 "bad signature": tampered(good),
                 "claims changed after signing": with_claims(good, sub="bob"),
                 "other issuer (its own keys and kids)": await token(other, "token", "alice", url),
@@ -336,6 +343,28 @@ async def test_invalid_tokens_are_refused_with_invalid_token(kbb):
                     pass
             assert refused.value.status_code == 401
             # Nothing above made a computer.
+            assert srv.containers() == []
+
+
+async def test_issue_30_times_written_as_strings_are_refused(kbb):
+    """CVE-2026-25537: jsonwebtoken before 10.3 read an `nbf` (or `exp`) that is a JSON string as
+    absent, so a token not valid for years passed. Both are refused now, and nothing is created."""
+    # See: issue 30
+    async with async_issuer() as iss:
+        async with kbb.http_server(*BUSYBOX_ARGS, "--oauth-issuer", iss.issuer) as srv:
+            string_nbf = await token(iss, "string_nbf_token", "alice", srv.mcp_url)
+            claims = decode(string_nbf)[1]
+            assert isinstance(claims["nbf"], str) and int(claims["nbf"]) > claims["iat"] + 200, claims
+            string_exp = await token(iss, "string_exp_token", "alice", srv.mcp_url)
+            claims = decode(string_exp)[1]
+            assert isinstance(claims["exp"], str) and int(claims["exp"]) < time.time() - 200, claims
+            assert_accepted(srv, await token(iss, "token", "alice", srv.mcp_url), "the control token")
+            for what, tok, why in (
+                ("nbf in the future, as a string", string_nbf, "the access token's nbf claim is not a number"),
+                ("exp in the past, as a string", string_exp, "the access token has no usable exp claim"),
+            ):
+                params = assert_refused(srv, tok, what)
+                assert params["error_description"] == why, (what, params)
             assert srv.containers() == []
 
 
@@ -378,11 +407,12 @@ async def test_principals_see_and_reach_only_their_own_computers(kbb):
     dev = kbb.new_id("dev-box")
     only = kbb.new_id("alice-only")
     nope = kbb.new_id("nope")
-    track_scoped(kbb, dev, "alice", "bob")
-    track_scoped(kbb, only, "alice")
-    track_scoped(kbb, only, "bob", temporary=True)  # bob's own, made by his terminal_execute below
-    track_scoped(kbb, nope, "bob", temporary=True)
     async with async_issuer() as iss:
+        owner = {name: oauth_principal(iss, name) for name in ("alice", "bob")}
+        track_scoped(kbb, dev, owner["alice"], owner["bob"])
+        track_scoped(kbb, only, owner["alice"])
+        track_scoped(kbb, only, owner["bob"], temporary=True)  # bob's own, made by his terminal_execute below
+        track_scoped(kbb, nope, owner["bob"], temporary=True)
         async with kbb.http_server(*BUSYBOX_ARGS, "--lifecycle-tools", "--oauth-issuer", iss.issuer) as srv:
             alice_token = await token(iss, "token", "alice", srv.mcp_url)
             bob_token = await token(iss, "token", "bob", srv.mcp_url)
@@ -400,12 +430,12 @@ async def test_principals_see_and_reach_only_their_own_computers(kbb):
                 for name, sess in (("alice", alice), ("bob", bob)):
                     who = await sess.run("cat /root/who", computer_id=dev, temporary=False)
                     assert who.structured["stdout"] == f"{name}\n", (name, who.structured)
-                    container = owned_container(dev, name)
+                    container = owned_container(dev, owner[name])
                     assert container and container.startswith(made[name])
                     info = inspect(container)
-                    assert info["Name"] == f"/kilntainer-{dev}.{owner_tag(name)}", info["Name"]
+                    assert info["Name"] == f"/kilntainer-{dev}.{owner_tag(owner[name])}", info["Name"]
                     labels = info["Config"]["Labels"]
-                    assert labels.get("kilntainers.owner") == name, labels
+                    assert labels.get("kilntainers.owner") == owner[name], labels
                     assert labels.get("kilntainers.temporary") == "false" and labels.get("kilntainers.image") == BUSYBOX
                 assert owned_container(dev, "default") is None, "a principal's computer took the bare name"
 
@@ -413,7 +443,7 @@ async def test_principals_see_and_reach_only_their_own_computers(kbb):
                 created = await alice.call({"computer_id": only, "temporary": False}, name="computer_create")
                 assert not created.is_error, created.text
                 await alice.run("echo secret > /root/secret", computer_id=only, temporary=False)
-                alice_container = owned_container(only, "alice")
+                alice_container = owned_container(only, owner["alice"])
                 started = inspect(alice_container)["State"]["StartedAt"]
 
                 listed = {}
@@ -422,7 +452,7 @@ async def test_principals_see_and_reach_only_their_own_computers(kbb):
                     listed[name] = {row["computer_id"] for row in rows}
                     assert all("." not in row["computer_id"] for row in rows), rows
                     for row in rows:  # every row listed is the caller's own
-                        container = owned_container(row["computer_id"], name)
+                        container = owned_container(row["computer_id"], owner[name])
                         assert container and container.startswith(row["sandbox_id"]), (name, row)
                 assert {dev, only} <= listed["alice"], listed
                 assert dev in listed["bob"] and only not in listed["bob"], listed
@@ -433,7 +463,7 @@ async def test_principals_see_and_reach_only_their_own_computers(kbb):
                     never = await bob.call({"computer_id": nope}, name=tool)
                     assert theirs.is_error and never.is_error, (tool, theirs, never)
                     assert theirs.raw == json.loads(json.dumps(never.raw).replace(nope, only)), (tool, theirs.raw, never.raw)
-                assert owned_container(only, "alice") == alice_container
+                assert owned_container(only, owner["alice"]) == alice_container
                 assert inspect(alice_container)["State"]["StartedAt"] == started, "bob's calls restarted alice's computer"
 
                 # terminal_execute on alice's id makes bob a computer of his own, as for any new id.
@@ -443,7 +473,7 @@ async def test_principals_see_and_reach_only_their_own_computers(kbb):
                     assert not res.is_error and res.structured["exit_code"] != 0 and res.structured["stdout"] == ""
                     res.structured.pop("exec_duration_ms")
                 assert theirs.structured == {**never.structured, "computer_id": only}
-                assert owned_container(only, "bob") not in (None, alice_container)
+                assert owned_container(only, owner["bob"]) not in (None, alice_container)
                 mine = await alice.run("cat /root/secret", computer_id=only, temporary=False)
                 assert mine.structured["stdout"] == "secret\n"
                 assert is_running(alice_container) and inspect(alice_container)["State"]["StartedAt"] == started
@@ -460,8 +490,8 @@ async def test_principals_see_and_reach_only_their_own_computers(kbb):
                 for sess, cid in ((alice, dev), (alice, only), (bob, dev)):
                     deleted = await sess.call({"computer_id": cid}, name="computer_delete")
                     assert deleted.structured == {"ok": True, "computer_id": cid, "deleted": True}, deleted.text
-                assert owned_container(dev, "alice") is None and owned_container(dev, "bob") is None
-                assert owned_container(only, "alice") is None
+                assert owned_container(dev, owner["alice"]) is None and owned_container(dev, owner["bob"]) is None
+                assert owned_container(only, owner["alice"]) is None
 
 
 async def test_default_principal_keeps_the_bare_container_name(kbb):
@@ -596,9 +626,10 @@ async def test_sdk_oauth_client_discovers_registers_and_calls(kbb):
                                            instance_id=srv.instance_id)
                         result = (await sess.run("echo hi")).structured
                         assert result["stdout"] == "hi\n"
-                        track_scoped(kbb, result["computer_id"], "dave", temporary=True)
-                        container = owned_container(result["computer_id"], "dave")
-                        assert container and inspect(container)["Config"]["Labels"].get("kilntainers.owner") == "dave"
+                        dave = oauth_principal(iss, "dave")
+                        track_scoped(kbb, result["computer_id"], dave, temporary=True)
+                        container = owned_container(result["computer_id"], dave)
+                        assert container and inspect(container)["Config"]["Labels"].get("kilntainers.owner") == dave
 
             # The SDK found everything from the 401 alone and registered itself.
             assert storage.client_info is not None and storage.client_info.client_id not in (
@@ -610,3 +641,179 @@ async def test_sdk_oauth_client_discovers_registers_and_calls(kbb):
             assert srv.base_url + PRM_PATH in urls, seen
             assert any(status == 401 and url.startswith(srv.mcp_url) for _, url, status in seen), seen
             assert iss.issuer + "/reg" in urls and iss.issuer + "/token" in urls, seen
+
+
+# ---------------------------------------------------------------------------------------------
+# issue 30: tokens-file and OAuth principals are kept apart; names with invisible characters;
+# a principal claim users can choose
+
+
+def write_tokens_file(path, lines: dict) -> None:
+    path.write_text("".join(f"{name} {secret}\n" for name, secret in lines.items()))
+    path.chmod(0o600)
+
+
+async def test_issue_30_oauth_subject_does_not_own_the_tokens_file_principals_computers(kbb, tmp_path):
+    """A tokens-file principal `bob` and an OAuth token whose `sub` is `bob` are two principals:
+    OAuth bob neither lists nor reaches tokens-file bob's permanent computer, and his own
+    computer of the same slug is filed under `<issuer>#bob` (owner label and tag)."""
+    # See: issue 30
+    bob_secret = "bob-" + "b" * 40
+    tokens = tmp_path / "tokens"
+    write_tokens_file(tokens, {"bob": bob_secret})
+    dev = kbb.new_id("dev-box")
+    track_scoped(kbb, dev, "bob")
+    async with async_issuer() as iss:
+        oauth_bob = oauth_principal(iss, "bob")
+        track_scoped(kbb, dev, oauth_bob, temporary=True)
+        args = ["--lifecycle-tools", "--oauth-issuer", iss.issuer, "--auth-tokens-file", str(tokens)]
+        async with kbb.http_server(*BUSYBOX_ARGS, *args) as srv:
+            oauth_token = await token(iss, "token", "bob", srv.mcp_url)
+            assert decode(oauth_token)[1]["sub"] == "bob"
+            async with kbb.http_session(srv, headers=bearer(bob_secret)) as file_bob, \
+                    kbb.http_session(srv, headers=bearer(oauth_token)) as token_bob:
+                made = await file_bob.call({"computer_id": dev, "temporary": False}, name="computer_create")
+                assert not made.is_error, made.text
+                await file_bob.run("echo file-bob > /root/who", computer_id=dev, temporary=False)
+                file_container = owned_container(dev, "bob")
+                assert file_container and inspect(file_container)["Config"]["Labels"]["kilntainers.owner"] == "bob"
+
+                listed = (await token_bob.call({}, name="computer_list")).structured["computers"]
+                assert dev not in [row["computer_id"] for row in listed], listed
+                for tool in ("computer_restart", "computer_delete"):
+                    refused = await token_bob.call({"computer_id": dev}, name=tool)
+                    assert refused.is_error and f"Computer '{dev}' was not found." in refused.text, (tool, refused.text)
+                mine = await token_bob.run("cat /root/who 2>/dev/null || echo fresh", computer_id=dev)
+                assert mine.structured["stdout"] == "fresh\n", mine.structured
+                container = owned_container(dev, oauth_bob)
+                assert container and container != file_container
+                info = inspect(container)
+                assert info["Config"]["Labels"]["kilntainers.owner"] == oauth_bob, info["Config"]["Labels"]
+                assert info["Name"] == f"/kilntainer-{dev}.{owner_tag(oauth_bob)}"
+
+                # Tokens-file bob's computer is untouched and still his.
+                still = await file_bob.run("cat /root/who", computer_id=dev, temporary=False)
+                assert still.structured["stdout"] == "file-bob\n"
+                deleted = await file_bob.call({"computer_id": dev}, name="computer_delete")
+                assert not deleted.is_error, deleted.text
+            log = srv.stderr()
+        assert f"principal={oauth_bob}" in log, "the audit log does not name the OAuth principal"
+
+
+async def test_issue_30_sub_default_is_not_the_default_principal(kbb):
+    """`default` owns the single token's computers; an OAuth subject `default` is its issuer's
+    `default`, with none of them."""
+    # See: issue 30
+    single = "single-" + "s" * 40
+    old = kbb.new_id("legacy")
+    async with async_issuer() as iss:
+        track_scoped(kbb, old, oauth_principal(iss, "default"), temporary=True)
+        args = ["--lifecycle-tools", "--oauth-issuer", iss.issuer, "--auth-token", single]
+        async with kbb.http_server(*BUSYBOX_ARGS, *args) as srv:
+            async with kbb.http_session(srv, headers=bearer(single)) as default:
+                made = await default.call({"computer_id": old, "temporary": False}, name="computer_create")
+                assert not made.is_error, made.text
+                try:
+                    tok = await token(iss, "token", "default", srv.mcp_url)
+                    async with kbb.http_session(srv, headers=bearer(tok)) as other:
+                        listed = (await other.call({}, name="computer_list")).structured["computers"]
+                        assert old not in [row["computer_id"] for row in listed], listed
+                        refused = await other.call({"computer_id": old}, name="computer_delete")
+                        assert refused.is_error and "was not found" in refused.text, refused.text
+                finally:
+                    assert not (await default.call({"computer_id": old}, name="computer_delete")).is_error
+
+
+async def test_issue_30_invisible_format_characters_are_refused_in_principal_names(kbb, tmp_path):
+    """U+200B and the other Unicode format characters (general category Cf) make two names look
+    the same: a tokens-file line with one is refused at startup (naming the line and the
+    character), and an OAuth token whose principal claim has one is refused with 401."""
+    # See: issue 30
+    tokens = tmp_path / "tokens"
+    for invisible in ("\u200b", "\u202e", "\u2060", "\ufeff"):
+        tokens.write_text(f"alice {'a' * 40}\nbo{invisible}b {'b' * 40}\n")
+        tokens.chmod(0o600)
+        proc = subprocess.run(
+            [BIN, "--transport", "http", "--port", str(free_port()), "--auth-tokens-file", str(tokens), *BUSYBOX_ARGS],
+            stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60, env=kbb.env(kbb.home()),
+        )
+        assert proc.returncode == 1, (hex(ord(invisible)), proc.returncode, proc.stderr)
+        assert "line 2" in proc.stderr and f"U+{ord(invisible):04X}" in proc.stderr, proc.stderr
+    async with async_issuer() as iss:
+        async with kbb.http_server(*BUSYBOX_ARGS, "--oauth-issuer", iss.issuer) as srv:
+            assert_accepted(srv, await token(iss, "token", "bob", srv.mcp_url), "plain bob")
+            hidden = await token(iss, "token", "bo\u200bb", srv.mcp_url)
+            assert decode(hidden)[1]["sub"] == "bo\u200bb"
+            params = assert_refused(srv, hidden, "a zero-width space in sub")
+            assert params["error_description"] == "the access token's principal is not a valid name", params
+            assert srv.containers() == []
+
+
+@pytest.mark.parametrize("claim", ["email", "preferred_username", "sub"])
+async def test_issue_30_a_principal_claim_users_can_choose_is_warned_about(kbb, claim):
+    # See: issue 30
+    async with async_issuer() as iss:
+        async with kbb.http_server(*BUSYBOX_ARGS, "--oauth-issuer", iss.issuer, "--oauth-principal-claim", claim) as srv:
+            log = srv.stderr()
+    warning = f"kilntainers: warning: --oauth-principal-claim {claim}:"
+    if claim == "sub":
+        assert "--oauth-principal-claim" not in log, log
+    else:
+        assert warning in log, log
+        assert "sub" in log.split(warning, 1)[1].splitlines()[0]
+
+
+# ---------------------------------------------------------------------------------------------
+# issue 30: the dashboard's sign-in relay registers and redeems only for this listener's page
+
+
+def relay_post(srv, path: str, origin: str | None, body: dict | None = None, **headers) -> httpx.Response:
+    """A POST as a browser's fetch() sends it from a page at `origin` to this server."""
+    sent = {"Content-Type": "application/json", **headers}
+    if origin is not None:
+        sent["Origin"] = origin
+    return httpx.post(srv.base_url + path, headers=sent, json=body or {}, timeout=30)
+
+
+async def test_issue_30_sign_in_relay_serves_only_the_listeners_own_origin(kbb):
+    """A page on another port of an allowed host (another local service, a computer's forwarded
+    port) cannot have the relay register a client redirecting to itself, nor redeem a code for
+    it: only the origin the dashboard is served from is a redirect URI. The relay is also
+    rate-limited: a burst of registrations gets 429 with Retry-After beyond its allowance."""
+    # See: issue 30
+    async with async_issuer() as iss:
+        args = ["--lifecycle-tools", "--oauth-issuer", iss.issuer, "--oauth-required-scope", "mcp:tools"]
+        async with kbb.http_server(*BUSYBOX_ARGS, *args) as srv:
+            own = srv.base_url
+            other_port = free_port()
+            grant = {"client_id": "x", "code": "not-a-code", "code_verifier": "v" * 43}
+            for origin, why in (
+                (f"http://127.0.0.1:{other_port}", "another port of an allowed host"),
+                (f"http://localhost:{other_port}", "another port of another allowed name"),
+                (f"https://127.0.0.1:{srv.port}", "another scheme"),
+                (f"http://localhost:{srv.port}", "another host than the request's"),
+            ):
+                for path, body in (("/dashboard/oauth/register", None), ("/dashboard/oauth/token", grant)):
+                    response = relay_post(srv, path, origin, body)
+                    assert response.status_code in (400, 403), (why, path, response.status_code, response.text)
+                    assert "client_id" not in response.json() and "access_token" not in response.json(), response.text
+            # A browser says when a request is not from the same origin; such a request is refused.
+            cross = relay_post(srv, "/dashboard/oauth/register", own, **{"Sec-Fetch-Site": "same-site"})
+            assert cross.status_code == 403, (cross.status_code, cross.text)
+
+            # The page itself registers (redirect URI: its own address).
+            page = relay_post(srv, "/dashboard/oauth/register", own, **{"Sec-Fetch-Site": "same-origin"})
+            assert page.status_code == 200, page.text
+            assert page.json()["redirect_uri"] == own + "/"
+
+            # A burst of registrations is cut off, with a Retry-After.
+            answers = [relay_post(srv, "/dashboard/oauth/register", own) for _ in range(40)]
+            codes = [a.status_code for a in answers]
+            assert 429 in codes, codes
+            assert codes.count(200) < 20, codes
+            limited = next(a for a in answers if a.status_code == 429)
+            assert int(limited.headers["retry-after"]) >= 1, limited.headers
+            assert limited.json()["error"] == "temporarily_unavailable", limited.text
+            # The issuer saw only the registrations let through.
+            log = srv.stderr()
+            assert log.count("registered a dashboard client") == 1 + codes.count(200), codes

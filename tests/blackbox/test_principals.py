@@ -237,11 +237,13 @@ async def test_sighup_reloads_the_tokens_file(kbb, tmp_path):
         srv.signal(signal.SIGHUP)
         assert poll(lambda: status("carol-" + "c" * 40) != 401, 10, 0.05)
         assert status(TOKENS["alice"]) == 401
-        # A broken edit keeps the tokens in use, and the server keeps running.
-        tokens.write_text("carol\n")
+        # A broken edit keeps only the tokens of lines still in the file (issue 30: carol's is
+        # gone), and the server keeps running.
+        tokens.write_text(f"bob  {TOKENS['bob']}\ncarol\n")
         srv.signal(signal.SIGHUP)
-        assert poll(lambda: "keeping the tokens loaded before" in srv.stderr(), 10, 0.05)
-        assert status("carol-" + "c" * 40) != 401
+        assert poll(lambda: "cannot reload --auth-tokens-file" in srv.stderr(), 10, 0.05)
+        assert status("carol-" + "c" * 40) == 401
+        assert status(TOKENS["bob"]) != 401
         assert srv.healthy()
         with pytest.raises(HttpRefused) as refused:
             async with kbb.http_session(srv, headers=bearer(TOKENS["alice"]), init_timeout=30):

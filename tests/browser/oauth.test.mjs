@@ -3,12 +3,14 @@
 // oidc-provider), headless Debian Chromium signing in through the issuer's own login form, and
 // two principals who each see only their own computers.
 //
-// Principals carry a suffix unique to this run (alice-<hex>), so that removing every container
-// labelled kilntainers.owner=<principal> at the end touches nothing of another run.
+// Subjects carry a suffix unique to this run (alice-<hex>), and principals their issuer's URL
+// (<issuer>#alice-<hex>), so that removing every container labelled kilntainers.owner=<principal>
+// at the end touches nothing of another run.
 import assert from "node:assert/strict";
 import { spawn } from "node:child_process";
 import { createHash, randomBytes } from "node:crypto";
 import { existsSync } from "node:fs";
+import { createServer } from "node:http";
 import { join } from "node:path";
 import { createInterface } from "node:readline";
 import { after, before, describe } from "node:test";
@@ -46,7 +48,9 @@ const RUN = randomBytes(3).toString("hex");
 const ALICE = `alice-${RUN}`;
 const BOB = `bob-${RUN}`;
 const CAROL = `carol-${RUN}`;
-const PRINCIPALS = [ALICE, BOB, CAROL];
+const NAMES = [ALICE, BOB, CAROL];
+/** The principal of a token of `issuer` whose subject is `name` (docs/auth.md, "Who is calling"). */
+const principal = (issuer, name) => `${issuer.issuer}#${name}`;
 
 /**
  * tests/oauth/issuer.mjs on a free loopback port: resolves {issuer, close()} once it printed its
@@ -246,7 +250,7 @@ describe("web dashboard sign-in with OAuth (dynamic client registration)", () =>
     await bob?.close();
     await server?.close();
     await issuer?.close();
-    removeOwnedBy(PRINCIPALS);
+    if (issuer) removeOwnedBy(NAMES.map((name) => principal(issuer, name)));
   });
 
   step("GET / keeps the page's policy and offers sign-in after the OAuth 401", async () => {
@@ -307,7 +311,7 @@ describe("web dashboard sign-in with OAuth (dynamic client registration)", () =>
     assert.match(claims.scope, /(^| )mcp:tools( |$)/);
     const init = aliceSeen.filter((r) => new URL(r.url).pathname === "/mcp" && r.body?.includes('"initialize"')).at(-1);
     assert.equal(init.headers.authorization, `Bearer ${aliceToken}`);
-    assert.equal(await page.locator("#who").textContent(), `Signed in as ${ALICE}`);
+    assert.equal(await page.locator("#who").textContent(), `Signed in as ${principal(issuer, ALICE)}`);
     assert.equal(await page.locator("#account").isVisible(), true);
     assert.equal(await page.locator("#auth").isVisible(), false);
   });
@@ -321,8 +325,8 @@ describe("web dashboard sign-in with OAuth (dynamic client registration)", () =>
     await waitStatus(`Computer ${ALICE_ID} is ready.`, 90_000);
     assert.equal(await page.locator(`li[data-id="${ALICE_ID}"] .pill`).textContent(), "permanent");
     // Provider-side the computer carries alice's tag and owner label (docs/auth.md).
-    assert.deepEqual(containersOwnedBy(ALICE), [ownedContainerName(ALICE_ID, ALICE)]);
-    aliceContainer = docker(["inspect", "-f", "{{.Id}}", ownedContainerName(ALICE_ID, ALICE)]);
+    assert.deepEqual(containersOwnedBy(principal(issuer, ALICE)), [ownedContainerName(ALICE_ID, principal(issuer, ALICE))]);
+    aliceContainer = docker(["inspect", "-f", "{{.Id}}", ownedContainerName(ALICE_ID, principal(issuer, ALICE))]);
     await page.locator("#command").fill("echo alice-secret > /root/secret && cat /root/secret");
     await page.getByRole("button", { name: "Run command" }).click();
     await waitStatus("Command finished with exit 0.", 60_000);
@@ -338,7 +342,7 @@ describe("web dashboard sign-in with OAuth (dynamic client registration)", () =>
     assert.equal(await signInAs(bob.page, bobSeen, server.url, BOB), true);
     await listed(bob.page, 0);
     assert.equal(await bob.page.locator("li[data-id]").count(), 0);
-    assert.equal(await bob.page.locator("#who").textContent(), `Signed in as ${BOB}`);
+    assert.equal(await bob.page.locator("#who").textContent(), `Signed in as ${principal(issuer, BOB)}`);
     assert.equal(payload(await storedToken(bob.page)).sub, BOB);
   });
 
@@ -359,13 +363,13 @@ describe("web dashboard sign-in with OAuth (dynamic client registration)", () =>
     await page.getByRole("button", { name: "Create computer" }).click();
     await waitStatus(`Computer ${ALICE_ID} is ready.`, 90_000);
     assert.equal(await page.locator("li[data-id]").count(), 1);
-    assert.deepEqual(containersOwnedBy(BOB), [ownedContainerName(ALICE_ID, BOB)]);
+    assert.deepEqual(containersOwnedBy(principal(issuer, BOB)), [ownedContainerName(ALICE_ID, principal(issuer, BOB))]);
     await page.locator("#command").fill("cat /root/secret");
     await page.getByRole("button", { name: "Run command" }).click();
     await waitStatus("Command finished with exit 1.", 60_000);
     assert.doesNotMatch((await page.locator("#output").textContent()) ?? "", /alice-secret/);
     // Alice's computer is untouched: the same container.
-    assert.equal(docker(["inspect", "-f", "{{.Id}}", ownedContainerName(ALICE_ID, ALICE)]), aliceContainer);
+    assert.equal(docker(["inspect", "-f", "{{.Id}}", ownedContainerName(ALICE_ID, principal(issuer, ALICE))]), aliceContainer);
   });
 
   step("alice still sees only her own computer", async () => {
@@ -400,10 +404,45 @@ describe("web dashboard sign-in with OAuth (dynamic client registration)", () =>
     assert.equal(await storedToken(page), null, "the refused token is still kept");
     await signInAs(page, aliceSeen, server.url, ALICE);
     assert.equal(posts(aliceSeen, "/dashboard/oauth/register").length, 1, "registered a second client");
-    assert.equal(await page.locator("#who").textContent(), `Signed in as ${ALICE}`);
+    assert.equal(await page.locator("#who").textContent(), `Signed in as ${principal(issuer, ALICE)}`);
     await listed(page, 1);
     aliceToken = await storedToken(page);
     assert.equal(payload(aliceToken).sub, ALICE);
+  });
+
+  step("a page on another port of the same host cannot use the sign-in relay", async () => {
+    // See: issue 30. What a computer's page behind a port_url forwarder, or any other local
+    // service, could do from the user's browser: POSTs the browser sends without a preflight.
+    const attackerPort = await freePort();
+    const attacker = createServer((_req, res) => {
+      res.setHeader("content-type", "text/html");
+      res.end(`<!doctype html><title>loading</title><script>
+        (async () => {
+          const body = JSON.stringify({ client_id: "x", code: "y", code_verifier: "v".repeat(43) });
+          for (const path of ["/dashboard/oauth/register", "/dashboard/oauth/token"]) {
+            await fetch(${JSON.stringify(server.url)} + path, { method: "POST", mode: "no-cors", body }).catch(() => {});
+          }
+          document.title = "done";
+        })();
+      </script>`);
+    });
+    await new Promise((ok) => attacker.listen(attackerPort, "127.0.0.1", ok));
+    const page = await alice.context.newPage();
+    const statuses = [];
+    page.on("response", (r) => {
+      if (new URL(r.url()).pathname.startsWith("/dashboard/oauth/")) statuses.push([new URL(r.url()).pathname, r.status()]);
+    });
+    try {
+      await page.goto(`http://127.0.0.1:${attackerPort}/`);
+      await waitFor(async () => (await page.title()) === "done", 15_000, "the other page's requests");
+      await waitFor(() => statuses.length === 2, 5_000, "both responses");
+    } finally {
+      await page.close();
+      attacker.closeAllConnections();
+      await new Promise((ok) => attacker.close(ok));
+    }
+    assert.deepEqual(statuses, [["/dashboard/oauth/register", 403], ["/dashboard/oauth/token", 403]]);
+    assert.ok(!server.stderr().includes(`redirect_uri=http://127.0.0.1:${attackerPort}/`), "a client was registered for the other page");
   });
 
   step("Sign out forgets the token, ends the session and keeps the permanent computer", async () => {
@@ -420,7 +459,7 @@ describe("web dashboard sign-in with OAuth (dynamic client registration)", () =>
       10_000,
       "DELETE /mcp with alice's token",
     );
-    assert.deepEqual(containersOwnedBy(ALICE), [ownedContainerName(ALICE_ID, ALICE)]);
+    assert.deepEqual(containersOwnedBy(principal(issuer, ALICE)), [ownedContainerName(ALICE_ID, principal(issuer, ALICE))]);
   });
 });
 
@@ -463,7 +502,7 @@ describe("web dashboard sign-in with a pre-registered client (--oauth-dashboard-
     await carol?.close();
     await server?.close();
     await issuer?.close();
-    removeOwnedBy(PRINCIPALS);
+    if (issuer) removeOwnedBy(NAMES.map((name) => principal(issuer, name)));
   });
 
   step("the sign-in routes name the client, refuse what is not the page's, and pass on the issuer's refusals", async () => {
@@ -537,6 +576,6 @@ describe("web dashboard sign-in with a pre-registered client (--oauth-dashboard-
     assert.equal(posts(seen, "/dashboard/oauth/register").length, 0);
     assert.equal(await page.evaluate((key) => localStorage.getItem(key), CLIENT_KEY + issuer.issuer), null);
     await listed(page, 0);
-    assert.equal(await page.locator("#who").textContent(), `Signed in as ${CAROL}`);
+    assert.equal(await page.locator("#who").textContent(), `Signed in as ${principal(issuer, CAROL)}`);
   });
 });

@@ -28,6 +28,9 @@
 //     kilntainers-test-scp              the scopes as an `scp` array instead of `scope`
 //     kilntainers-test-other-iss        `iss` is the issuer with `/other` appended
 //     kilntainers-test-no-exp           no `exp` claim at all
+//     kilntainers-test-string-nbf       `nbf` 5 minutes in the future, written as a JSON string
+//                                       (CVE-2026-25537: jsonwebtoken < 10.3 skipped such a claim)
+//     kilntainers-test-string-exp       `exp` 5 minutes in the past, written as a JSON string
 //   plus open dynamic client registration at /reg (for SDK clients that register themselves).
 // * Discovery at /.well-known/openid-configuration and (unless --discovery oidc) at
 //   /.well-known/oauth-authorization-server; JWKS at /jwks.
@@ -81,6 +84,8 @@ const CLIENTS = {
   'kilntainers-test-scp': { scp: true },
   'kilntainers-test-other-iss': { iss: '/other' },
   'kilntainers-test-no-exp': { noExp: true },
+  'kilntainers-test-string-nbf': { nbf: 300, asString: true },
+  'kilntainers-test-string-exp': { iat: -900, exp: -300, asString: true },
 };
 
 // Key generation `generation` has the kids <prefix>-rsa-N, <prefix>-p256-N and <prefix>-ed25519-N.
@@ -203,6 +208,11 @@ function makeProvider(issuer, keys) {
           if (shift.exp !== undefined) jwt.payload.exp = now + shift.exp;
           if (shift.nbf !== undefined) jwt.payload.nbf = now + shift.nbf;
           if (shift.noExp) delete jwt.payload.exp;
+          if (shift.asString) {
+            for (const claim of ['nbf', 'exp']) {
+              if (shift[claim] !== undefined) jwt.payload[claim] = String(jwt.payload[claim]);
+            }
+          }
           if (shift.scp) {
             jwt.payload.scp = (jwt.payload.scope || '').split(' ').filter(Boolean);
             delete jwt.payload.scope;

@@ -3,7 +3,9 @@
 //! or an OAuth access token ([`oauth`]); or refused with 401/403 and a `WWW-Authenticate`
 //! challenge that tells an OAuth client where to find the protected-resource metadata. The
 //! principal travels on in the request's extensions. Tokens are compared in constant time and
-//! never logged; one audit line records each request's outcome.
+//! never logged; one audit line records each request's outcome, with the path capped and
+//! escaped ([`loggable`]); refusal lines, which anyone can cause, at a bounded rate
+//! ([`RefusalLog`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
@@ -20,6 +22,7 @@ use super::guard::Guard;
 use crate::config::Secret;
 use crate::ids::Principal;
 
+pub mod allowance;
 #[cfg(feature = "oauth")]
 pub mod oauth;
 
@@ -28,6 +31,75 @@ pub const AUDIT: &str = "kilntainers::audit";
 
 /// Largest tokens file read.
 const MAX_TOKENS_FILE_BYTES: u64 = 1024 * 1024;
+/// Shortest token a tokens-file line may give: 16 bytes of random text are out of reach of
+/// guessing, at the rates any listener answers; shorter ones are typos or passwords.
+const MIN_TOKEN_BYTES: usize = 16;
+
+/// Longest request path (or method, or Host) written to a log line, in bytes once escaped;
+/// the rest is counted, not written. Paths of the routes are far shorter; a request can carry
+/// one of 64 KiB.
+pub const MAX_LOGGED_TEXT: usize = 256;
+/// Refusal lines written at once, and then per second: anyone who reaches the listener can
+/// cause one per request, so a flood must not become a flood of log.
+const REFUSAL_LINES_BURST: u32 = 20;
+const REFUSAL_LINES_PER_SECOND: u32 = 10;
+
+/// `text` (a request path, method or Host) as it can go into a log line: every byte outside
+/// printable ASCII as `%XX`, so nothing in it can end the line, move a terminal's cursor or
+/// reorder what a reader sees (bidirectional controls); at most [`MAX_LOGGED_TEXT`] bytes, then
+/// `… (<n> bytes)` with the whole length.
+pub fn loggable(text: &str) -> String {
+    let mut shown = String::with_capacity(text.len().min(MAX_LOGGED_TEXT) + 24);
+    for byte in text.bytes() {
+        let piece_len = if byte.is_ascii_graphic() { 1 } else { 3 };
+        if shown.len() + piece_len > MAX_LOGGED_TEXT {
+            shown.push_str(&format!("… ({} bytes)", text.len()));
+            return shown;
+        }
+        if byte.is_ascii_graphic() {
+            shown.push(char::from(byte));
+        } else {
+            shown.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    shown
+}
+
+/// The gate of refusal lines: [`REFUSAL_LINES_BURST`] at once, then
+/// [`REFUSAL_LINES_PER_SECOND`]; the lines left out are counted, and the next line written
+/// says how many (`suppressed=<n>`).
+#[derive(Debug)]
+pub struct RefusalLog {
+    lines: allowance::Allowance,
+    suppressed: std::sync::atomic::AtomicU64,
+}
+
+impl Default for RefusalLog {
+    fn default() -> Self {
+        Self {
+            lines: allowance::Allowance::new(
+                REFUSAL_LINES_BURST,
+                std::time::Duration::from_secs(1) / REFUSAL_LINES_PER_SECOND,
+            ),
+            suppressed: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+}
+
+impl RefusalLog {
+    /// Whether a refusal line may be written now; if so, how many were left out before it
+    /// (`None` for none, so that the field appears only when it says something).
+    pub fn admit(&self) -> Option<Option<u64>> {
+        use std::sync::atomic::Ordering;
+        match self.lines.take() {
+            Ok(()) => Some(Some(self.suppressed.swap(0, Ordering::Relaxed)).filter(|n| *n > 0)),
+            Err(_) => {
+                self.suppressed.fetch_add(1, Ordering::Relaxed);
+                None
+            }
+        }
+    }
+}
 
 /// Why a request was not let in.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -67,15 +139,42 @@ impl NamedTokens {
         })
     }
 
-    /// Re-reads the file. On any error the tokens in use stay as they were.
-    pub fn reload(&self) -> Result<usize, String> {
-        let entries = read_tokens_file(&self.path)?;
-        let count = entries.len();
-        *self
-            .entries
+    /// Re-reads the file; the number of principals. A file that does not load is no reason to
+    /// keep honouring what it no longer says: the tokens whose lines are still in it, exactly,
+    /// stay valid, and every other is revoked at once; a file that cannot be read at all (gone,
+    /// opened to others, too large) leaves none of its tokens valid (docs/auth.md).
+    pub fn reload(&self) -> Result<usize, ReloadFailure> {
+        let (error, text) = match read_tokens_text(&self.path) {
+            Ok(text) => match parse_tokens(&text) {
+                Ok(entries) => {
+                    let count = entries.len();
+                    *self.write() = entries;
+                    return Ok(count);
+                }
+                Err(error) => (
+                    format!("--auth-tokens-file {}: {error}", self.path.display()),
+                    Some(text),
+                ),
+            },
+            Err(error) => (error, None),
+        };
+        let mut entries = self.write();
+        let before = entries.len();
+        entries.retain(|(principal, token)| {
+            text.as_deref()
+                .is_some_and(|text| still_granted(text, principal, token))
+        });
+        Err(ReloadFailure {
+            error,
+            kept: entries.len(),
+            revoked: before - entries.len(),
+        })
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, Vec<(Principal, Secret)>> {
+        self.entries
             .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = entries;
-        Ok(count)
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// The principal whose token `presented` is. Every entry is compared, in constant time
@@ -100,9 +199,45 @@ impl NamedTokens {
     }
 }
 
-/// Parses a tokens file: `<principal> <token>` per line, `#` comment lines, blank lines.
-/// Refused when group or others may read it, since every line is a credential.
+/// A reload that did not load the file: why, and what became of the tokens in use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReloadFailure {
+    /// The file's error, as at startup.
+    pub error: String,
+    /// Tokens whose lines are still in the file, exactly and once: still valid.
+    pub kept: usize,
+    /// Tokens no longer valid.
+    pub revoked: usize,
+}
+
+/// Whether `text`, a tokens file that does not load as a whole, still has the line
+/// `<principal> <token>`, and gives the token on no other line.
+fn still_granted(text: &str, principal: &Principal, token: &Secret) -> bool {
+    let lines: Vec<Vec<&str>> = text
+        .lines()
+        .filter(|line| !line.trim_start().starts_with('#'))
+        .map(|line| line.split_whitespace().collect())
+        .collect();
+    let exact = lines
+        .iter()
+        .filter(|fields| fields[..] == [principal.as_str(), token.expose()])
+        .count();
+    let anywhere = lines
+        .iter()
+        .filter(|fields| fields.iter().any(|field| *field == token.expose()))
+        .count();
+    exact == 1 && anywhere == 1
+}
+
+/// Reads and checks a tokens file: `<principal> <token>` per line, `#` comment lines, blank
+/// lines. Refused when group or others may read it, since every line is a credential.
 fn read_tokens_file(path: &Path) -> Result<Vec<(Principal, Secret)>, String> {
+    let text = read_tokens_text(path)?;
+    parse_tokens(&text).map_err(|e| format!("--auth-tokens-file {}: {e}", path.display()))
+}
+
+/// The text of a tokens file that only its owner can read, within [`MAX_TOKENS_FILE_BYTES`].
+fn read_tokens_text(path: &Path) -> Result<String, String> {
     use std::io::Read;
     use std::os::unix::fs::PermissionsExt;
     let shown = path.display();
@@ -129,7 +264,7 @@ fn read_tokens_file(path: &Path) -> Result<Vec<(Principal, Secret)>, String> {
             "--auth-tokens-file {shown} is larger than {MAX_TOKENS_FILE_BYTES} bytes."
         ));
     }
-    parse_tokens(&text).map_err(|e| format!("--auth-tokens-file {shown}: {e}"))
+    Ok(text)
 }
 
 fn parse_tokens(text: &str) -> Result<Vec<(Principal, Secret)>, String> {
@@ -147,14 +282,17 @@ fn parse_tokens(text: &str) -> Result<Vec<(Principal, Secret)>, String> {
                 fields.len()
             ));
         };
-        let Some(principal) = Principal::parse(name) else {
-            return Err(format!(
-                "line {number}: the principal name must be 1-256 printable characters."
-            ));
-        };
+        let principal = Principal::named(name)
+            .map_err(|why| format!("line {number}: the principal name {why}."))?;
         if entries.iter().any(|(p, _)| *p == principal) {
             return Err(format!(
                 "line {number}: principal '{principal}' appears twice."
+            ));
+        }
+        if token.len() < MIN_TOKEN_BYTES {
+            return Err(format!(
+                "line {number}: the token is {} bytes; a token must be at least {MIN_TOKEN_BYTES} bytes (make one with: openssl rand -hex 32).",
+                token.len()
             ));
         }
         if entries.iter().any(|(_, t)| t.expose() == token) {
@@ -177,6 +315,8 @@ pub struct Authenticator {
     named: Option<Arc<NamedTokens>>,
     #[cfg(feature = "oauth")]
     oauth: Option<Arc<oauth::Verifier>>,
+    /// The gate of every refusal line of this listener, the guard's included.
+    pub refusals: RefusalLog,
 }
 
 impl std::fmt::Debug for Authenticator {
@@ -195,6 +335,7 @@ impl Authenticator {
             named,
             #[cfg(feature = "oauth")]
             oauth: None,
+            refusals: RefusalLog::default(),
         }
     }
 
@@ -318,8 +459,8 @@ pub async fn require_auth(
         .headers()
         .get(AUTHORIZATION)
         .map(HeaderValue::as_bytes);
-    let method = request.method().clone();
-    let path = request.uri().path().to_owned();
+    let method = loggable(request.method().as_str());
+    let path = loggable(request.uri().path());
     match guard.auth.authenticate(presented).await {
         Ok(principal) => {
             request.extensions_mut().insert(principal.clone());
@@ -327,7 +468,7 @@ pub async fn require_auth(
             tracing::info!(
                 target: AUDIT,
                 principal = %principal,
-                %method,
+                method,
                 path,
                 status = response.status().as_u16(),
                 "request"
@@ -336,19 +477,22 @@ pub async fn require_auth(
         }
         Err(refusal) => {
             let response = refused(&guard.auth, &refusal);
-            let reason = match &refusal {
-                Refusal::Missing => "no bearer token".to_owned(),
-                Refusal::Invalid(reason) => reason.clone(),
-                Refusal::InsufficientScope => "missing required scope".to_owned(),
-            };
-            tracing::warn!(
-                target: AUDIT,
-                %method,
-                path,
-                status = response.status().as_u16(),
-                reason,
-                "request refused"
-            );
+            if let Some(suppressed) = guard.auth.refusals.admit() {
+                let reason = match &refusal {
+                    Refusal::Missing => "no bearer token".to_owned(),
+                    Refusal::Invalid(reason) => reason.clone(),
+                    Refusal::InsufficientScope => "missing required scope".to_owned(),
+                };
+                tracing::warn!(
+                    target: AUDIT,
+                    method,
+                    path,
+                    status = response.status().as_u16(),
+                    reason,
+                    suppressed,
+                    "request refused"
+                );
+            }
             response
         }
     }
@@ -391,19 +535,33 @@ mod tests {
             .block_on(future)
     }
 
+    /// Tokens of the 16 bytes a line needs at least.
+    const A: &str = "token-a-16-bytes";
+    const B: &str = "token-b-16-bytes";
+    const C: &str = "token-c-16-bytes";
+
     #[test]
     fn tokens_file_lines_name_principals() {
-        let entries = parse_tokens("# team\nalice  s3cret-a\n\n  bob\ts3cret-b  \n").unwrap();
+        let entries = parse_tokens(&format!("# team\nalice  {A}\n\n  bob\t{B}  \n")).unwrap();
         let names: Vec<&str> = entries.iter().map(|(p, _)| p.as_str()).collect();
         assert_eq!(names, ["alice", "bob"]);
         for (bad, why) in [
-            ("alice", "expected"),
-            ("alice a b", "3 fields"),
-            ("alice a\nalice b", "appears twice"),
-            ("alice a\nbob a", "already given"),
-            ("# only a comment", "no '<principal>"),
+            ("alice".to_owned(), "expected"),
+            (format!("alice {A} b"), "3 fields"),
+            (format!("alice {A}\nalice {B}"), "appears twice"),
+            (format!("alice {A}\nbob {A}"), "already given"),
+            ("# only a comment".to_owned(), "no '<principal>"),
+            (
+                format!("https://id.example.com#bob {A}"),
+                "only OAuth principals",
+            ),
+            (format!("bo\u{200b}b {A}"), "U+200B"),
+            (
+                format!("alice {A}\nbob thirteen-byte"),
+                "line 2: the token is 13 bytes; a token must be at least 16 bytes",
+            ),
         ] {
-            let error = parse_tokens(bad).unwrap_err();
+            let error = parse_tokens(&bad).unwrap_err();
             assert!(error.contains(why), "{bad:?}: {error}");
         }
     }
@@ -411,25 +569,90 @@ mod tests {
     #[test]
     fn tokens_file_readable_by_others_is_refused() {
         use std::os::unix::fs::PermissionsExt;
-        let scratch = Scratch::file("perm", "alice s3cret\n", 0o644);
+        let scratch = Scratch::file("perm", &format!("alice {A}\n"), 0o644);
         let path = scratch.0.clone();
         let error = NamedTokens::load(&path).unwrap_err();
         assert!(error.contains("chmod 600"), "{error}");
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
         let tokens = NamedTokens::load(&path).unwrap();
-        assert_eq!(tokens.principal("s3cret").unwrap().as_str(), "alice");
-        // A broken edit keeps the tokens in use.
-        std::fs::write(&path, "alice\n").unwrap();
-        assert!(tokens.reload().is_err());
-        assert_eq!(tokens.principal("s3cret").unwrap().as_str(), "alice");
-        std::fs::write(&path, "bob other\n").unwrap();
+        assert_eq!(tokens.principal(A).unwrap().as_str(), "alice");
+        std::fs::write(&path, format!("bob {B}\n")).unwrap();
         assert_eq!(tokens.reload(), Ok(1));
-        assert!(tokens.principal("s3cret").is_none());
+        assert!(tokens.principal(A).is_none());
+    }
+
+    #[test]
+    fn a_failed_reload_keeps_only_the_lines_still_in_the_file() {
+        // See: issue 30
+        use std::os::unix::fs::PermissionsExt;
+        let scratch = Scratch::file("reload", &format!("alice {A}\nbob {B}\ncarol {C}\n"), 0o600);
+        let path = scratch.0.clone();
+        let tokens = NamedTokens::load(&path).unwrap();
+        // alice's line gone, carol's token moved onto a broken line, bob's kept.
+        std::fs::write(&path, format!("bob {B}\ncarol {C} extra\n# alice {A}\n")).unwrap();
+        let failure = tokens.reload().unwrap_err();
+        assert!(failure.error.contains("line 2"), "{failure:?}");
+        assert_eq!((failure.kept, failure.revoked), (1, 2));
+        assert!(tokens.principal(A).is_none() && tokens.principal(C).is_none());
+        assert_eq!(tokens.principal(B).unwrap().as_str(), "bob");
+        // A token given on two lines of a broken file is nobody's.
+        std::fs::write(&path, format!("bob {B}\ndave {B}\nbroken\n")).unwrap();
+        assert_eq!(tokens.reload().unwrap_err().kept, 0);
+        assert!(tokens.principal(B).is_none());
+        // Unreadable as a whole (opened to others): none of the file's tokens.
+        std::fs::write(&path, format!("bob {B}\n")).unwrap();
+        assert_eq!(tokens.reload(), Ok(1));
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o640)).unwrap();
+        let failure = tokens.reload().unwrap_err();
+        assert_eq!((failure.kept, failure.revoked), (0, 1));
+        assert!(tokens.principal(B).is_none());
+    }
+
+    #[test]
+    fn logged_text_is_escaped_and_capped() {
+        // See: issue 30
+        assert_eq!(loggable("/computers/x/ports/80/"), "/computers/x/ports/80/");
+        assert_eq!(
+            loggable("/a b\n\u{1b}[2J\u{202e}"),
+            "/a%20b%0A%1B[2J%E2%80%AE"
+        );
+        let long = format!("/p/{}", "a".repeat(50_000));
+        let shown = loggable(&long);
+        assert!(shown.len() <= MAX_LOGGED_TEXT + 24, "{}", shown.len());
+        assert!(
+            shown.starts_with("/p/aaa") && shown.ends_with("… (50003 bytes)"),
+            "{shown}"
+        );
+        // An escape is never cut in half.
+        let shown = loggable(&"\u{7f}".repeat(200));
+        assert!(
+            shown
+                .trim_end_matches(" (200 bytes)")
+                .trim_end_matches('…')
+                .ends_with("%7F")
+        );
+    }
+
+    #[test]
+    fn refusal_lines_are_rationed_and_counted() {
+        let log = RefusalLog::default();
+        let written = (0..100).filter(|_| log.admit().is_some()).count();
+        // The burst, plus what refilled while the loop ran (a few at most).
+        assert!((20..25).contains(&written), "{written}");
+        // The next line once the rate allows one, within a second (polled).
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let mut admitted = log.admit();
+        while admitted.is_none() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            admitted = log.admit();
+        }
+        let suppressed = admitted.flatten().unwrap();
+        assert!(suppressed >= 100 - 25, "{suppressed}");
     }
 
     #[test]
     fn callers_map_to_principals() {
-        let scratch = Scratch::file("map", "alice token-a\nbob token-b\n", 0o600);
+        let scratch = Scratch::file("map", &format!("alice {A}\nbob {B}\n"), 0o600);
         let named = Arc::new(NamedTokens::load(&scratch.0).unwrap());
         let auth = Authenticator::new(Some(Secret::new("single")), Some(named));
         let who = |header: Option<&'static [u8]>| block_on(auth.authenticate(header));
@@ -443,15 +666,21 @@ mod tests {
             who(Some(b"Bearer SINGLE")),
             Err(Refusal::Invalid(_))
         ));
-        assert_eq!(who(Some(b"bearer token-a")).unwrap().as_str(), "alice");
-        assert_eq!(who(Some(b"Bearer token-b")).unwrap().as_str(), "bob");
+        assert_eq!(
+            who(Some(b"bearer token-a-16-bytes")).unwrap().as_str(),
+            "alice"
+        );
+        assert_eq!(
+            who(Some(b"Bearer token-b-16-bytes")).unwrap().as_str(),
+            "bob"
+        );
         assert_eq!(who(None), Err(Refusal::Missing));
         assert!(matches!(
             who(Some(b"Bearer token-c")),
             Err(Refusal::Invalid(_))
         ));
         assert!(matches!(
-            who(Some(b"Basic token-a")),
+            who(Some(b"Basic token-a-16-bytes")),
             Err(Refusal::Invalid(_))
         ));
         let open = Authenticator::new(None, None);

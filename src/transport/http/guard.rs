@@ -179,18 +179,24 @@ pub async fn check_host_and_origin(
         .and_then(|v| v.to_str().ok())
         .map(str::to_owned)
         .or_else(|| request.uri().authority().map(|a| a.as_str().to_owned()));
+    // Anyone can cause these lines: capped, escaped and rationed like the audit's refusals.
     if !guard.hosts.host_ok(host.as_deref()) {
-        tracing::warn!(
-            host = host.as_deref().unwrap_or(""),
-            "rejected request: Host not allowed"
-        );
+        if let Some(suppressed) = guard.auth.refusals.admit() {
+            tracing::warn!(
+                host = super::auth::loggable(host.as_deref().unwrap_or("")),
+                suppressed,
+                "rejected request: Host not allowed"
+            );
+        }
         return text(StatusCode::MISDIRECTED_REQUEST, "Invalid Host header");
     }
     if !guard
         .hosts
         .origin_ok(headers.get(ORIGIN).map(HeaderValue::as_bytes))
     {
-        tracing::warn!("rejected request: Origin not allowed");
+        if let Some(suppressed) = guard.auth.refusals.admit() {
+            tracing::warn!(suppressed, "rejected request: Origin not allowed");
+        }
         return text(StatusCode::FORBIDDEN, "Invalid Origin header");
     }
     next.run(request).await

@@ -35,6 +35,10 @@ const REFETCH_INTERVAL: Duration = Duration::from_secs(10);
 const FETCH_TIMEOUT: Duration = Duration::from_secs(10);
 /// Largest metadata or key document read.
 const MAX_DOCUMENT_BYTES: usize = 1024 * 1024;
+/// Principal claims whose value is never given to another account: `sub` (OpenID Connect Core
+/// §2: "never reassigned") and Microsoft Entra ID's immutable object id `oid`. Any other claim
+/// is warned about at startup ([`Verifier::principal_claim_warning`]).
+const STABLE_CLAIMS: [&str; 2] = ["sub", "oid"];
 /// Signature algorithms accepted: asymmetric only, so no key in a public JWKS can sign.
 const ALGORITHMS: [Algorithm; 9] = [
     Algorithm::RS256,
@@ -198,6 +202,18 @@ impl Verifier {
         &self.issuer
     }
 
+    /// The startup warning for a `--oauth-principal-claim` users may choose or change at many
+    /// issuers (`email`, `preferred_username`, …): whoever holds such a value next owns the
+    /// computers filed under it.
+    pub fn principal_claim_warning(&self) -> Option<String> {
+        let claim = &self.principal_claim;
+        (!STABLE_CLAIMS.contains(&claim.as_str())).then(|| {
+            format!(
+                "--oauth-principal-claim {claim}: users may be able to choose or change this claim at the issuer, or it may be given to someone else later, and whoever holds a value owns the computers filed under it. Use sub (the default) unless the issuer guarantees that {claim} is unique and never reassigned (docs/auth.md, \"Who is calling\")."
+            )
+        })
+    }
+
     /// The RFC 9728 document served at [`metadata_url`].
     pub fn resource_metadata(&self) -> Value {
         let mut document = json!({
@@ -254,14 +270,28 @@ impl Verifier {
         let claims = jsonwebtoken::decode::<Value>(token, &key, &validation)
             .map_err(|error| {
                 use jsonwebtoken::errors::ErrorKind;
-                invalid(match error.kind() {
-                    ErrorKind::ExpiredSignature => "the access token has expired",
-                    ErrorKind::ImmatureSignature => "the access token is not valid yet",
-                    ErrorKind::InvalidAudience => "the access token is for another resource (aud)",
-                    ErrorKind::InvalidIssuer => "the access token is from another issuer (iss)",
-                    ErrorKind::InvalidSignature => "the access token's signature does not verify",
-                    ErrorKind::MissingRequiredClaim(_) => "the access token lacks exp, iss or aud",
-                    _ => "the access token is not valid",
+                Refusal::Invalid(match error.kind() {
+                    ErrorKind::ExpiredSignature => "the access token has expired".to_owned(),
+                    ErrorKind::ImmatureSignature => "the access token is not valid yet".to_owned(),
+                    ErrorKind::InvalidAudience => {
+                        "the access token is for another resource (aud)".to_owned()
+                    }
+                    ErrorKind::InvalidIssuer => {
+                        "the access token is from another issuer (iss)".to_owned()
+                    }
+                    ErrorKind::InvalidSignature => {
+                        "the access token's signature does not verify".to_owned()
+                    }
+                    // Absent, or present with the wrong JSON type (an `exp` that is a string).
+                    ErrorKind::MissingRequiredClaim(claim) => {
+                        format!("the access token has no usable {} claim", quoted(claim))
+                    }
+                    // CVE-2026-25537: before jsonwebtoken 10.3 an `nbf` of the wrong JSON type
+                    // was read as absent, so a token not valid yet passed.
+                    ErrorKind::InvalidClaimFormat(claim) => {
+                        format!("the access token's {} claim is not a number", quoted(claim))
+                    }
+                    _ => "the access token is not valid".to_owned(),
                 })
             })?
             .claims;
@@ -279,14 +309,9 @@ impl Verifier {
             .get(&self.principal_claim)
             .and_then(Value::as_str)
             .ok_or_else(|| invalid("the access token names no principal"))?;
-        let principal = Principal::parse(name)
-            .ok_or_else(|| invalid("the access token's principal is not a valid name"))?;
-        // `default` owns the computers of the single token and of the time before principals;
-        // no token from outside may speak for it.
-        if principal.is_default() {
-            return Err(invalid("the principal 'default' is reserved"));
-        }
-        Ok(principal)
+        // Qualified by the issuer, so never a tokens-file name nor `default` (docs/auth.md).
+        Principal::oauth(&self.issuer, name)
+            .map_err(|_| invalid("the access token's principal is not a valid name"))
     }
 
     /// The verification key for `kid`, fetching the issuer's keys when needed.
@@ -746,6 +771,129 @@ mod tests {
         );
         assert_eq!(scopes(&json!({"scp": "d e"})), ["d", "e"]);
         assert!(scopes(&json!({})).is_empty());
+    }
+
+    /// RFC 8037 appendix A.1's Ed25519 key: the private seed `d` (decoded) and the public `x`.
+    const ED25519_SEED: [u8; 32] = [
+        0x9d, 0x61, 0xb1, 0x9d, 0xef, 0xfd, 0x5a, 0x60, 0xba, 0x84, 0x4a, 0xf4, 0x92, 0xec, 0x2c,
+        0xc4, 0x44, 0x49, 0xc5, 0x69, 0x7b, 0x32, 0x69, 0x19, 0x70, 0x3b, 0xac, 0x03, 0x1c, 0xae,
+        0x7f, 0x60,
+    ];
+    const ED25519_X: &str = "11qYAYKxCrfVS_7TyWQHOg7hcvPapiMlrwIaaPcHURo";
+
+    /// A verifier that already holds the RFC 8037 key as its JWKS (nothing is fetched), and a
+    /// signer of tokens with that key.
+    fn verifier_with_key() -> (Verifier, impl Fn(Value) -> String) {
+        let check = verifier(&[]);
+        let set: JwkSet = serde_json::from_value(json!({"keys": [
+            {"kty": "OKP", "crv": "Ed25519", "x": ED25519_X, "kid": "k1", "alg": "EdDSA"}
+        ]}))
+        .unwrap();
+        check.keys.try_lock().unwrap().set = Some(set);
+        // PKCS#8 of an Ed25519 private key: a fixed 16-byte prefix, then the 32-byte seed.
+        let mut der = vec![
+            0x30, 0x2e, 0x02, 0x01, 0x00, 0x30, 0x05, 0x06, 0x03, 0x2b, 0x65, 0x70, 0x04, 0x22,
+            0x04, 0x20,
+        ];
+        der.extend_from_slice(&ED25519_SEED);
+        let key = jsonwebtoken::EncodingKey::from_ed_der(&der);
+        let sign = move |claims: Value| {
+            let mut header = jsonwebtoken::Header::new(Algorithm::EdDSA);
+            header.kid = Some("k1".to_owned());
+            jsonwebtoken::encode(&header, &claims, &key).unwrap()
+        };
+        (check, sign)
+    }
+
+    fn now() -> u64 {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs()
+    }
+
+    #[test]
+    fn times_of_the_wrong_type_are_refused() {
+        // See: issue 30 (CVE-2026-25537)
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let (check, sign) = verifier_with_key();
+        let claims = |extra: Value| {
+            let mut claims = json!({
+                "iss": "http://127.0.0.1:9/", "aud": "http://127.0.0.1:8435/mcp", "sub": "alice",
+                "exp": now() + 600,
+            });
+            claims
+                .as_object_mut()
+                .unwrap()
+                .extend(extra.as_object().unwrap().clone());
+            claims
+        };
+        assert!(
+            runtime
+                .block_on(check.verify(&sign(claims(json!({})))))
+                .is_ok()
+        );
+        let refused = |why: &str| Err(Refusal::Invalid(why.to_owned()));
+        let nbf = "the access token's nbf claim is not a number";
+        let exp = "the access token has no usable exp claim";
+        for (extra, why) in [
+            (json!({"nbf": (now() + 600).to_string()}), nbf),
+            (
+                json!({"nbf": now() - 600, "exp": (now() + 600).to_string()}),
+                exp,
+            ),
+            (json!({"exp": (now() - 600).to_string()}), exp),
+        ] {
+            assert_eq!(
+                runtime.block_on(check.verify(&sign(claims(extra.clone())))),
+                refused(why),
+                "{extra}"
+            );
+        }
+        // Another type again: refused, for whatever reason the library gives.
+        assert!(
+            runtime
+                .block_on(check.verify(&sign(claims(json!({"nbf": [now() + 600]})))))
+                .is_err()
+        );
+    }
+
+    #[test]
+    fn token_principals_are_named_after_the_issuer() {
+        // See: issue 30
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let (check, sign) = verifier_with_key();
+        let token = |sub: &str| {
+            sign(json!({
+                "iss": "http://127.0.0.1:9/", "aud": "http://127.0.0.1:8435/mcp", "sub": sub,
+                "exp": now() + 600,
+            }))
+        };
+        let principal = runtime.block_on(check.verify(&token("bob"))).unwrap();
+        assert_eq!(principal.as_str(), "http://127.0.0.1:9#bob");
+        assert_ne!(principal, Principal::named("bob").unwrap());
+        let default = runtime.block_on(check.verify(&token("default"))).unwrap();
+        assert!(!default.is_default());
+        assert_eq!(
+            runtime.block_on(check.verify(&token("bo\u{200b}b"))),
+            Err(Refusal::Invalid(
+                "the access token's principal is not a valid name".to_owned()
+            ))
+        );
+        assert!(check.principal_claim_warning().is_none());
+        let mut email = verifier(&[]);
+        email.principal_claim = "email".to_owned();
+        assert!(
+            email
+                .principal_claim_warning()
+                .is_some_and(|w| w.starts_with("--oauth-principal-claim email: "))
+        );
     }
 
     #[test]

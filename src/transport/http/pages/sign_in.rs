@@ -8,22 +8,33 @@
 //! (oidc-provider, the test issuer, has no CORS there at all). Relayed, sign-in works with any
 //! issuer, and the page's `connect-src 'self'` stays as it is. The relay can do nothing a
 //! browser could not do directly: it only ever calls the endpoints of the configured issuer's
-//! metadata, builds every request itself (the redirect URI is the page's own origin, checked by
-//! the Origin gate; `resource` is this server's audience), and hands back only the access
-//! token, after checking it as every later request's token will be.
+//! metadata, builds every request itself (`resource` is this server's audience), and hands back
+//! only the access token, after checking it as every later request's token will be.
+//!
+//! The redirect URI it registers and redeems for is the dashboard's own address and nothing
+//! else: the request's `Origin` must be the very origin the request was sent to (its `Host`),
+//! on this listener's port or the audience's origin. A page on another port of an allowed host
+//! (another local service, a computer's forwarded port) could otherwise register a client that
+//! redirects to itself, send the user through the issuer with it, and redeem the code it gets
+//! back for the user's access token. The routes take no credential, so they are rate-limited
+//! as well.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::header::{CACHE_CONTROL, CONTENT_TYPE, ORIGIN, X_CONTENT_TYPE_OPTIONS};
+use axum::http::header::{
+    CACHE_CONTROL, CONTENT_TYPE, HOST, ORIGIN, RETRY_AFTER, X_CONTENT_TYPE_OPTIONS,
+};
 use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, Uri};
 use axum::response::Response;
 use axum::routing::any;
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 
+use super::super::auth::allowance::Allowance;
 use super::super::auth::oauth::{CodeGrant, SignInError, Verifier};
 use super::super::auth::{AUDIT, Refusal};
 
@@ -35,23 +46,101 @@ const MAX_BODY_BYTES: usize = 16 * 1024;
 const MAX_IN_FLIGHT: usize = 16;
 /// Longest text of the authorization server's shown to the page.
 const MAX_UPSTREAM_TEXT: usize = 300;
+/// Client registrations relayed at once, and then one more every [`REGISTRATION_EVERY`]: a
+/// browser registers once per issuer and keeps the client, so a team signing in on the same
+/// morning fits, while a script cannot fill the issuer with clients through us.
+const REGISTRATION_BURST: u32 = 10;
+const REGISTRATION_EVERY: Duration = Duration::from_secs(6);
+/// Code exchanges relayed at once, and then one more every [`TOKEN_EVERY`]: one per sign-in.
+const TOKEN_BURST: u32 = 30;
+const TOKEN_EVERY: Duration = Duration::from_secs(1);
+
+/// Where the dashboard is served from: the only origin the relay registers and redeems for.
+#[derive(Debug, Clone)]
+pub struct PageOrigins {
+    /// The audience's origin (behind a proxy, the public one).
+    audience: Option<WebOrigin>,
+    /// This listener's port, for `http://<allowed host>:<port>`; `None` with `--allowed-host
+    /// '*'`, where any name may reach the listener and only the audience's origin counts.
+    listener_port: Option<u16>,
+}
+
+impl PageOrigins {
+    pub fn new(audience: &str, listener_port: Option<u16>) -> Self {
+        Self {
+            audience: audience
+                .parse::<Uri>()
+                .ok()
+                .and_then(|uri| WebOrigin::of(&uri)),
+            listener_port,
+        }
+    }
+
+    fn allows(&self, origin: &WebOrigin) -> bool {
+        self.audience.as_ref() == Some(origin)
+            || (origin.scheme == "http" && self.listener_port == Some(origin.port))
+    }
+}
+
+/// `scheme://host:port` of an `http(s)` URL, lowercase, the port always written out.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct WebOrigin {
+    scheme: String,
+    host: String,
+    port: u16,
+}
+
+impl WebOrigin {
+    fn of(uri: &Uri) -> Option<Self> {
+        let scheme = uri.scheme_str()?.to_ascii_lowercase();
+        let default_port = match scheme.as_str() {
+            "http" => 80,
+            "https" => 443,
+            _ => return None,
+        };
+        let authority = uri.authority()?;
+        Some(Self {
+            host: authority.host().to_ascii_lowercase(),
+            port: authority.port_u16().unwrap_or(default_port),
+            scheme,
+        })
+    }
+
+    /// Whether `host` (a `Host` header) names this origin's host and port.
+    fn is_host(&self, host: &str) -> bool {
+        host.parse::<axum::http::uri::Authority>()
+            .is_ok_and(|authority| {
+                authority.host().eq_ignore_ascii_case(&self.host)
+                    && authority.port_u16().unwrap_or(match self.scheme.as_str() {
+                        "https" => 443,
+                        _ => 80,
+                    }) == self.port
+            })
+    }
+}
 
 /// Shared by the three routes.
 struct Relay {
     verifier: Arc<Verifier>,
     /// `--oauth-dashboard-client-id`.
     client_id: Option<String>,
+    pages: PageOrigins,
     in_flight: Semaphore,
+    registrations: Allowance,
+    tokens: Allowance,
 }
 
 /// `GET /dashboard/oauth`, `POST /dashboard/oauth/register`, `POST /dashboard/oauth/token`.
 /// The caller adds the Host/Origin gate; none of them takes a credential (the browser has
 /// none yet).
-pub fn routes(verifier: Arc<Verifier>, client_id: Option<String>) -> Router {
+pub fn routes(verifier: Arc<Verifier>, client_id: Option<String>, pages: PageOrigins) -> Router {
     let relay = Arc::new(Relay {
         verifier,
         client_id,
+        pages,
         in_flight: Semaphore::new(MAX_IN_FLIGHT),
+        registrations: Allowance::new(REGISTRATION_BURST, REGISTRATION_EVERY),
+        tokens: Allowance::new(TOKEN_BURST, TOKEN_EVERY),
     });
     Router::new()
         .route("/dashboard/oauth", any(endpoints))
@@ -143,30 +232,70 @@ fn failure(step: &str, failed: &SignInError) -> Response {
     }
 }
 
-/// The dashboard's address as its browser sees it, from the request's `Origin`, which the
-/// Origin gate has already checked against the allowed hosts: `scheme://authority/`.
-/// Browsers send `Origin` with every POST, so one without it is not the page.
-fn redirect_uri(headers: &HeaderMap) -> Option<String> {
-    let origin = headers
-        .get(ORIGIN)?
-        .to_str()
-        .ok()?
-        .trim()
-        .parse::<Uri>()
-        .ok()?;
-    let scheme = origin.scheme_str()?;
-    let bare = origin.path_and_query().is_none_or(|p| p.as_str() == "/");
-    let web = scheme.eq_ignore_ascii_case("http") || scheme.eq_ignore_ascii_case("https");
-    let authority = origin.authority()?;
-    (web && bare).then(|| format!("{scheme}://{authority}/"))
+/// Why a relayed POST is not the dashboard page's own.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum NotThePage {
+    /// No usable `Origin` (browsers send one with every POST).
+    NoOrigin,
+    /// An origin other than the one the request was sent to, or than where the page is served.
+    OtherOrigin,
 }
 
-fn not_the_page() -> Response {
-    error(
-        StatusCode::BAD_REQUEST,
-        "invalid_request",
-        "This request must come from the dashboard page (it has no usable Origin header).",
-    )
+/// The dashboard's address as its browser sees it, `scheme://authority/`, from the request's
+/// `Origin`, which must be the origin the request was sent to (`Host`; and `Sec-Fetch-Site:
+/// same-origin` where the browser says) and one the page is served from ([`PageOrigins`]).
+fn redirect_uri(pages: &PageOrigins, headers: &HeaderMap) -> Result<String, NotThePage> {
+    let origin = headers
+        .get(ORIGIN)
+        .and_then(|value| value.to_str().ok())
+        .and_then(|value| value.trim().parse::<Uri>().ok())
+        .filter(|uri| uri.path_and_query().is_none_or(|p| p.as_str() == "/"))
+        .ok_or(NotThePage::NoOrigin)?;
+    let (Some(scheme), Some(authority), Some(parsed)) = (
+        origin.scheme_str(),
+        origin.authority(),
+        WebOrigin::of(&origin),
+    ) else {
+        return Err(NotThePage::NoOrigin);
+    };
+    let site = headers
+        .get("sec-fetch-site")
+        .map(|value| value.as_bytes().eq_ignore_ascii_case(b"same-origin"));
+    let host = headers.get(HOST).and_then(|value| value.to_str().ok());
+    let same_origin = site != Some(false) && host.is_some_and(|host| parsed.is_host(host));
+    if !same_origin || !pages.allows(&parsed) {
+        return Err(NotThePage::OtherOrigin);
+    }
+    Ok(format!("{scheme}://{authority}/"))
+}
+
+fn not_the_page(why: NotThePage) -> Response {
+    match why {
+        NotThePage::NoOrigin => error(
+            StatusCode::BAD_REQUEST,
+            "invalid_request",
+            "This request must come from the dashboard page (it has no usable Origin header).",
+        ),
+        NotThePage::OtherOrigin => error(
+            StatusCode::FORBIDDEN,
+            "invalid_request",
+            "This request must come from the dashboard page at this server's own address; sign-in is relayed for no other origin.",
+        ),
+    }
+}
+
+/// 429 with `Retry-After` once a route's allowance is used up.
+fn slow_down(wait: Duration) -> Response {
+    let seconds = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+    let mut response = error(
+        StatusCode::TOO_MANY_REQUESTS,
+        "temporarily_unavailable",
+        &format!("Too many sign-in requests; try again in {seconds} s."),
+    );
+    response
+        .headers_mut()
+        .insert(RETRY_AFTER, HeaderValue::from(seconds));
+    response
 }
 
 fn busy() -> Response {
@@ -209,9 +338,13 @@ async fn register(State(relay): State<Arc<Relay>>, request: Request) -> Response
     if request.method() != Method::POST {
         return super::not_found().await;
     }
-    let Some(redirect_uri) = redirect_uri(request.headers()) else {
-        return not_the_page();
+    let redirect_uri = match redirect_uri(&relay.pages, request.headers()) {
+        Ok(uri) => uri,
+        Err(why) => return not_the_page(why),
     };
+    if let Err(wait) = relay.registrations.take() {
+        return slow_down(wait);
+    }
     let Ok(_permit) = relay.in_flight.try_acquire() else {
         return busy();
     };
@@ -241,8 +374,9 @@ async fn token(State(relay): State<Arc<Relay>>, request: Request) -> Response {
     if request.method() != Method::POST {
         return super::not_found().await;
     }
-    let Some(redirect_uri) = redirect_uri(request.headers()) else {
-        return not_the_page();
+    let redirect_uri = match redirect_uri(&relay.pages, request.headers()) {
+        Ok(uri) => uri,
+        Err(why) => return not_the_page(why),
     };
     let Ok(bytes) = axum::body::to_bytes(request.into_body(), MAX_BODY_BYTES).await else {
         return error(
@@ -269,6 +403,9 @@ async fn token(State(relay): State<Arc<Relay>>, request: Request) -> Response {
             "The request needs client_id, code and a PKCE code_verifier.",
         );
     };
+    if let Err(wait) = relay.tokens.take() {
+        return slow_down(wait);
+    }
     let Ok(_permit) = relay.in_flight.try_acquire() else {
         return busy();
     };
@@ -299,26 +436,73 @@ async fn token(State(relay): State<Arc<Relay>>, request: Request) -> Response {
 mod tests {
     use super::*;
 
-    fn origin(value: &str) -> HeaderMap {
+    fn request(origin: &str, host: &str) -> HeaderMap {
         let mut headers = HeaderMap::new();
-        headers.insert(ORIGIN, HeaderValue::from_str(value).unwrap());
+        headers.insert(ORIGIN, HeaderValue::from_str(origin).unwrap());
+        headers.insert(HOST, HeaderValue::from_str(host).unwrap());
         headers
     }
 
     #[test]
-    fn the_redirect_uri_is_the_pages_origin() {
+    fn the_redirect_uri_is_the_pages_own_origin() {
+        // See: issue 30
+        let local = PageOrigins::new("http://127.0.0.1:8435/mcp", Some(8435));
+        let proxied = PageOrigins::new("https://mcp.example.com/mcp", Some(8435));
+        let uri = |pages: &PageOrigins, origin: &str, host: &str| {
+            redirect_uri(pages, &request(origin, host))
+        };
         assert_eq!(
-            redirect_uri(&origin("http://127.0.0.1:8435")).as_deref(),
-            Some("http://127.0.0.1:8435/")
+            uri(&local, "http://127.0.0.1:8435", "127.0.0.1:8435").as_deref(),
+            Ok("http://127.0.0.1:8435/")
         );
         assert_eq!(
-            redirect_uri(&origin("https://mcp.example.com")).as_deref(),
-            Some("https://mcp.example.com/")
+            uri(&local, "http://localhost:8435", "LOCALHOST:8435").as_deref(),
+            Ok("http://localhost:8435/")
         );
-        assert_eq!(redirect_uri(&origin("null")), None);
-        assert_eq!(redirect_uri(&origin("http://h/elsewhere")), None);
-        assert_eq!(redirect_uri(&origin("javascript:alert(1)")), None);
-        assert_eq!(redirect_uri(&HeaderMap::new()), None);
+        assert_eq!(
+            uri(&proxied, "https://mcp.example.com", "mcp.example.com").as_deref(),
+            Ok("https://mcp.example.com/")
+        );
+        let other = Err(NotThePage::OtherOrigin);
+        // Another port of an allowed host, sent to that port or to ours.
+        assert_eq!(
+            uri(&local, "http://127.0.0.1:9999", "127.0.0.1:9999"),
+            other
+        );
+        assert_eq!(
+            uri(&local, "http://127.0.0.1:9999", "127.0.0.1:8435"),
+            other
+        );
+        // Another host than the request's, another scheme, a proxy origin not the audience's.
+        assert_eq!(
+            uri(&local, "http://localhost:8435", "127.0.0.1:8435"),
+            other
+        );
+        assert_eq!(
+            uri(&local, "https://127.0.0.1:8435", "127.0.0.1:8435"),
+            other
+        );
+        assert_eq!(
+            uri(&proxied, "https://other.example.com", "other.example.com"),
+            other
+        );
+        // With `--allowed-host '*'` only the audience's origin.
+        let any_host = PageOrigins::new("https://mcp.example.com/mcp", None);
+        assert_eq!(
+            uri(&any_host, "http://evil.example:8435", "evil.example:8435"),
+            other
+        );
+        // A browser that says the request is not same-origin.
+        let mut cross = request("http://127.0.0.1:8435", "127.0.0.1:8435");
+        cross.insert("sec-fetch-site", HeaderValue::from_static("same-site"));
+        assert_eq!(redirect_uri(&local, &cross), other);
+        cross.insert("sec-fetch-site", HeaderValue::from_static("same-origin"));
+        assert!(redirect_uri(&local, &cross).is_ok());
+        let none = Err(NotThePage::NoOrigin);
+        for bad in ["null", "http://h/elsewhere", "javascript:alert(1)"] {
+            assert_eq!(uri(&local, bad, "127.0.0.1:8435"), none, "{bad}");
+        }
+        assert_eq!(redirect_uri(&local, &HeaderMap::new()), none);
     }
 
     #[test]
