@@ -378,6 +378,7 @@ class KBB:
         self.servers: list[Server] = []
         self.errlogs: list[Path] = []
         self._n = 0
+        self.networks_before = server_networks()
 
     # -- ids ----------------------------------------------------------------------------------
     def new_id(self, name: str) -> str:
@@ -629,6 +630,13 @@ class KBB:
         for cid in self.tracked:
             to_remove.update(containers_for(cid))
         force_remove(sorted(to_remove))
+        # The networks of principals (docs/auth.md, "Network") stay with permanent computers,
+        # which tests remove behind the server's back: the networks left empty then are the
+        # harness's to remove. That the server removes them itself is test_network_isolation.py's.
+        made = server_networks() - self.networks_before
+        for network in made:
+            if not docker("ps", "-aq", "--filter", f"network={network}", check=False).stdout.strip():
+                docker("network", "rm", network, check=False)
         return problems
 
 

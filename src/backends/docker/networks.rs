@@ -47,11 +47,20 @@ pub(super) struct Placement {
 pub(super) struct Networks {
     mode: ComputerNetwork,
     engine: Engine,
-    /// One gate per network name: containers being placed on it hold it shared, the removal
-    /// of the network when it looks empty holds it exclusively, so this process never removes
-    /// a network under a container it is creating. Another process that does is caught by
+    gates: Mutex<HashMap<String, Arc<Gate>>>,
+}
+
+/// This process's coordination around one network name.
+#[derive(Default)]
+struct Gate {
+    /// Containers being placed on the network hold it shared; the removal of the network when
+    /// it looks empty holds it exclusively, so this process never removes a network under a
+    /// container it is creating. Another process that does is caught by
     /// [`Networks::place`]'s callers, which ask again (`NetworkMissing`).
-    gates: Mutex<HashMap<String, Arc<RwLock<()>>>>,
+    in_use: Arc<RwLock<()>>,
+    /// One lookup-or-create at a time: concurrent first computers of one principal would
+    /// otherwise each create the network, and Docker 20.10 accepts the second of a name.
+    making: tokio::sync::Mutex<()>,
 }
 
 impl Networks {
@@ -67,7 +76,7 @@ impl Networks {
         self.mode == ComputerNetwork::PerPrincipal
     }
 
-    fn gate(&self, name: &str) -> Arc<RwLock<()>> {
+    fn gate(&self, name: &str) -> Arc<Gate> {
         let mut gates = self
             .gates
             .lock()
@@ -112,8 +121,12 @@ impl Networks {
         name: &str,
         owner: Option<&Principal>,
     ) -> Result<Placement, BackendError> {
-        let hold = self.gate(name).read_owned().await;
-        let network_mode = self.ensure(docker, name, owner).await?;
+        let gate = self.gate(name);
+        let hold = gate.in_use.clone().read_owned().await;
+        let network_mode = {
+            let _making = gate.making.lock().await;
+            self.ensure(docker, name, owner).await?
+        };
         Ok(Placement {
             network_mode: Some(network_mode),
             _hold: Some(hold),
@@ -122,10 +135,10 @@ impl Networks {
 
     /// Network `name`, made when missing, as a container's `NetworkMode` names it.
     ///
-    /// Docker: its id. Docker 20.10 accepts a second network of the same name (API 1.41 has no
-    /// duplicate check unless asked, and bollard's request cannot ask), so when two processes
-    /// made it at once every process picks the same one, the lowest id; the other stays empty
-    /// and is collected.
+    /// Docker: its id. Docker 20.10 accepts a second network of the same name (API 1.41 checks
+    /// duplicates only when asked, and bollard's request cannot ask); this process makes the
+    /// name once ([`Gate::making`]), and [`Networks::one_of`] removes what another process
+    /// made at the same moment.
     ///
     /// Podman: its name, and the network is never read back through the Docker-compatible
     /// API. Podman refuses duplicate names, and Podman 4.3 drops a network's `isolate` option
@@ -139,7 +152,7 @@ impl Networks {
         owner: Option<&Principal>,
     ) -> Result<String, BackendError> {
         if self.engine == Engine::Docker
-            && let Some(id) = find(docker, name).await?.into_iter().min()
+            && let Some(id) = self.one_of(docker, name).await?
         {
             return Ok(id);
         }
@@ -188,11 +201,33 @@ impl Networks {
         if self.engine == Engine::Podman {
             return Ok(name.to_owned());
         }
-        find(docker, name).await?.into_iter().min().ok_or_else(|| {
+        self.one_of(docker, name).await?.ok_or_else(|| {
             BackendError::Provider(format!(
                 "Docker network '{name}' vanished right after it was created; try again."
             ))
         })
+    }
+
+    /// The lowest id of the networks named `name` (Docker). Should another server on the
+    /// engine have made the name a second time at the same moment, the empty ones of the
+    /// others are removed: Docker 20.10 resolves a container's networks by name when it
+    /// starts it, and refuses a name that is ambiguous.
+    async fn one_of(&self, docker: &Docker, name: &str) -> Result<Option<String>, BackendError> {
+        let mut ids = find(docker, name).await?;
+        ids.sort();
+        for extra in ids.iter().skip(1) {
+            if !in_use(docker, extra).await? {
+                match docker.remove_network(extra).await {
+                    Ok(()) => {
+                        info!(network = name, id = %extra, "removed a second network of the same name")
+                    }
+                    Err(e) => {
+                        debug!(network = name, error = %describe(&e), "second network not removed")
+                    }
+                }
+            }
+        }
+        Ok(ids.into_iter().next())
     }
 
     /// Moves a spare handed to `owner` from the spares' network to the owner's.
@@ -306,7 +341,7 @@ impl Networks {
             }
             let gate = self.gate(name);
             {
-                let _exclusive = gate.write().await;
+                let _exclusive = gate.in_use.write().await;
                 if let Err(error) = self.remove_if_unused(docker, name).await {
                     warn!(network = name, %error, "could not remove an unused network");
                 }
