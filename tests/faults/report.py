@@ -81,7 +81,7 @@ def escape_cell(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-SCENARIOS = ["1", "2", "3", "4", "5", "6", "7", "8", "9"]
+SCENARIOS = ["1", "2", "3", "4", "5", "6", "7", "8", "9", "12"]
 TABLE_HEAD = ["| # | test | outcome | s | figures |", "|---|------|---------|---|---------|"]
 
 
