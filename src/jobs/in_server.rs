@@ -3,6 +3,13 @@
 //! the same combined-stream offsets as a job kept in a computer. They are not durable: they
 //! end with the server (docs/jobs.md, "Backends"). stdin is given once, at the start: a guest
 //! takes its whole stdin when it starts, so `keep_stdin_open` leaves nothing to write to.
+//!
+//! What these jobs keep is the server's memory, so it is bounded the way a computer's claims
+//! are (docs/jobs.md, "A hostile computer"): every byte kept is charged to its computer and to
+//! the server ([`KEPT_BYTES_PER_COMPUTER`], [`KEPT_BYTES_TOTAL`]), ended jobs are evicted
+//! oldest first to make room and past the cap on kept jobs, and what a running job prints
+//! beyond the room left is counted, not kept. Everything is keyed by computer and dropped
+//! with it.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -11,25 +18,56 @@ use std::time::Duration;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-use super::{JobError, JobSummary, Snapshot, StartRequest, WaitFor, lock, now_ms};
+use super::{JobError, JobSummary, Snapshot, StartRequest, WaitFor, list_rows, lock, now_ms};
 use crate::backends::{Backend, ExecEnd, ExecSpec, OutputSink, SandboxRef, SinkControl, Stream};
 use crate::exec::{ExecOutcome, Program};
 use crate::ids::{ComputerId, ExecId, JobId};
+
+/// Output bytes the jobs of one computer keep in the server, running and ended together: eight
+/// ended jobs at the default 2 MiB output limit (a WASM guest's output is collected like a
+/// command's, so a job prints at most that much), and a quarter of [`KEPT_BYTES_TOTAL`], so
+/// one computer never holds the server's whole budget.
+const KEPT_BYTES_PER_COMPUTER: u64 = 16 * 1024 * 1024;
+
+/// Output bytes the in-server jobs of every computer keep together: what a server running
+/// WebAssembly guests in its own process can spare for finished jobs' logs, whatever the
+/// number of computers or principals.
+const KEPT_BYTES_TOTAL: u64 = 64 * 1024 * 1024;
+
+/// What one entry of a job's combined order costs against the budgets (its size in memory):
+/// output arriving in tiny chunks that alternate between the streams costs what it takes.
+const ORDER_ENTRY_BYTES: u64 = std::mem::size_of::<(Stream, u64)>() as u64;
+
+/// Which stream is which in the per-stream counters.
+fn stream_index(stream: Stream) -> usize {
+    usize::from(stream == Stream::Stderr)
+}
 
 #[derive(Default)]
 struct Output {
     stdout: Vec<u8>,
     stderr: Vec<u8>,
-    /// The combined order: which stream each chunk went to, and its length.
+    /// The combined order: which stream each run of chunks went to, and its length.
     order: Vec<(Stream, u64)>,
     /// Bytes kept per stream, against the log limit.
     kept: [u64; 2],
-    dropped: [u64; 2],
+    /// Bytes not kept per stream: past the log limit, and past the memory budgets.
+    over_log_limit: [u64; 2],
+    over_budget: [u64; 2],
     /// `Some(code)` once ended; `Some(None)` when stopped by a kill.
     ended: Option<(Option<i64>, u64)>,
 }
 
 impl Output {
+    /// What appending `len` bytes of `stream` costs beyond the bytes themselves: a new order
+    /// entry, unless the last one is the same stream's.
+    fn entry_cost(&self, stream: Stream) -> u64 {
+        match self.order.last() {
+            Some((last, _)) if *last == stream => 0,
+            _ => ORDER_ENTRY_BYTES,
+        }
+    }
+
     fn append(&mut self, stream: Stream, bytes: &[u8]) {
         if bytes.is_empty() {
             return;
@@ -38,16 +76,56 @@ impl Output {
             Stream::Stdout => self.stdout.extend_from_slice(bytes),
             Stream::Stderr => self.stderr.extend_from_slice(bytes),
         }
-        self.order.push((stream, bytes.len() as u64));
+        match self.order.last_mut() {
+            Some((last, len)) if *last == stream => *len += bytes.len() as u64,
+            _ => self.order.push((stream, bytes.len() as u64)),
+        }
     }
 
     fn total(&self) -> u64 {
         self.order.iter().map(|(_, n)| n).sum()
     }
+
+    /// The lines that end a stream whose output was not all kept, and the end notice.
+    fn closing_notes(&self, notice: Option<String>) -> Vec<(Stream, String)> {
+        let mut notes = Vec::new();
+        for stream in [Stream::Stdout, Stream::Stderr] {
+            let index = stream_index(stream);
+            if self.over_log_limit[index] > 0 {
+                notes.push((
+                    stream,
+                    format!(
+                        "\n[kilntainers: job log limit reached; {} further bytes of this stream were not kept]\n",
+                        self.over_log_limit[index]
+                    ),
+                ));
+            }
+            if self.over_budget[index] > 0 {
+                notes.push((
+                    stream,
+                    format!(
+                        "\n[kilntainers: the server keeps no more job output for this computer; {} further bytes of this stream were not kept]\n",
+                        self.over_budget[index]
+                    ),
+                ));
+            }
+        }
+        if let Some(notice) = notice {
+            let separator = if self.stderr.is_empty() || self.stderr.ends_with(b"\n") {
+                ""
+            } else {
+                "\n"
+            };
+            notes.push((Stream::Stderr, format!("{separator}{notice}")));
+        }
+        notes
+    }
 }
 
 struct Job {
+    id: JobId,
     computer: ComputerId,
+    /// What `job_list` shows of the command; the command itself is not kept.
     command: String,
     started_ms: u64,
     log_limit: u64,
@@ -56,62 +134,226 @@ struct Job {
     stop: CancellationToken,
 }
 
-impl Job {
-    fn finish(&self, code: Option<i64>, notice: Option<String>) {
-        let mut output = lock(&self.output);
-        for (index, stream) in [Stream::Stdout, Stream::Stderr].into_iter().enumerate() {
-            if output.dropped[index] > 0 {
-                let note = format!(
-                    "\n[kilntainers: job log limit reached; {} further bytes of this stream were not kept]\n",
-                    output.dropped[index]
-                );
-                output.append(stream, note.as_bytes());
-            }
-        }
-        if let Some(notice) = notice {
-            let separator = if output.stderr.is_empty() || output.stderr.ends_with(b"\n") {
-                ""
-            } else {
-                "\n"
-            };
-            output.append(Stream::Stderr, format!("{separator}{notice}").as_bytes());
-        }
-        output.ended = Some((code, now_ms()));
-        drop(output);
-        self.changed.notify_waiters();
+/// A job the server keeps, with what it is charged for.
+struct Entry {
+    job: Arc<Job>,
+    /// Bytes charged to its computer and to the server: kept output and order entries.
+    charged: u64,
+    ended: bool,
+}
+
+/// The jobs one computer keeps, oldest started first.
+#[derive(Default)]
+struct Kept {
+    jobs: Vec<Entry>,
+    /// The sum of `charged` over `jobs`.
+    bytes: u64,
+}
+
+impl Kept {
+    fn running(&self) -> usize {
+        self.jobs.iter().filter(|entry| !entry.ended).count()
+    }
+
+    /// The oldest ended job that holds bytes, or with `any`, the oldest ended job.
+    fn oldest_ended(&self, any: bool) -> Option<usize> {
+        self.jobs
+            .iter()
+            .position(|entry| entry.ended && (any || entry.charged > 0))
     }
 }
 
-/// Appends a running job's output as it streams.
-struct JobSink(Arc<Job>);
+/// Every in-server job, keyed by computer, with the bytes charged to the server.
+#[derive(Default)]
+struct Store {
+    computers: HashMap<ComputerId, Kept>,
+    /// The sum of every computer's `bytes`.
+    bytes: u64,
+}
+
+impl Store {
+    fn job(&self, computer: &ComputerId, id: &JobId) -> Option<Arc<Job>> {
+        self.computers
+            .get(computer)?
+            .jobs
+            .iter()
+            .find(|entry| &entry.job.id == id)
+            .map(|entry| entry.job.clone())
+    }
+
+    /// Drops the job at `at` of `computer` and its charge.
+    fn evict(&mut self, computer: &ComputerId, at: usize) {
+        let Some(kept) = self.computers.get_mut(computer) else {
+            return;
+        };
+        let entry = kept.jobs.remove(at);
+        kept.bytes -= entry.charged;
+        self.bytes -= entry.charged;
+        if kept.jobs.is_empty() {
+            self.computers.remove(computer);
+        }
+    }
+
+    /// Keeps a new job of its computer's, evicting that computer's ended jobs past `cap`
+    /// kept jobs, oldest first.
+    fn add(&mut self, job: Arc<Job>, cap: usize) {
+        let computer = job.computer.clone();
+        self.computers
+            .entry(computer.clone())
+            .or_default()
+            .jobs
+            .push(Entry {
+                job,
+                charged: 0,
+                ended: false,
+            });
+        while let Some(kept) = self.computers.get(&computer)
+            && kept.jobs.len() > cap
+            && let Some(at) = kept.oldest_ended(true)
+        {
+            self.evict(&computer, at);
+        }
+    }
+
+    /// Makes room for `want` more bytes of `computer`'s and returns how many fit (at most
+    /// `want`): the computer's own oldest ended jobs go first while it is over its budget,
+    /// then, while the server is over its own, the oldest ended job of whichever computer
+    /// keeps the most bytes, so one computer's output never pushes out another's before its
+    /// own. Running jobs are never evicted.
+    fn room(&mut self, computer: &ComputerId, want: u64) -> u64 {
+        let own = |store: &Self| store.computers.get(computer).map_or(0, |kept| kept.bytes);
+        while own(self) + want > KEPT_BYTES_PER_COMPUTER
+            && let Some(at) = self
+                .computers
+                .get(computer)
+                .and_then(|kept| kept.oldest_ended(false))
+        {
+            self.evict(computer, at);
+        }
+        while self.bytes + want > KEPT_BYTES_TOTAL
+            && let Some((largest, at)) = self
+                .computers
+                .iter()
+                .filter_map(|(id, kept)| Some((id, kept.bytes, kept.oldest_ended(false)?)))
+                .max_by_key(|(_, bytes, _)| *bytes)
+                .map(|(id, _, at)| (id.clone(), at))
+        {
+            self.evict(&largest, at);
+        }
+        let left = KEPT_BYTES_PER_COMPUTER
+            .saturating_sub(own(self))
+            .min(KEPT_BYTES_TOTAL.saturating_sub(self.bytes));
+        want.min(left)
+    }
+
+    /// Charges `bytes` to `job`, its computer and the server (nothing when the job is no
+    /// longer kept).
+    fn charge(&mut self, job: &Job, bytes: u64) {
+        let Some(kept) = self.computers.get_mut(&job.computer) else {
+            return;
+        };
+        let Some(entry) = kept.jobs.iter_mut().find(|entry| entry.job.id == job.id) else {
+            return;
+        };
+        entry.charged += bytes;
+        kept.bytes += bytes;
+        self.bytes += bytes;
+    }
+
+    fn mark_ended(&mut self, job: &Job) {
+        if let Some(entry) = self
+            .computers
+            .get_mut(&job.computer)
+            .and_then(|kept| kept.jobs.iter_mut().find(|entry| entry.job.id == job.id))
+        {
+            entry.ended = true;
+        }
+    }
+
+    /// Keeps what fits of a running job's chunk and counts the rest. A job no longer kept
+    /// (its computer is gone) keeps nothing and makes no room.
+    fn keep(&mut self, job: &Job, stream: Stream, bytes: &[u8]) {
+        if self.job(&job.computer, &job.id).is_none() {
+            return;
+        }
+        let index = stream_index(stream);
+        let mut output = lock(&job.output);
+        let len = bytes.len() as u64;
+        let under_log_limit = job.log_limit.saturating_sub(output.kept[index]).min(len);
+        let cost = output.entry_cost(stream);
+        let fits = if under_log_limit == 0 {
+            0
+        } else {
+            self.room(&job.computer, under_log_limit + cost)
+                .saturating_sub(cost)
+        };
+        if fits > 0 {
+            self.charge(job, fits + cost);
+            let end = usize::try_from(fits).unwrap_or(usize::MAX);
+            output.append(stream, &bytes[..end]);
+            output.kept[index] += fits;
+        }
+        output.over_log_limit[index] += len - under_log_limit;
+        output.over_budget[index] += under_log_limit - fits;
+    }
+
+    /// Records a job's end: the notes on what was not kept and the end notice are appended
+    /// whatever the budgets (they are what tells the reader), and charged.
+    fn finish(&mut self, job: &Job, code: Option<i64>, notice: Option<String>) {
+        let mut output = lock(&job.output);
+        for (stream, note) in output.closing_notes(notice) {
+            let cost = output.entry_cost(stream) + note.len() as u64;
+            self.charge(job, cost);
+            output.append(stream, note.as_bytes());
+        }
+        output.ended = Some((code, now_ms()));
+        self.mark_ended(job);
+    }
+
+    /// Forgets a computer's jobs, stopping those still running.
+    fn forget(&mut self, computer: &ComputerId) {
+        if let Some(kept) = self.computers.remove(computer) {
+            self.bytes -= kept.bytes;
+            for entry in kept.jobs {
+                entry.job.stop.cancel();
+            }
+        }
+    }
+}
+
+/// Takes a running job's output as it streams. The backend's own output limit still holds (a
+/// WASM guest's output is collected like a command's): a push beyond it is the backend's
+/// signal that the guest crossed it, and is not kept.
+struct JobSink {
+    job: Arc<Job>,
+    store: Arc<Mutex<Store>>,
+    output_limit: u64,
+    pushed: u64,
+    over_output_limit: bool,
+}
 
 impl OutputSink for JobSink {
     fn push(&mut self, stream: Stream, bytes: &[u8]) -> SinkControl {
-        let index = usize::from(stream == Stream::Stderr);
-        let mut output = lock(&self.0.output);
-        if output.kept[index] + bytes.len() as u64 <= self.0.log_limit {
-            output.kept[index] += bytes.len() as u64;
-            output.append(stream, bytes);
-        } else {
-            output.dropped[index] += bytes.len() as u64;
+        self.pushed = self.pushed.saturating_add(bytes.len() as u64);
+        if self.pushed > self.output_limit {
+            self.over_output_limit = true;
+            return SinkControl::Stop;
         }
-        drop(output);
-        self.0.changed.notify_waiters();
+        lock(&self.store).keep(&self.job, stream, bytes);
+        self.job.changed.notify_waiters();
         SinkControl::Continue
     }
 }
 
 #[derive(Default)]
 pub(super) struct InServerJobs {
-    jobs: Mutex<HashMap<JobId, Arc<Job>>>,
+    store: Arc<Mutex<Store>>,
 }
 
 impl InServerJobs {
     fn get(&self, id: &JobId, computer: &ComputerId) -> Result<Arc<Job>, JobError> {
-        lock(&self.jobs)
-            .get(id)
-            .filter(|job| &job.computer == computer)
-            .cloned()
+        lock(&self.store)
+            .job(computer, id)
             .ok_or_else(|| JobError::NotFound(id.clone()))
     }
 
@@ -122,36 +364,43 @@ impl InServerJobs {
         sandbox: &SandboxRef,
         shell: &str,
         request: &StartRequest,
-        command: String,
+        command: &str,
         timeout_secs: u64,
         settings: super::JobSettings,
     ) -> Result<JobId, JobError> {
-        let running = lock(&self.jobs)
-            .values()
-            .filter(|job| job.computer == sandbox.computer_id && lock(&job.output).ended.is_none())
-            .count();
-        if running >= settings.max_jobs as usize {
-            return Err(JobError::TooMany {
-                computer: sandbox.computer_id.clone(),
-                running: u32::try_from(running).unwrap_or(u32::MAX),
-            });
-        }
-        let id = loop {
-            let id = JobId::random();
-            if !lock(&self.jobs).contains_key(&id) {
-                break id;
+        let computer = &sandbox.computer_id;
+        let job = {
+            let mut store = lock(&self.store);
+            let kept = store.computers.get(computer);
+            let running = kept.map_or(0, Kept::running);
+            if running >= settings.max_jobs as usize {
+                return Err(JobError::TooMany {
+                    computer: computer.clone(),
+                    running: u32::try_from(running).unwrap_or(u32::MAX),
+                });
             }
+            let id = loop {
+                let id = JobId::random();
+                if store.job(computer, &id).is_none() {
+                    break id;
+                }
+            };
+            let job = Arc::new(Job {
+                id,
+                computer: computer.clone(),
+                command: super::command_preview(command),
+                started_ms: now_ms(),
+                log_limit: settings.log_limit,
+                output: Mutex::new(Output::default()),
+                changed: Notify::new(),
+                stop: CancellationToken::new(),
+            });
+            // Every job `job_list` can show, and every running one.
+            let cap = list_rows(settings.max_jobs).max(settings.max_jobs as usize);
+            store.add(job.clone(), cap);
+            job
         };
-        let job = Arc::new(Job {
-            computer: sandbox.computer_id.clone(),
-            command: command.clone(),
-            started_ms: now_ms(),
-            log_limit: settings.log_limit,
-            output: Mutex::new(Output::default()),
-            changed: Notify::new(),
-            stop: CancellationToken::new(),
-        });
-        lock(&self.jobs).insert(id.clone(), job.clone());
+        let id = job.id.clone();
         let spec = ExecSpec {
             argv: match &request.program {
                 Program::Shell(command) => vec![shell.to_owned(), "-c".to_owned(), command.clone()],
@@ -166,8 +415,15 @@ impl InServerJobs {
             },
         };
         let sandbox = sandbox.clone();
+        let store = self.store.clone();
         tokio::spawn(async move {
-            let mut sink = JobSink(job.clone());
+            let mut sink = JobSink {
+                job: job.clone(),
+                store: store.clone(),
+                output_limit: settings.output_limit,
+                pushed: 0,
+                over_output_limit: false,
+            };
             let cancel = CancellationToken::new();
             let limit = async {
                 if timeout_secs == 0 {
@@ -175,18 +431,27 @@ impl InServerJobs {
                 }
                 tokio::time::sleep(Duration::from_secs(timeout_secs)).await;
             };
-            let (code, notice) = tokio::select! {
-                ended = backend.exec(&sandbox, &spec, &mut sink, &cancel) => match ended {
-                    Ok(ExecEnd::Exited(code)) => (Some(code), None),
-                    Ok(ExecEnd::OutOfFuel(fuel)) => (Some(124), Some(ExecOutcome::out_of_fuel_notice(fuel))),
-                    Ok(ExecEnd::StoppedBySink) => (None, None),
-                    Err(error) => (None, Some(format!("[kilntainers: {error}]"))),
-                },
-                () = limit => (Some(124), Some(ExecOutcome::timeout_notice(timeout_secs))),
-                () = job.stop.cancelled() => (None, None),
+            let ended = tokio::select! {
+                ended = backend.exec(&sandbox, &spec, &mut sink, &cancel) => Some(ended),
+                () = limit => None,
+                () = job.stop.cancelled() => Some(Ok(ExecEnd::StoppedBySink)),
             };
             cancel.cancel();
-            job.finish(code, notice);
+            let (code, notice) = match ended {
+                None => (Some(124), Some(ExecOutcome::timeout_notice(timeout_secs))),
+                Some(Ok(ExecEnd::Exited(code))) => (Some(code), None),
+                Some(Ok(ExecEnd::OutOfFuel(fuel))) => {
+                    (Some(124), Some(ExecOutcome::out_of_fuel_notice(fuel)))
+                }
+                Some(Ok(ExecEnd::StoppedBySink)) if sink.over_output_limit => (
+                    Some(1),
+                    Some(ExecOutcome::output_limit_notice(settings.output_limit)),
+                ),
+                Some(Ok(ExecEnd::StoppedBySink)) => (None, None),
+                Some(Err(error)) => (None, Some(format!("[kilntainers: {error}]"))),
+            };
+            lock(&store).finish(&job, code, notice);
+            job.changed.notify_waiters();
         });
         Ok(id)
     }
@@ -234,15 +499,19 @@ impl InServerJobs {
     }
 
     pub(super) fn list(&self, computer: &ComputerId) -> Vec<JobSummary> {
-        lock(&self.jobs)
+        let store = lock(&self.store);
+        let Some(kept) = store.computers.get(computer) else {
+            return Vec::new();
+        };
+        kept.jobs
             .iter()
-            .filter(|(_, job)| &job.computer == computer)
-            .map(|(id, job)| {
+            .map(|entry| {
+                let job = &entry.job;
                 let output = lock(&job.output);
                 let at = |ms: u64| crate::clock::rfc3339_utc(i64::try_from(ms / 1000).unwrap_or(0));
                 JobSummary {
-                    job_id: id.clone(),
-                    command: super::command_preview(&job.command),
+                    job_id: job.id.clone(),
+                    command: job.command.clone(),
                     running: output.ended.is_none(),
                     exit_code: output.ended.and_then(|(code, _)| code),
                     started_at: Some(at(job.started_ms)),
@@ -256,13 +525,7 @@ impl InServerJobs {
 
     /// Forgets the jobs of a computer that is gone, stopping those still running.
     pub(super) fn forget_computer(&self, computer: &ComputerId) {
-        lock(&self.jobs).retain(|_, job| {
-            let keep = &job.computer != computer;
-            if !keep {
-                job.stop.cancel();
-            }
-            keep
-        });
+        lock(&self.store).forget(computer);
     }
 }
 
@@ -305,5 +568,174 @@ fn snapshot(job: &Job, output: &Output, since: u64, cap: u64) -> Snapshot {
         more: next_since < position,
         stdin_open: false,
         elapsed_ms: end_ms.saturating_sub(job.started_ms),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: usize = 1024 * 1024;
+
+    fn job(computer: &str, n: u32) -> Arc<Job> {
+        Arc::new(Job {
+            id: JobId::parse(&format!("j-{n:08x}")).unwrap(),
+            computer: ComputerId::parse(computer).unwrap(),
+            command: String::new(),
+            started_ms: u64::from(n),
+            log_limit: 64 * MIB as u64,
+            output: Mutex::default(),
+            changed: Notify::new(),
+            stop: CancellationToken::new(),
+        })
+    }
+
+    /// A job of `computer` that printed `mib` MiB and ended.
+    fn ended(store: &mut Store, computer: &str, n: u32, mib: usize) -> Arc<Job> {
+        let job = job(computer, n);
+        store.add(job.clone(), 64);
+        store.keep(&job, Stream::Stdout, &vec![b'x'; mib * MIB]);
+        store.finish(&job, Some(0), None);
+        job
+    }
+
+    fn kept(store: &Store, computer: &str) -> Vec<u32> {
+        let computer = ComputerId::parse(computer).unwrap();
+        store
+            .computers
+            .get(&computer)
+            .map_or_else(Vec::new, |kept| {
+                kept.jobs
+                    .iter()
+                    .map(|entry| u32::from_str_radix(&entry.job.id.as_str()[2..], 16).unwrap())
+                    .collect()
+            })
+    }
+
+    fn charged_sum(store: &Store) -> u64 {
+        store
+            .computers
+            .values()
+            .flat_map(|kept| kept.jobs.iter().map(|entry| entry.charged))
+            .sum()
+    }
+
+    #[test]
+    fn a_computer_over_its_budget_gives_up_its_own_oldest_ended_jobs() {
+        let mut store = Store::default();
+        for n in 0..4 {
+            ended(&mut store, "a", n, 5);
+        }
+        ended(&mut store, "b", 9, 1);
+        // 4 x 5 MiB does not fit in 16 MiB: the first job went to make room for the fourth.
+        assert_eq!(kept(&store, "a"), [1, 2, 3]);
+        assert_eq!(kept(&store, "b"), [9]);
+        assert!(
+            store
+                .computers
+                .values()
+                .all(|kept| kept.bytes <= KEPT_BYTES_PER_COMPUTER)
+        );
+        assert_eq!(store.bytes, charged_sum(&store));
+    }
+
+    #[test]
+    fn the_server_over_its_budget_takes_from_the_computer_keeping_most() {
+        let mut store = Store::default();
+        // a keeps 15 MiB, b, c and d 14 MiB each: 57 MiB.
+        ended(&mut store, "a", 0, 8);
+        ended(&mut store, "a", 1, 7);
+        for (n, computer) in [(10, "b"), (20, "c"), (30, "d")] {
+            ended(&mut store, computer, n, 7);
+            ended(&mut store, computer, n + 1, 7);
+        }
+        // 15 MiB more from e: a, the largest, gives up its oldest job first; that is not
+        // enough, and then b, c and d are the largest at 14 MiB: one of them gives up 7 MiB.
+        ended(&mut store, "e", 40, 15);
+        assert_eq!(kept(&store, "a"), [1]);
+        assert_eq!(kept(&store, "e"), [40]);
+        let others: usize = ["b", "c", "d"].iter().map(|c| kept(&store, c).len()).sum();
+        assert_eq!(others, 5);
+        assert!(store.bytes <= KEPT_BYTES_TOTAL);
+        assert_eq!(store.bytes, charged_sum(&store));
+    }
+
+    #[test]
+    fn a_running_job_is_never_evicted_and_what_does_not_fit_is_counted() {
+        let mut store = Store::default();
+        let running = job("a", 1);
+        store.add(running.clone(), 64);
+        store.keep(&running, Stream::Stdout, &vec![b'x'; 10 * MIB]);
+        let other = job("a", 2);
+        store.add(other.clone(), 64);
+        store.keep(&other, Stream::Stderr, &vec![b'y'; 10 * MIB]);
+        assert_eq!(kept(&store, "a"), [1, 2]);
+        let output = lock(&other.output);
+        let fits = KEPT_BYTES_PER_COMPUTER - 10 * MIB as u64 - 2 * ORDER_ENTRY_BYTES;
+        assert_eq!(output.stderr.len() as u64, fits);
+        assert_eq!(output.over_budget, [0, 10 * MIB as u64 - fits]);
+        drop(output);
+        store.finish(&other, Some(0), None);
+        let output = lock(&other.output);
+        let text = String::from_utf8_lossy(&output.stderr[fits as usize..]).into_owned();
+        assert_eq!(
+            text,
+            format!(
+                "\n[kilntainers: the server keeps no more job output for this computer; {} further bytes of this stream were not kept]\n",
+                10 * MIB as u64 - fits
+            )
+        );
+        drop(output);
+        assert_eq!(store.bytes, charged_sum(&store));
+    }
+
+    #[test]
+    fn tiny_chunks_are_charged_for_their_order_entries() {
+        let mut store = Store::default();
+        let job = job("a", 1);
+        store.add(job.clone(), 64);
+        for _ in 0..1000 {
+            store.keep(&job, Stream::Stdout, b"o");
+            store.keep(&job, Stream::Stdout, b"o");
+            store.keep(&job, Stream::Stderr, b"e");
+        }
+        let output = lock(&job.output);
+        // Runs of one stream share an entry.
+        assert_eq!(output.order.len(), 2000);
+        assert_eq!(output.total(), 3000);
+        assert_eq!(store.bytes, 3000 + 2000 * ORDER_ENTRY_BYTES);
+    }
+
+    #[test]
+    fn past_the_cap_on_kept_jobs_the_oldest_ended_go_and_running_stay() {
+        let mut store = Store::default();
+        let first = job("a", 0);
+        store.add(first.clone(), 3);
+        for n in 1..6 {
+            let job = job("a", n);
+            store.add(job.clone(), 3);
+            store.finish(&job, Some(0), None);
+        }
+        assert_eq!(kept(&store, "a"), [0, 4, 5]);
+        store.forget(&ComputerId::parse("a").unwrap());
+        assert!(first.stop.is_cancelled());
+        assert_eq!((store.bytes, store.computers.len()), (0, 0));
+    }
+
+    #[test]
+    fn the_log_limit_still_holds_per_stream() {
+        let mut store = Store::default();
+        let job = Arc::new(Job {
+            log_limit: 10,
+            ..Arc::into_inner(job("a", 1)).unwrap()
+        });
+        store.add(job.clone(), 64);
+        store.keep(&job, Stream::Stdout, b"0123456789abc");
+        store.finish(&job, Some(0), None);
+        let output = lock(&job.output);
+        assert_eq!(
+            String::from_utf8_lossy(&output.stdout),
+            "0123456789\n[kilntainers: job log limit reached; 3 further bytes of this stream were not kept]\n"
+        );
     }
 }

@@ -378,7 +378,7 @@ impl Jobs {
                 sandbox,
                 &self.shell,
                 request,
-                command,
+                &command,
                 timeout,
                 self.settings,
             )?;

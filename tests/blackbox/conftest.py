@@ -262,6 +262,27 @@ def proc_scan_command(*argvs: str) -> str:
 
 
 # ---------------------------------------------------------------------------------------------
+# WASM backends
+
+# XDG_CACHE_HOME shared with the Rust suite (tests/suite/wasm.rs): the go-busybox module is
+# downloaded once per run.
+WASM_XDG_CACHE = Path(os.environ.get("KILNTAINERS_TEST_XDG_CACHE") or REPO / "target" / "tmp" / "xdg-cache")
+
+
+def wasm_env(kbb: "KBB") -> dict:
+    """The environment of a `--backend go_busybox` server: the shared module cache, this
+    interpreter's pip to fetch the module with, and a temp dir of the test's own (where
+    temporary computers' directories go)."""
+    tmp = kbb.dir / "tmp"
+    tmp.mkdir(exist_ok=True)
+    return {
+        "XDG_CACHE_HOME": str(WASM_XDG_CACHE),
+        "KILNTAINERS_PYTHON": sys.executable,
+        "TMPDIR": str(tmp),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
 # results and servers
 
 

@@ -12,7 +12,7 @@ import time
 import anyio
 import pytest
 
-from conftest import BUSYBOX, BUSYBOX_ARGS, SLUG_MESSAGE, container_for, docker, inspect, is_running, pyjson
+from conftest import BUSYBOX, BUSYBOX_ARGS, RUN_PREFIX, SLUG_MESSAGE, container_for, docker, inspect, is_running, pyjson
 
 pytestmark = pytest.mark.anyio
 
@@ -105,7 +105,10 @@ async def test_create_list_restart_reset_delete_agree_with_docker(kbb):
         ids = [row["computer_id"] for row in listed.structured["computers"]]
         assert ids == sorted(ids) and listed.structured["count"] == len(ids)
         dashboard = await srv.call({}, name="computer_dashboard")
-        assert [r["computer_id"] for r in dashboard.structured["computers"]] == ids
+        # Other test processes on the same engine may create or remove computers between the
+        # two calls: compare this run's.
+        ours = [i for i in ids if i.startswith(RUN_PREFIX + "-")]
+        assert [r["computer_id"] for r in dashboard.structured["computers"] if r["computer_id"] in ours] == ours
 
         await srv.run("echo kept > /root/f", computer_id=cid, temporary=False)
         started_before = inspect(container)["State"]["StartedAt"]
@@ -189,11 +192,16 @@ async def test_python_reference_container_is_listed_and_managed(kbb):
         assert container_for(cid) is None
 
 
+# The computers restarted here are permanent: Docker Engine before 23.0 can remove a temporary
+# (auto-removed) container it is restarting (moby/moby#43751; docs/decisions.md, "Lifecycle
+# operations"), which these tests are not about.
+
+
 async def test_lifecycle_op_on_one_computer_does_not_block_another(kbb):
     slow, fast = kbb.new_id("slow"), kbb.new_id("fast")
     async with kbb.server(*BUSYBOX_ARGS, env=lifecycle_env()) as srv:
         await srv.run("true", computer_id=slow)
-        await srv.run("true", computer_id=fast)
+        await srv.run("true", computer_id=fast, temporary=False)
         results = {}
 
         async def long_exec():
@@ -219,11 +227,11 @@ async def test_lifecycle_op_on_one_computer_does_not_block_another(kbb):
 async def test_restart_interrupts_an_exec_in_flight(kbb):
     cid = kbb.new_id("intr")
     async with kbb.server(*BUSYBOX_ARGS, env=lifecycle_env()) as srv:
-        await srv.run("true", computer_id=cid)
+        await srv.run("true", computer_id=cid, temporary=False)
         results = {}
 
         async def long_exec():
-            results["exec"] = await srv.call({"command": "sleep 100", "computer_id": cid})
+            results["exec"] = await srv.call({"command": "sleep 100", "computer_id": cid, "temporary": False})
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(long_exec)

@@ -16,27 +16,12 @@ from __future__ import annotations
 import base64
 import hashlib
 import os
-import sys
-from pathlib import Path
 
 import pytest
 
-from conftest import REPO, limit_notice, timeout_notice
+from conftest import limit_notice, timeout_notice, wasm_env
 
 pytestmark = pytest.mark.anyio
-
-# XDG_CACHE_HOME shared with the Rust suite (tests/suite/wasm.rs): one download per run.
-XDG_CACHE = Path(os.environ.get("KILNTAINERS_TEST_XDG_CACHE") or REPO / "target" / "tmp" / "xdg-cache")
-
-
-def wasm_env(kbb) -> dict:
-    tmp = kbb.dir / "tmp"
-    tmp.mkdir(exist_ok=True)
-    return {
-        "XDG_CACHE_HOME": str(XDG_CACHE),
-        "KILNTAINERS_PYTHON": sys.executable,
-        "TMPDIR": str(tmp),
-    }
 
 
 async def test_command_strings_and_limits(kbb):
