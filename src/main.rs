@@ -5,12 +5,12 @@ use std::process::ExitCode;
 
 use tracing_subscriber::EnvFilter;
 
-use mcp_sandbox_computer_vm_for_ai::backends;
 use mcp_sandbox_computer_vm_for_ai::cli::Cli;
 use mcp_sandbox_computer_vm_for_ai::config::{self, Config, Transport};
 use mcp_sandbox_computer_vm_for_ai::ids::InstanceId;
 use mcp_sandbox_computer_vm_for_ai::jobs::{JobSettings, Jobs};
 use mcp_sandbox_computer_vm_for_ai::mcp::{Surface, description};
+use mcp_sandbox_computer_vm_for_ai::providers;
 use mcp_sandbox_computer_vm_for_ai::registry::{Registry, orphans};
 use mcp_sandbox_computer_vm_for_ai::state::{self, InstanceLock};
 use mcp_sandbox_computer_vm_for_ai::transport;
@@ -55,7 +55,7 @@ fn main() -> ExitCode {
 }
 
 async fn run(config: Config) -> i32 {
-    let backend = match backends::build(&config) {
+    let backend = match providers::build(&config) {
         Ok(backend) => backend,
         Err(error) => {
             eprintln!("kilntainers: error: {error}");

@@ -7,8 +7,9 @@
 use std::collections::BTreeMap;
 
 use super::ConfigError;
-use super::secret::{Secret, SecretSource};
+use super::secret::SecretSource;
 use crate::cli::Cli;
+use crate::secret::Secret;
 
 /// E2B's public domain: the control plane is `api.<domain>`, sandboxes `<port>-<id>.<domain>`.
 pub const DEFAULT_DOMAIN: &str = "e2b.app";

@@ -9,9 +9,9 @@
 use std::path::PathBuf;
 
 use super::ConfigError;
-use super::secret::Secret;
 use super::secret::SecretSource;
 use crate::cli::{Cli, FlyCpuKind};
+use crate::secret::Secret;
 
 /// `KILNTAINERS_FLY_STATE_FILE`: where the auto-created app's name is remembered (the Python
 /// reference's variable name).

@@ -13,13 +13,14 @@ pub mod wasm;
 
 use std::time::Duration;
 
+use crate::cli::BackendKind;
 use crate::cli::{Cli, DEFAULT_HOST, DEFAULT_PORT, DEFAULT_SESSION_TIMEOUT, TransportChoice};
+use crate::secret::Secret;
 pub use e2b::E2bConfig;
 pub use engine::{EngineAddress, EngineConnection, EngineTls};
 pub use fly::FlyConfig;
 pub use modal::ModalConfig;
 use run_flags::{RunFlags, parse_run_flags, parse_size};
-pub use secret::Secret;
 use secret::SecretSource;
 pub use wasm::{WasmConfig, WasmModule};
 
@@ -31,10 +32,6 @@ pub const DEFAULT_IMAGE: &str = "debian:bookworm-slim";
 /// longer call is almost certainly a mistake (a value in milliseconds), and a bound keeps every
 /// deadline computable and every idle session eventually reapable.
 pub const MAX_TIMEOUT_SECS: u64 = 604_800;
-
-/// Largest `--warm-pool`: every spare is a running container, and more than this many idle ones
-/// is a misconfiguration rather than a pool (docs/warm-pool.md).
-pub const MAX_WARM_POOL: u16 = 64;
 
 /// `--allowed-host` value that turns the Host check off.
 const ANY_HOST: &str = "*";
@@ -48,55 +45,18 @@ fn fail<T>(message: impl Into<String>) -> Result<T, ConfigError> {
     Err(ConfigError(message.into()))
 }
 
-/// Which provider backs the computers (`--backend`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BackendKind {
-    Docker,
-    E2b,
-    Fly,
-    GoBusybox,
-    Modal,
-    Wasm,
+/// `--max-computers-per-user` and `--max-running-per-user`; `None` = unlimited (docs/auth.md,
+/// "Quotas"; enforced by the registry).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Quotas {
+    pub max_computers: Option<usize>,
+    pub max_running: Option<usize>,
 }
 
-impl BackendKind {
-    /// Every backend, in the order `--help` lists them.
-    pub const ALL: [Self; 6] = [
-        Self::Docker,
-        Self::E2b,
-        Self::Fly,
-        Self::GoBusybox,
-        Self::Modal,
-        Self::Wasm,
-    ];
-
-    /// The `--backend` value, also reported as the inventory's `backend`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Docker => "docker",
-            Self::E2b => "e2b",
-            Self::Fly => "fly",
-            Self::GoBusybox => "go_busybox",
-            Self::Modal => "modal",
-            Self::Wasm => "wasm",
-        }
-    }
-
-    /// Why this build cannot run the backend (its cargo feature was left out), or `None`.
-    pub fn not_built(self) -> Option<String> {
-        let (feature, built) = match self {
-            Self::Docker => return None,
-            Self::E2b => ("e2b", cfg!(feature = "e2b")),
-            Self::Fly => ("fly", cfg!(feature = "fly")),
-            Self::GoBusybox | Self::Wasm => ("wasm", cfg!(feature = "wasm")),
-            Self::Modal => ("modal", cfg!(feature = "modal")),
-        };
-        (!built).then(|| {
-            format!(
-                "Backend '{}' requires additional dependencies. This build was compiled without the '{feature}' feature; install with: cargo install mcp-sandbox-computer-vm-for-ai --features {feature}",
-                self.name()
-            )
-        })
+impl Quotas {
+    /// Whether any limit is set.
+    pub fn any(self) -> bool {
+        self.max_computers.is_some() || self.max_running.is_some()
     }
 }
 
@@ -112,7 +72,7 @@ pub struct Config {
     /// `--file-tools` or `ENABLE_FILE_TOOLS=true` (docs/files.md).
     pub file_tools: bool,
     /// `--max-computers-per-user`, `--max-running-per-user` (docs/auth.md, "Quotas").
-    pub quotas: crate::registry::Quotas,
+    pub quotas: Quotas,
     pub description: DescriptionConfig,
     pub docker: DockerConfig,
     pub fly: FlyConfig,
@@ -499,7 +459,7 @@ impl Config {
             network: !cli.no_network,
             lifecycle_tools: cli.lifecycle_tools || switch_on(lifecycle_env),
             file_tools: cli.file_tools,
-            quotas: crate::registry::Quotas {
+            quotas: Quotas {
                 max_computers: cli.max_computers_per_user.map(|n| n as usize),
                 max_running: cli.max_running_per_user.map(|n| n as usize),
             },

@@ -8,8 +8,9 @@ use std::path::PathBuf;
 
 use super::ConfigError;
 use super::DEFAULT_IMAGE;
-use super::secret::{Secret, SecretSource};
+use super::secret::SecretSource;
 use crate::cli::Cli;
+use crate::secret::Secret;
 
 /// Modal's default API endpoint, the one its own clients use when nothing overrides it.
 pub const DEFAULT_SERVER_URL: &str = "https://api.modal.com:443";

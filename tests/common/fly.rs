@@ -7,11 +7,12 @@ use std::sync::Arc;
 use clap::Parser;
 use serde_json::{Value, json};
 
-use mcp_sandbox_computer_vm_for_ai::backends::{self, Backend};
+use mcp_sandbox_computer_vm_for_ai::backends::Backend;
 use mcp_sandbox_computer_vm_for_ai::cli::Cli;
 use mcp_sandbox_computer_vm_for_ai::config::Config;
-use mcp_sandbox_computer_vm_for_ai::config::Secret;
 use mcp_sandbox_computer_vm_for_ai::config::fly::TokenSources;
+use mcp_sandbox_computer_vm_for_ai::providers;
+use mcp_sandbox_computer_vm_for_ai::secret::Secret;
 
 use super::PythonFake;
 
@@ -136,7 +137,7 @@ pub fn backend_with(
         config_file: None,
     };
     config.fly.state_file = Some(fake.dir.join("fly.json"));
-    backends::build(&config).unwrap()
+    providers::build(&config).unwrap()
 }
 
 pub fn backend(fake: &Fake) -> Arc<dyn Backend> {
