@@ -25,13 +25,10 @@ fn main() -> ExitCode {
     for warning in warnings {
         eprintln!("kilntainers: warning: {warning}");
     }
-    let lifecycle_env = std::env::var("ENABLE_LIFECYCLE_TOOLS").ok();
-    let mut config = match Config::from_cli(&cli, lifecycle_env.as_deref()) {
+    let config = match Config::from_cli(&cli, config::process_env) {
         Ok(config) => config,
         Err(error) => return fail(error),
     };
-    config.jobs.enabled |= config::switch_on(std::env::var("ENABLE_JOB_TOOLS").ok().as_deref());
-    config.file_tools |= config::switch_on(std::env::var("ENABLE_FILE_TOOLS").ok().as_deref());
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         EnvFilter::new("warn,mcp_sandbox_computer_vm_for_ai=info,kilntainers::audit=info")
     });

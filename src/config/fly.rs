@@ -178,7 +178,8 @@ mod tests {
 
     #[test]
     fn fly_backend_needs_its_feature_and_checks_its_values() {
-        let config = |args: &[&str]| super::super::Config::from_cli(&cli(args), None);
+        let config =
+            |args: &[&str]| super::super::Config::from_cli(&cli(args), super::super::process_env);
         let result = config(&["--backend", "fly"]);
         if cfg!(feature = "fly") {
             assert!(result.is_ok());

@@ -221,8 +221,13 @@ pub struct JobsConfig {
 }
 
 /// Whether an `ENABLE_*_TOOLS` value turns its switch on: `true`, trimmed, any case.
-pub fn switch_on(value: Option<&str>) -> bool {
+fn switch_on(value: Option<&str>) -> bool {
     value.is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
+}
+
+/// The process's environment, as [`Config::from_cli`] reads it (tests pass their own).
+pub fn process_env(name: &str) -> Option<String> {
+    std::env::var(name).ok()
 }
 
 /// Server-wide exec limits; a call may override only the timeout.
@@ -302,7 +307,12 @@ impl ComputerNetwork {
 
 impl Config {
     /// Applies every rule of docs/decisions.md, "Startup validation" in the documented order; the first failure wins.
-    pub fn from_cli(cli: &Cli, lifecycle_env: Option<&str>) -> Result<Self, ConfigError> {
+    /// `env` reads the environment variables that are not flags of their own: the engine's
+    /// (`DOCKER_HOST` and the rest), the providers', and the three `ENABLE_*_TOOLS` switches.
+    pub fn from_cli(
+        cli: &Cli,
+        env: impl Fn(&str) -> Option<String> + Copy,
+    ) -> Result<Self, ConfigError> {
         let stdio = cli.transport == TransportChoice::Stdio;
         if stdio && cli.host != DEFAULT_HOST {
             return fail(
@@ -394,7 +404,6 @@ impl Config {
             );
         }
         check_backend_is_built(cli.backend)?;
-        let env = |name: &str| std::env::var(name).ok();
         let mut docker = docker_config(cli, env)?;
         let principals = !stdio && (cli.auth_tokens_file.is_some() || oauth.is_some());
         docker.network = ComputerNetwork::choose(
@@ -457,14 +466,15 @@ impl Config {
             },
             shell: cli.shell.clone(),
             network: !cli.no_network,
-            lifecycle_tools: cli.lifecycle_tools || switch_on(lifecycle_env),
-            file_tools: cli.file_tools,
+            lifecycle_tools: cli.lifecycle_tools
+                || switch_on(env("ENABLE_LIFECYCLE_TOOLS").as_deref()),
+            file_tools: cli.file_tools || switch_on(env("ENABLE_FILE_TOOLS").as_deref()),
             quotas: Quotas {
                 max_computers: cli.max_computers_per_user.map(|n| n as usize),
                 max_running: cli.max_running_per_user.map(|n| n as usize),
             },
             jobs: JobsConfig {
-                enabled: cli.job_tools,
+                enabled: cli.job_tools || switch_on(env("ENABLE_JOB_TOOLS").as_deref()),
                 max_jobs: u32::try_from(cli.max_jobs).unwrap_or(u32::MAX),
                 default_timeout_secs: cli.job_timeout.unsigned_abs(),
                 log_limit: cli.job_log_limit.unsigned_abs(),
@@ -637,7 +647,7 @@ mod tests {
 
     fn config(args: &[&str]) -> Result<Config, String> {
         let cli = Cli::from_test_args(args)?;
-        Config::from_cli(&cli, None).map_err(|e| e.0)
+        Config::from_cli(&cli, process_env).map_err(|e| e.0)
     }
 
     #[test]
@@ -859,7 +869,11 @@ mod tests {
             ("", false),
         ] {
             assert_eq!(
-                Config::from_cli(&cli, Some(value)).unwrap().lifecycle_tools,
+                Config::from_cli(&cli, |name| {
+                    (name == "ENABLE_LIFECYCLE_TOOLS").then(|| value.to_owned())
+                })
+                .unwrap()
+                .lifecycle_tools,
                 on,
                 "{value:?}"
             );
@@ -901,7 +915,7 @@ mod tests {
             "--modal-token-secret",
             tokens[3],
         ]);
-        let config = Config::from_cli(&cli, None).unwrap();
+        let config = Config::from_cli(&cli, process_env).unwrap();
         // The tokens are in there (the test would prove nothing if they had been dropped)...
         let Transport::Http(http) = &config.transport else {
             panic!("http expected")

@@ -180,7 +180,8 @@ mod tests {
 
     #[test]
     fn modal_backend_checks_its_values() {
-        let config = |args: &[&str]| super::super::Config::from_cli(&cli(args), None);
+        let config =
+            |args: &[&str]| super::super::Config::from_cli(&cli(args), super::super::process_env);
         assert_eq!(
             config(&["--backend", "modal"]).is_ok(),
             cfg!(feature = "modal")

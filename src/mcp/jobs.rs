@@ -16,7 +16,7 @@ use crate::ids::{ComputerId, JobId};
 use crate::jobs::{
     JobError, Jobs, Listing, MAX_WAIT_SECS, MORE_WAITING, Signal, Snapshot, StartRequest, WaitFor,
 };
-use crate::registry::{Registry, RegistryError, Session};
+use crate::registry::{Registry, RegistryError, Session, Unnamed};
 
 pub const OUTPUT: &str = "job_output";
 pub const WRITE: &str = "job_write";
@@ -304,7 +304,13 @@ pub async fn execute(
 ) -> Option<CallToolResult> {
     let started = Instant::now();
     let sandbox = match registry
-        .acquire(session, computer_id, temporary, true, progress)
+        .acquire(
+            session,
+            computer_id,
+            temporary,
+            Unnamed::SessionDefault,
+            progress,
+        )
         .await
     {
         Ok(sandbox) => sandbox,

@@ -12,7 +12,7 @@ use super::format;
 use crate::backends::{ComputerInfo, Progress};
 use crate::dashboard;
 use crate::ids::ComputerId;
-use crate::registry::{Registry, Session};
+use crate::registry::{Registry, Session, Unnamed};
 
 pub const DASHBOARD: &str = "computer_dashboard";
 pub const LIST: &str = "computer_list";
@@ -242,7 +242,7 @@ pub async fn create(
                 session,
                 computer_id,
                 temporary.unwrap_or(true),
-                false,
+                Unnamed::Fresh,
                 progress,
             )
             .await

@@ -13,7 +13,7 @@ use super::files::{
 };
 use super::format;
 use crate::ports::{PortError, PortUrl, Ports};
-use crate::registry::{Registry, Session};
+use crate::registry::{Registry, Session, Unnamed};
 
 pub const PORT_URL: &str = "port_url";
 
@@ -84,7 +84,13 @@ async fn call(
     }
     let temporary = mode_of(registry, session, computer.as_ref()).await?;
     let sandbox = registry
-        .acquire(session, computer, temporary, true, Registry::no_progress())
+        .acquire(
+            session,
+            computer,
+            temporary,
+            Unnamed::SessionDefault,
+            Registry::no_progress(),
+        )
         .await?;
     let id = sandbox.computer_id.slug().to_owned();
     let url = ports

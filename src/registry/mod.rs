@@ -33,6 +33,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
+pub use acquire::Unnamed;
 pub use sessions::Session;
 
 use crate::backends::{Backend, BackendError, NoProgress, Progress, SandboxRef};

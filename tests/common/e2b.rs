@@ -100,7 +100,8 @@ pub fn backend_with(fake: &Fake, key: Option<&str>, extra: &[&str]) -> Arc<dyn B
     ];
     args.extend_from_slice(extra);
     let cli = Cli::try_parse_from(args).unwrap();
-    let mut config = Config::from_cli(&cli, None).unwrap();
+    let mut config =
+        Config::from_cli(&cli, mcp_sandbox_computer_vm_for_ai::config::process_env).unwrap();
     // Never the developer's own E2B_API_KEY.
     config.e2b.api_key = key.map(mcp_sandbox_computer_vm_for_ai::secret::Secret::new);
     providers::build(&config).unwrap()

@@ -129,7 +129,8 @@ pub fn backend_with(
     ];
     args.extend_from_slice(extra);
     let cli = Cli::try_parse_from(args).unwrap();
-    let mut config = Config::from_cli(&cli, None).unwrap();
+    let mut config =
+        Config::from_cli(&cli, mcp_sandbox_computer_vm_for_ai::config::process_env).unwrap();
     config.fly.app = app.map(str::to_owned);
     config.fly.tokens = TokenSources {
         flag: token.map(Secret::new),

@@ -23,7 +23,8 @@ pub fn backend_with(fake: &FakeModal, secret: Option<&str>, extra: &[&str]) -> A
     }
     args.extend_from_slice(extra);
     let cli = Cli::try_parse_from(args).unwrap();
-    let mut config = Config::from_cli(&cli, None).unwrap();
+    let mut config =
+        Config::from_cli(&cli, mcp_sandbox_computer_vm_for_ai::config::process_env).unwrap();
     config.modal.tokens.flag_id = Some(Secret::new(fake.config().token_id.clone()));
     config.modal.tokens.flag_secret = secret.map(Secret::new);
     config.modal.tokens.env_id = None;

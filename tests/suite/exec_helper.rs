@@ -45,7 +45,11 @@ async fn computer(label: &str, extra: &[&str]) -> Computer {
         args.push("--exec-helper=on");
     }
     args.extend_from_slice(extra);
-    let config = Config::from_cli(&Cli::parse_from(args), None).expect("config");
+    let config = Config::from_cli(
+        &Cli::parse_from(args),
+        mcp_sandbox_computer_vm_for_ai::config::process_env,
+    )
+    .expect("config");
     let backend = providers::build(&config).expect("backend");
     let spec = CreateSpec {
         computer_id: ComputerId::parse(&id).expect("id"),

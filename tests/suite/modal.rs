@@ -66,7 +66,8 @@ async fn run(
 async fn contract_missing_credentials_say_how_to_get_them_against_fake() {
     let fake = fake().await;
     let cli = Cli::try_parse_from(["x", "--backend", "modal"]).unwrap();
-    let mut config = Config::from_cli(&cli, None).unwrap();
+    let mut config =
+        Config::from_cli(&cli, mcp_sandbox_computer_vm_for_ai::config::process_env).unwrap();
     config.modal.tokens = Default::default();
     config.modal.config_file = Some(PathBuf::from("/nonexistent/modal.toml"));
     config.modal.server_url_env = Some(fake.url());

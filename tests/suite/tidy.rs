@@ -205,7 +205,12 @@ const CONFINED: &[(&str, &[&str])] = &[
     ),
     (
         "base64::",
-        &["src/backends/e2b/", "src/files/", "src/mcp/files.rs"],
+        &[
+            "src/backends/e2b/",
+            "src/backends/modal/api.rs",
+            "src/files/",
+            "src/mcp/files.rs",
+        ],
     ),
     ("tonic::", &["src/backends/modal/", "fakes/modal/"]),
     ("prost::", &["src/backends/modal/", "fakes/modal/"]),
