@@ -366,7 +366,8 @@ fn router(
             guard.clone(),
             guard::check_host_and_origin,
         ));
-    let mut root = Router::new().route("/", any(pages::root).with_state(lifecycle_tools));
+    let dashboard = lifecycle_tools.then(|| surface.registry.backend().kind());
+    let mut root = Router::new().route("/", any(pages::root).with_state(dashboard));
     if let Some(document) = guard.auth.resource_metadata() {
         // RFC 9728: at the root, and under the path of the resource (`/mcp`). Public: a
         // client reads it before it has a token.
