@@ -267,7 +267,7 @@ impl ServerHandler for SessionHandler {
         let contents = ResourceContents::TextResourceContents {
             uri: dashboard::RESOURCE_URI.to_owned(),
             mime_type: Some(dashboard::MIME_TYPE.to_owned()),
-            text: dashboard::html(dashboard::Mode::App),
+            text: dashboard::html(dashboard::Mode::App, self.surface.registry.backend().kind()),
             meta: Some(Surface::dashboard_meta()),
         };
         Ok(ReadResourceResult::new(vec![contents]).into())
