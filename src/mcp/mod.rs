@@ -8,6 +8,8 @@ pub mod args;
 pub mod description;
 mod files;
 pub mod format;
+#[cfg(test)]
+mod golden;
 mod jobs;
 mod lifecycle;
 pub mod ports;
