@@ -113,6 +113,15 @@ pub async fn scope_holder(request: Request, next: Next) -> Response {
     CALLER.scope(caller, next.run(request)).await
 }
 
+/// The session a request names in its `Mcp-Session-Id` header, if any.
+fn named_session(request: &Request) -> Option<SessionId> {
+    request
+        .headers()
+        .get(SESSION_ID_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(|v| SessionId::from(v.to_owned()))
+}
+
 /// axum middleware: a session belongs to the principal that opened it. Anyone else naming its
 /// `Mcp-Session-Id` gets exactly rmcp's answer for an unknown session (docs/auth.md).
 pub async fn refuse_foreign_session(
@@ -120,11 +129,7 @@ pub async fn refuse_foreign_session(
     request: Request,
     next: Next,
 ) -> Response {
-    let named = request
-        .headers()
-        .get(SESSION_ID_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .map(|v| SessionId::from(v.to_owned()));
+    let named = named_session(&request);
     if let Some(id) = named
         && let Some(owner) = lock(&sessions.owners).get(&id).cloned()
         && owner != principal_of(&request)
@@ -148,11 +153,7 @@ pub async fn end_session(
     if request.method() != axum::http::Method::DELETE {
         return next.run(request).await;
     }
-    let named = request
-        .headers()
-        .get(SESSION_ID_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .map(|v| SessionId::from(v.to_owned()));
+    let named = named_session(&request);
     if let Some(id) = named
         && !sessions.inner.has_session(&id).await.unwrap_or(false)
     {
