@@ -8,9 +8,12 @@
 //! for the requests it refuses itself. Bodies of any other content type are left to rmcp.
 //!
 //! This is where request bodies are held in memory, so this is where their total is bounded:
-//! every body read here takes room in one [`BodyBudget`] as its bytes arrive (a declared
-//! `Content-Length` all at once), [`MEMORY_PER_BODY_BYTE`] bytes of it per byte, and gives it
-//! back once rmcp has taken the message. A body that finds no room within [`BUDGET_WAIT`] is
+//! every body read here takes room in one [`BodyBudget`], [`MEMORY_PER_BODY_BYTE`] bytes of it
+//! per byte, and gives it back once rmcp has taken the message. A declared `Content-Length`
+//! takes its room at once. A chunked body takes room as its first [`UNDECLARED_STEP_BYTES`]
+//! arrive, then room for the largest legal body at once, all or nothing, and gives back what it
+//! did not use when it ends: bodies that each held part of the room while waiting for the rest
+//! would wait for each other, and a burst of them would all end `503`. A body that finds no room within [`BUDGET_WAIT`] is
 //! answered `503` with `Retry-After`, and one that does not arrive whole within
 //! [`BODY_READ_TIMEOUT`] `408`: each request is capped at 8 MiB, but without a total a few
 //! hundred clients, or one client per principal, could make the server hold gigabytes
@@ -47,16 +50,32 @@ pub const BODY_READ_TIMEOUT: Duration = Duration::from_secs(60);
 /// is told to come back rather than left hanging behind clients that send slowly.
 pub const BUDGET_WAIT: Duration = Duration::from_secs(2);
 
+/// The bytes of a body without a `Content-Length` that take room as they arrive; a longer one
+/// takes room for the largest legal body at once. Small, so that the first bytes of many
+/// chunked bodies at once (at most one per connection, 512) leave that room free: 512 × 4 KiB,
+/// six times over, is 12 MiB of the 64.
+pub const UNDECLARED_STEP_BYTES: usize = 4 * 1024;
+
 /// The shared budget of buffered request bytes.
 #[derive(Debug)]
 pub struct BodyBudget {
     room: Arc<Semaphore>,
+    /// The largest body (the request limit).
+    largest_body: usize,
+    /// [`UNDECLARED_STEP_BYTES`].
+    undeclared_step: usize,
 }
 
 impl BodyBudget {
     pub fn new(bytes: usize) -> Arc<Self> {
+        Self::with_sizes(bytes, MAX_REQUEST_BODY_BYTES, UNDECLARED_STEP_BYTES)
+    }
+
+    fn with_sizes(bytes: usize, largest_body: usize, undeclared_step: usize) -> Arc<Self> {
         Arc::new(Self {
             room: Arc::new(Semaphore::new(bytes)),
+            largest_body,
+            undeclared_step,
         })
     }
 
@@ -100,18 +119,31 @@ impl BodyBudget {
         while let Some(chunk) = stream.next().await {
             let chunk = chunk.map_err(|_| Refusal::Unreadable)?;
             let total = kept.len() + chunk.len();
-            if total > MAX_REQUEST_BODY_BYTES {
+            if total > self.largest_body {
                 return Err(Refusal::TooLarge);
             }
             if total > reserved {
-                let more = self.take(total - reserved).await?;
+                // Past its first step, a chunked body asks once for all it may need.
+                let wanted = if total > self.undeclared_step {
+                    self.largest_body
+                } else {
+                    total
+                };
+                let more = self.take(wanted - reserved).await?;
                 match held.as_mut() {
                     Some(permit) => permit.merge(more),
                     None => held = Some(more),
                 }
-                reserved = total;
+                reserved = wanted;
             }
             kept.extend_from_slice(&chunk);
+        }
+        // Give back the room a chunked body took and did not fill.
+        let unused = (reserved - kept.len()) * MEMORY_PER_BODY_BYTE;
+        if unused > 0
+            && let Some(permit) = held.as_mut()
+        {
+            drop(permit.split(unused));
         }
         Ok((kept.freeze(), held))
     }
@@ -252,6 +284,51 @@ mod tests {
         assert_eq!(budget.room.available_permits(), 10 * MEMORY_PER_BODY_BYTE);
         let (again, _held) = budget.read(chunked(&[b"12345"]), Some(5)).await.unwrap();
         assert_eq!(&again[..], b"12345");
+    }
+
+    /// A body sent a byte at a time, giving way to the others between bytes, as bodies that
+    /// arrive at once over the network do.
+    fn trickled(bytes: &'static [u8]) -> Body {
+        let pieces = futures_util::stream::iter(bytes.chunks(1)).then(|piece| async move {
+            tokio::task::yield_now().await;
+            Ok::<_, std::io::Error>(Bytes::from_static(piece))
+        });
+        Body::from_stream(pieces)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn chunked_bodies_arriving_together_all_get_through_one_after_another() {
+        // Room for 20 bytes of body; bodies of up to 16; the first 2 bytes taken as they come.
+        let budget = BodyBudget::with_sizes(20 * MEMORY_PER_BODY_BYTE, 16, 2);
+        let read = |body| {
+            let budget = budget.clone();
+            async move {
+                // The caller drops the room at once, as rmcp's answer would give it back.
+                budget
+                    .read(body, None)
+                    .await
+                    .map(|(bytes, _room)| bytes.len())
+            }
+        };
+        // Three 12-byte bodies, 36 bytes together: had each taken room byte by byte, each
+        // would hold part of the 20 and wait for the rest until all were refused.
+        let (a, b, c) = tokio::join!(
+            read(trickled(b"aaaaaaaaaaaa")),
+            read(trickled(b"bbbbbbbbbbbb")),
+            read(trickled(b"cccccccccccc"))
+        );
+        assert_eq!((a, b, c), (Ok(12), Ok(12), Ok(12)));
+        assert_eq!(budget.room.available_permits(), 20 * MEMORY_PER_BODY_BYTE);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_chunked_body_keeps_room_only_for_what_it_sent() {
+        let budget = BodyBudget::with_sizes(20 * MEMORY_PER_BODY_BYTE, 16, 2);
+        let (bytes, room) = budget.read(trickled(b"abcde"), None).await.unwrap();
+        assert_eq!(&bytes[..], b"abcde");
+        assert_eq!(budget.room.available_permits(), 15 * MEMORY_PER_BODY_BYTE);
+        drop(room);
+        assert_eq!(budget.room.available_permits(), 20 * MEMORY_PER_BODY_BYTE);
     }
 
     #[tokio::test(start_paused = true)]
