@@ -68,7 +68,7 @@ for features in "" fly e2b modal wasm oauth; do
     cargo clippy -p mcp-sandbox-computer-vm-for-ai --no-default-features --features "$features" --locked -- -D warnings
 done
 shellcheck --severity=style scripts/*.sh .ci/run
-"$KILNTAINERS_TEST_VENV/bin/ruff" check --quiet tests bench testkit
+"$KILNTAINERS_TEST_VENV/bin/ruff" check --quiet tests bench testkit fakes
 
 step "build"
 # Binaries (the server, the `fake-modal` test fake) and every test target in one invocation:

@@ -1,5 +1,5 @@
 """The `fly` backend end to end, over stdio with the official Python MCP client, against the
-local fake of the documented Machines API (`fake_fly.py`, run in this process; Machines are
+local fake of the documented Machines API (`fakes/fly.py`, run in this process; Machines are
 local `sandbox-busybox:full` containers).  These are contract tests: they show the server
 drives our reading of Fly's API correctly, not that the real service agrees (docs/fly.md).
 
@@ -17,7 +17,7 @@ import json
 import pytest
 
 from conftest import apoll, limit_notice, timeout_notice
-from fake_fly import FakeFly
+from fakes.fly import FakeFly
 
 pytestmark = pytest.mark.anyio
 
