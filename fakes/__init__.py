@@ -3,6 +3,6 @@
 (`child`). Modal's fake is the Rust crate beside them (`fakes/modal/`), a tonic server of the
 same `.proto` as the client.
 
-The black-box tests import them from the repository root (`from fakes.fly import FakeFly`, the
-conftest puts the root on `sys.path`) and run them in process; the Rust suites start them as
+The black-box tests import them from the repository root (`from fakes.fly import FakeFly`,
+`tests/blackbox/harness.py` puts the root on `sys.path`) and run them in process; the Rust suites start them as
 child processes (`python -m fakes.fly --port-file F`, from the root)."""

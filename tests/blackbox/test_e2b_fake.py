@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import apoll, limit_notice, timeout_notice
+from harness import apoll, limit_notice, timeout_notice
 from fakes.e2b import FakeE2B
 
 pytestmark = pytest.mark.anyio

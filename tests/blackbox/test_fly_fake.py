@@ -16,7 +16,7 @@ import json
 
 import pytest
 
-from conftest import apoll, limit_notice, timeout_notice
+from harness import apoll, limit_notice, timeout_notice
 from fakes.fly import FakeFly
 
 pytestmark = pytest.mark.anyio
@@ -218,7 +218,7 @@ def run_to_exit(kbb, args: list[str], env: dict | None = None, timeout: float = 
     ends at EOF (exit 0)."""
     import subprocess
 
-    from conftest import BIN
+    from harness import BIN
 
     return subprocess.run(
         [BIN, *args], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout,
