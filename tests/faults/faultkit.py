@@ -3,9 +3,10 @@ and the black-box conftest's fixtures and hooks as `blackbox_plumbing`, not copi
 file every scenario writes into, memory readings of the server process, and a minimal
 Streamable HTTP client that can walk away from a session without saying goodbye.
 
-Figures go to `.test-env/faults/results.json` (override with `KILNTAINERS_FAULTS_RESULTS`); one
-entry per test with its scenario, outcome and the numbers it measured.  `report.py` turns the
-file into a table and `docs/reliability.md`.
+Figures go to `tests/faults/results/latest.json` (ignored by git; override with
+`KILNTAINERS_FAULTS_RESULTS`); one entry per test with its scenario, outcome and the numbers it
+measured.  `report.py` turns the file into a table (`latest.md` beside it), which
+`docs/reliability.md` quotes only when a maintainer copies it there (`report.py --into-docs`).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ blackbox_plumbing = _load("kilntainers_blackbox_conftest", BLACKBOX / "conftest.
 # Loaded after the black-box harness, which puts the repository root on sys.path.
 from testkit.mcp_http import ACCEPT  # noqa: E402
 
-RESULTS = Path(os.environ.get("KILNTAINERS_FAULTS_RESULTS") or bb.REPO / ".test-env" / "faults" / "results.json")
+RESULTS = Path(os.environ.get("KILNTAINERS_FAULTS_RESULTS") or HERE / "results" / "latest.json")
 TOKEN = "faults-" + bb.RUN_PREFIX + "-token"
 MIB = 1024 * 1024
 
