@@ -20,6 +20,7 @@ Conventions
 * A session-level check asserts that no `kilntainers` container, no process started by the
   tests and no temporary directory made by the tests is left behind.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -51,7 +52,8 @@ from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
 REPO = Path(__file__).resolve().parents[2]
-# The helpers shared with the benchmarks live in the repository's `testkit` package.
+# The helpers shared with the benchmarks live in the repository's `testkit` package, and the
+# fakes of provider APIs in its `fakes` package: both are imported from the repository root.
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 from testkit import procfs  # noqa: E402
