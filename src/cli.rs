@@ -10,10 +10,65 @@ use clap::builder::PossibleValue;
 use clap::parser::ValueSource;
 use clap::{ArgAction, ArgMatches, Args, CommandFactory, FromArgMatches, Parser, ValueEnum};
 
-use crate::config::{BackendKind, Secret};
+use crate::secret::Secret;
 
-/// `--backend` values are [`BackendKind`]'s names; the enum itself lives in `config`, which
-/// knows no clap.
+/// Largest `--warm-pool`: every spare is a running container, and more than this many idle ones
+/// is a misconfiguration rather than a pool (docs/warm-pool.md).
+pub const MAX_WARM_POOL: u16 = 64;
+
+/// Which provider backs the computers (`--backend`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackendKind {
+    Docker,
+    E2b,
+    Fly,
+    GoBusybox,
+    Modal,
+    Wasm,
+}
+
+impl BackendKind {
+    /// Every backend, in the order `--help` lists them.
+    pub const ALL: [Self; 6] = [
+        Self::Docker,
+        Self::E2b,
+        Self::Fly,
+        Self::GoBusybox,
+        Self::Modal,
+        Self::Wasm,
+    ];
+
+    /// The `--backend` value, also reported as the inventory's `backend`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Docker => "docker",
+            Self::E2b => "e2b",
+            Self::Fly => "fly",
+            Self::GoBusybox => "go_busybox",
+            Self::Modal => "modal",
+            Self::Wasm => "wasm",
+        }
+    }
+
+    /// Why this build cannot run the backend (its cargo feature was left out), or `None`.
+    pub fn not_built(self) -> Option<String> {
+        let (feature, built) = match self {
+            Self::Docker => return None,
+            Self::E2b => ("e2b", cfg!(feature = "e2b")),
+            Self::Fly => ("fly", cfg!(feature = "fly")),
+            Self::GoBusybox | Self::Wasm => ("wasm", cfg!(feature = "wasm")),
+            Self::Modal => ("modal", cfg!(feature = "modal")),
+        };
+        (!built).then(|| {
+            format!(
+                "Backend '{}' requires additional dependencies. This build was compiled without the '{feature}' feature; install with: cargo install mcp-sandbox-computer-vm-for-ai --features {feature}",
+                self.name()
+            )
+        })
+    }
+}
+
+/// `--backend` values are [`BackendKind`]'s names.
 impl ValueEnum for BackendKind {
     fn value_variants<'a>() -> &'a [Self] {
         &Self::ALL
@@ -392,7 +447,7 @@ pub struct DockerArgs {
         env = "KILNTAINERS_WARM_POOL",
         value_name = "N",
         default_value_t = 0,
-        value_parser = clap::value_parser!(u16).range(0..=i64::from(crate::config::MAX_WARM_POOL)),
+        value_parser = clap::value_parser!(u16).range(0..=i64::from(MAX_WARM_POOL)),
         help = "Keep N started spare containers so a session's first command does not wait for a container start; spares are handed out as temporary computers only. Each spare is an idle container: its keep-alive and exec helper (~1-2 MB of memory), its memory and pid limits, and one slot in the engine's container list. 0 = off (default: 0)",
         help_heading = "docker backend options"
     )]

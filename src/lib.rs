@@ -1,6 +1,7 @@
 //! `mcp-sandbox-computer-vm-for-ai`: an MCP server that gives AI agents named, isolated Linux
-//! computers. Modules in reading order, from the wire down to the providers; see
-//! ARCHITECTURE.md for the map and its invariants.
+//! computers. The modules are listed alphabetically; their layers, from the providers up to the
+//! wire, are ARCHITECTURE.md's "Layers" (kept by the tidy test), and its code map says what
+//! each holds.
 
 pub mod backends;
 pub mod cli;
@@ -13,7 +14,9 @@ pub mod ids;
 pub mod jobs;
 pub mod mcp;
 pub mod ports;
+pub mod providers;
 pub mod registry;
+pub mod secret;
 pub mod shutdown;
 pub mod state;
 pub mod transport;

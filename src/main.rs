@@ -5,12 +5,12 @@ use std::process::ExitCode;
 
 use tracing_subscriber::EnvFilter;
 
-use mcp_sandbox_computer_vm_for_ai::backends;
 use mcp_sandbox_computer_vm_for_ai::cli::Cli;
 use mcp_sandbox_computer_vm_for_ai::config::{self, Config, Transport};
 use mcp_sandbox_computer_vm_for_ai::ids::InstanceId;
 use mcp_sandbox_computer_vm_for_ai::jobs::{JobSettings, Jobs};
 use mcp_sandbox_computer_vm_for_ai::mcp::{Surface, description};
+use mcp_sandbox_computer_vm_for_ai::providers;
 use mcp_sandbox_computer_vm_for_ai::registry::{Registry, orphans};
 use mcp_sandbox_computer_vm_for_ai::state::{self, InstanceLock};
 use mcp_sandbox_computer_vm_for_ai::transport;
@@ -25,13 +25,10 @@ fn main() -> ExitCode {
     for warning in warnings {
         eprintln!("kilntainers: warning: {warning}");
     }
-    let lifecycle_env = std::env::var("ENABLE_LIFECYCLE_TOOLS").ok();
-    let mut config = match Config::from_cli(&cli, lifecycle_env.as_deref()) {
+    let config = match Config::from_cli(&cli, config::process_env) {
         Ok(config) => config,
         Err(error) => return fail(error),
     };
-    config.jobs.enabled |= config::switch_on(std::env::var("ENABLE_JOB_TOOLS").ok().as_deref());
-    config.file_tools |= config::switch_on(std::env::var("ENABLE_FILE_TOOLS").ok().as_deref());
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
         EnvFilter::new("warn,mcp_sandbox_computer_vm_for_ai=info,kilntainers::audit=info")
     });
@@ -55,7 +52,7 @@ fn main() -> ExitCode {
 }
 
 async fn run(config: Config) -> i32 {
-    let backend = match backends::build(&config) {
+    let backend = match providers::build(&config) {
         Ok(backend) => backend,
         Err(error) => {
             eprintln!("kilntainers: error: {error}");

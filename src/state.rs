@@ -13,8 +13,8 @@ use std::io::{self, Read, Write};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
-use crate::config::Secret;
 use crate::ids::InstanceId;
+use crate::secret::Secret;
 
 pub const STATE_DIR_NAME: &str = ".mcp-sandbox-computer-vm-for-ai";
 

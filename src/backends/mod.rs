@@ -1,7 +1,7 @@
 //! The one seam between the server and the providers: the [`Backend`] trait, the plain data it
 //! speaks in ([`SandboxRef`], [`CreateSpec`], [`ExecSpec`], [`ComputerInfo`]) and its typed
-//! error. One module per provider implements it; [`build`] is the only function that names a
-//! concrete backend.
+//! error. One module per provider implements it; `crate::providers` is the only module that names
+//! a concrete backend.
 //!
 //! **Architecture invariant:** nothing here imports `mcp`, `registry`, `exec`, `transport`, rmcp
 //! or axum. Backends push output into an [`OutputSink`] and stop when told; they never see the
@@ -12,6 +12,7 @@ pub mod docker;
 pub mod e2b;
 #[cfg(test)]
 pub mod fake;
+pub mod files;
 #[cfg(feature = "fly")]
 pub mod fly;
 pub mod labels;
@@ -24,14 +25,12 @@ mod rest;
 pub mod wasm;
 
 use std::collections::HashSet;
-use std::sync::Arc;
 
 use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{BackendKind, Config};
-use crate::files::{FileOpError, Listing, ReadAnswer};
 use crate::ids::{ComputerId, ExecId, InstanceId, Principal};
+use files::FileSystem;
 
 /// The provider's current incarnation of a computer, as plain data.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -176,41 +175,6 @@ pub enum BackendError {
     /// Any other provider failure, already phrased for the user (names the computer and call).
     #[error("{0}")]
     Provider(String),
-}
-
-/// A computer's files reached without running anything in it. Paths are absolute paths in the
-/// computer; the answers are the same as the file programs' (docs/files.md), so the tools cannot
-/// tell which way a file was reached.
-#[async_trait]
-pub trait FileSystem: Send + Sync {
-    /// At most `length` bytes of `path` from `offset`, and the file's size.
-    async fn read(
-        &self,
-        sandbox: &SandboxRef,
-        path: &str,
-        offset: u64,
-        length: u64,
-    ) -> Result<ReadAnswer, FileOpError>;
-
-    /// Replaces `path` atomically with `bytes` (or appends them), creating parent directories;
-    /// `mode` (permission bits) is applied when given. Returns the file's size afterwards.
-    async fn write(
-        &self,
-        sandbox: &SandboxRef,
-        path: &str,
-        bytes: &[u8],
-        append: bool,
-        mode: Option<u32>,
-    ) -> Result<u64, FileOpError>;
-
-    /// The entries under `path` to `depth` levels (symlinks not followed), or `path` alone
-    /// when it is not a directory.
-    async fn list(
-        &self,
-        sandbox: &SandboxRef,
-        path: &str,
-        depth: u8,
-    ) -> Result<Listing, FileOpError>;
 }
 
 /// A provider of computers. Object-safe; the registry holds `Arc<dyn Backend>`.
@@ -371,35 +335,4 @@ pub fn generic_description(what: &str, shell: &str, timeout_secs: u64) -> String
         "Execute a shell command in {what}. Commands run in {shell}. Each call is independent — no state (shell variables, working directory) persists between calls (however filesystem does persist). Use the working_directory parameter or chain commands with && to control execution context.\n\n{}",
         stdin_and_timeout_paragraph(timeout_secs)
     )
-}
-
-/// Builds the backend `--backend` selected. The only place that names concrete backends; a
-/// backend left out of this build is an error, never a silent fallback to another one.
-pub fn build(config: &Config) -> Result<Arc<dyn Backend>, BackendError> {
-    match config.backend {
-        BackendKind::Docker => Ok(Arc::new(docker::DockerBackend::new(config)?)),
-        #[cfg(feature = "fly")]
-        BackendKind::Fly => Ok(Arc::new(fly::FlyBackend::new(config)?)),
-        #[cfg(feature = "e2b")]
-        BackendKind::E2b => Ok(Arc::new(e2b::E2bBackend::new(config)?)),
-        #[cfg(feature = "modal")]
-        BackendKind::Modal => Ok(Arc::new(modal::ModalBackend::new(config))),
-        #[cfg(feature = "wasm")]
-        BackendKind::Wasm | BackendKind::GoBusybox => Ok(Arc::new(wasm::WasmBackend::new(config)?)),
-        #[cfg(not(feature = "fly"))]
-        kind @ BackendKind::Fly => Err(not_built(kind)),
-        #[cfg(not(feature = "e2b"))]
-        kind @ BackendKind::E2b => Err(not_built(kind)),
-        #[cfg(not(feature = "modal"))]
-        kind @ BackendKind::Modal => Err(not_built(kind)),
-        #[cfg(not(feature = "wasm"))]
-        kind @ (BackendKind::Wasm | BackendKind::GoBusybox) => Err(not_built(kind)),
-    }
-}
-
-/// The error for a backend this build left out (config refuses it earlier; this keeps the
-/// match exhaustive without a fallback).
-#[cfg(not(all(feature = "fly", feature = "e2b", feature = "modal", feature = "wasm")))]
-fn not_built(kind: BackendKind) -> BackendError {
-    BackendError::Unavailable(kind.not_built().unwrap_or_default())
 }

@@ -7,8 +7,9 @@
 use std::collections::BTreeMap;
 
 use super::ConfigError;
-use super::secret::{Secret, SecretSource};
+use super::secret::SecretSource;
 use crate::cli::Cli;
+use crate::secret::Secret;
 
 /// E2B's public domain: the control plane is `api.<domain>`, sandboxes `<port>-<id>.<domain>`.
 pub const DEFAULT_DOMAIN: &str = "e2b.app";
@@ -179,7 +180,8 @@ mod tests {
 
     #[test]
     fn e2b_backend_needs_its_feature_and_checks_its_values() {
-        let config = |args: &[&str]| super::super::Config::from_cli(&cli(args), None);
+        let config =
+            |args: &[&str]| super::super::Config::from_cli(&cli(args), super::super::process_env);
         let result = config(&["--backend", "e2b"]);
         if cfg!(feature = "e2b") {
             assert!(result.is_ok());

@@ -9,9 +9,9 @@
 use std::path::PathBuf;
 
 use super::ConfigError;
-use super::secret::Secret;
 use super::secret::SecretSource;
 use crate::cli::{Cli, FlyCpuKind};
+use crate::secret::Secret;
 
 /// `KILNTAINERS_FLY_STATE_FILE`: where the auto-created app's name is remembered (the Python
 /// reference's variable name).
@@ -178,7 +178,8 @@ mod tests {
 
     #[test]
     fn fly_backend_needs_its_feature_and_checks_its_values() {
-        let config = |args: &[&str]| super::super::Config::from_cli(&cli(args), None);
+        let config =
+            |args: &[&str]| super::super::Config::from_cli(&cli(args), super::super::process_env);
         let result = config(&["--backend", "fly"]);
         if cfg!(feature = "fly") {
             assert!(result.is_ok());

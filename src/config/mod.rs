@@ -13,13 +13,14 @@ pub mod wasm;
 
 use std::time::Duration;
 
+use crate::cli::BackendKind;
 use crate::cli::{Cli, DEFAULT_HOST, DEFAULT_PORT, DEFAULT_SESSION_TIMEOUT, TransportChoice};
+use crate::secret::Secret;
 pub use e2b::E2bConfig;
 pub use engine::{EngineAddress, EngineConnection, EngineTls};
 pub use fly::FlyConfig;
 pub use modal::ModalConfig;
 use run_flags::{RunFlags, parse_run_flags, parse_size};
-pub use secret::Secret;
 use secret::SecretSource;
 pub use wasm::{WasmConfig, WasmModule};
 
@@ -31,10 +32,6 @@ pub const DEFAULT_IMAGE: &str = "debian:bookworm-slim";
 /// longer call is almost certainly a mistake (a value in milliseconds), and a bound keeps every
 /// deadline computable and every idle session eventually reapable.
 pub const MAX_TIMEOUT_SECS: u64 = 604_800;
-
-/// Largest `--warm-pool`: every spare is a running container, and more than this many idle ones
-/// is a misconfiguration rather than a pool (docs/warm-pool.md).
-pub const MAX_WARM_POOL: u16 = 64;
 
 /// `--allowed-host` value that turns the Host check off.
 const ANY_HOST: &str = "*";
@@ -48,55 +45,18 @@ fn fail<T>(message: impl Into<String>) -> Result<T, ConfigError> {
     Err(ConfigError(message.into()))
 }
 
-/// Which provider backs the computers (`--backend`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum BackendKind {
-    Docker,
-    E2b,
-    Fly,
-    GoBusybox,
-    Modal,
-    Wasm,
+/// `--max-computers-per-user` and `--max-running-per-user`; `None` = unlimited (docs/auth.md,
+/// "Quotas"; enforced by the registry).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Quotas {
+    pub max_computers: Option<usize>,
+    pub max_running: Option<usize>,
 }
 
-impl BackendKind {
-    /// Every backend, in the order `--help` lists them.
-    pub const ALL: [Self; 6] = [
-        Self::Docker,
-        Self::E2b,
-        Self::Fly,
-        Self::GoBusybox,
-        Self::Modal,
-        Self::Wasm,
-    ];
-
-    /// The `--backend` value, also reported as the inventory's `backend`.
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Docker => "docker",
-            Self::E2b => "e2b",
-            Self::Fly => "fly",
-            Self::GoBusybox => "go_busybox",
-            Self::Modal => "modal",
-            Self::Wasm => "wasm",
-        }
-    }
-
-    /// Why this build cannot run the backend (its cargo feature was left out), or `None`.
-    pub fn not_built(self) -> Option<String> {
-        let (feature, built) = match self {
-            Self::Docker => return None,
-            Self::E2b => ("e2b", cfg!(feature = "e2b")),
-            Self::Fly => ("fly", cfg!(feature = "fly")),
-            Self::GoBusybox | Self::Wasm => ("wasm", cfg!(feature = "wasm")),
-            Self::Modal => ("modal", cfg!(feature = "modal")),
-        };
-        (!built).then(|| {
-            format!(
-                "Backend '{}' requires additional dependencies. This build was compiled without the '{feature}' feature; install with: cargo install mcp-sandbox-computer-vm-for-ai --features {feature}",
-                self.name()
-            )
-        })
+impl Quotas {
+    /// Whether any limit is set.
+    pub fn any(self) -> bool {
+        self.max_computers.is_some() || self.max_running.is_some()
     }
 }
 
@@ -112,7 +72,7 @@ pub struct Config {
     /// `--file-tools` or `ENABLE_FILE_TOOLS=true` (docs/files.md).
     pub file_tools: bool,
     /// `--max-computers-per-user`, `--max-running-per-user` (docs/auth.md, "Quotas").
-    pub quotas: crate::registry::Quotas,
+    pub quotas: Quotas,
     pub description: DescriptionConfig,
     pub docker: DockerConfig,
     pub fly: FlyConfig,
@@ -261,8 +221,13 @@ pub struct JobsConfig {
 }
 
 /// Whether an `ENABLE_*_TOOLS` value turns its switch on: `true`, trimmed, any case.
-pub fn switch_on(value: Option<&str>) -> bool {
+fn switch_on(value: Option<&str>) -> bool {
     value.is_some_and(|v| v.trim().eq_ignore_ascii_case("true"))
+}
+
+/// The process's environment, as [`Config::from_cli`] reads it (tests pass their own).
+pub fn process_env(name: &str) -> Option<String> {
+    std::env::var(name).ok()
 }
 
 /// Server-wide exec limits; a call may override only the timeout.
@@ -342,7 +307,12 @@ impl ComputerNetwork {
 
 impl Config {
     /// Applies every rule of docs/decisions.md, "Startup validation" in the documented order; the first failure wins.
-    pub fn from_cli(cli: &Cli, lifecycle_env: Option<&str>) -> Result<Self, ConfigError> {
+    /// `env` reads the environment variables that are not flags of their own: the engine's
+    /// (`DOCKER_HOST` and the rest), the providers', and the three `ENABLE_*_TOOLS` switches.
+    pub fn from_cli(
+        cli: &Cli,
+        env: impl Fn(&str) -> Option<String> + Copy,
+    ) -> Result<Self, ConfigError> {
         let stdio = cli.transport == TransportChoice::Stdio;
         if stdio && cli.host != DEFAULT_HOST {
             return fail(
@@ -434,7 +404,6 @@ impl Config {
             );
         }
         check_backend_is_built(cli.backend)?;
-        let env = |name: &str| std::env::var(name).ok();
         let mut docker = docker_config(cli, env)?;
         let principals = !stdio && (cli.auth_tokens_file.is_some() || oauth.is_some());
         docker.network = ComputerNetwork::choose(
@@ -497,14 +466,15 @@ impl Config {
             },
             shell: cli.shell.clone(),
             network: !cli.no_network,
-            lifecycle_tools: cli.lifecycle_tools || switch_on(lifecycle_env),
-            file_tools: cli.file_tools,
-            quotas: crate::registry::Quotas {
+            lifecycle_tools: cli.lifecycle_tools
+                || switch_on(env("ENABLE_LIFECYCLE_TOOLS").as_deref()),
+            file_tools: cli.file_tools || switch_on(env("ENABLE_FILE_TOOLS").as_deref()),
+            quotas: Quotas {
                 max_computers: cli.max_computers_per_user.map(|n| n as usize),
                 max_running: cli.max_running_per_user.map(|n| n as usize),
             },
             jobs: JobsConfig {
-                enabled: cli.job_tools,
+                enabled: cli.job_tools || switch_on(env("ENABLE_JOB_TOOLS").as_deref()),
                 max_jobs: u32::try_from(cli.max_jobs).unwrap_or(u32::MAX),
                 default_timeout_secs: cli.job_timeout.unsigned_abs(),
                 log_limit: cli.job_log_limit.unsigned_abs(),
@@ -677,7 +647,7 @@ mod tests {
 
     fn config(args: &[&str]) -> Result<Config, String> {
         let cli = Cli::from_test_args(args)?;
-        Config::from_cli(&cli, None).map_err(|e| e.0)
+        Config::from_cli(&cli, process_env).map_err(|e| e.0)
     }
 
     #[test]
@@ -899,7 +869,11 @@ mod tests {
             ("", false),
         ] {
             assert_eq!(
-                Config::from_cli(&cli, Some(value)).unwrap().lifecycle_tools,
+                Config::from_cli(&cli, |name| {
+                    (name == "ENABLE_LIFECYCLE_TOOLS").then(|| value.to_owned())
+                })
+                .unwrap()
+                .lifecycle_tools,
                 on,
                 "{value:?}"
             );
@@ -941,7 +915,7 @@ mod tests {
             "--modal-token-secret",
             tokens[3],
         ]);
-        let config = Config::from_cli(&cli, None).unwrap();
+        let config = Config::from_cli(&cli, process_env).unwrap();
         // The tokens are in there (the test would prove nothing if they had been dropped)...
         let Transport::Http(http) = &config.transport else {
             panic!("http expected")

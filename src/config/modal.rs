@@ -8,8 +8,9 @@ use std::path::PathBuf;
 
 use super::ConfigError;
 use super::DEFAULT_IMAGE;
-use super::secret::{Secret, SecretSource};
+use super::secret::SecretSource;
 use crate::cli::Cli;
+use crate::secret::Secret;
 
 /// Modal's default API endpoint, the one its own clients use when nothing overrides it.
 pub const DEFAULT_SERVER_URL: &str = "https://api.modal.com:443";
@@ -179,7 +180,8 @@ mod tests {
 
     #[test]
     fn modal_backend_checks_its_values() {
-        let config = |args: &[&str]| super::super::Config::from_cli(&cli(args), None);
+        let config =
+            |args: &[&str]| super::super::Config::from_cli(&cli(args), super::super::process_env);
         assert_eq!(
             config(&["--backend", "modal"]).is_ok(),
             cfg!(feature = "modal")

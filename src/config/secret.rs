@@ -1,53 +1,19 @@
-//! Credentials as a type of their own, and the `…-file` way of passing them. A [`Secret`] never
-//! shows its value through `Debug`, so a logged or printed configuration cannot leak a token;
-//! the only way to the value is [`Secret::expose`], at the one place that sends it.
+//! The `…-file` way of passing a credential ([`Secret`], a leaf type of its own).
 //!
 //! Tokens given on the command line are readable by every local user through
 //! `/proc/<pid>/cmdline`; a file (or an environment variable) is not. This module reads such
 //! files at startup: bounded, one trailing newline trimmed, and empty or unreadable files are a
 //! startup error rather than a silent "no token".
 
-use std::convert::Infallible;
-use std::fmt;
 use std::io::Read;
 use std::path::Path;
-use std::str::FromStr;
 
 use super::ConfigError;
+use crate::secret::Secret;
 
 /// Largest token file we read. Real tokens are at most a few KiB (Fly macaroons are the
 /// longest, ~2 KiB); the bound keeps `--auth-token-file /dev/zero` from eating memory.
 const MAX_SECRET_FILE_BYTES: u64 = 64 * 1024;
-
-/// A credential. `Debug` never shows it, so a logged config cannot leak it.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Secret(String);
-
-impl Secret {
-    pub fn new(value: impl Into<String>) -> Self {
-        Self(value.into())
-    }
-
-    pub fn expose(&self) -> &str {
-        &self.0
-    }
-}
-
-impl fmt::Debug for Secret {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("Secret(<redacted>)")
-    }
-}
-
-/// Lets clap parse a flag straight into a [`Secret`], so the value is never a plain `String`
-/// anywhere, the parsed command line included.
-impl FromStr for Secret {
-    type Err = Infallible;
-
-    fn from_str(value: &str) -> Result<Self, Self::Err> {
-        Ok(Self::new(value))
-    }
-}
 
 /// One secret's two spellings: the value itself (`--auth-token`, or its environment variable)
 /// and a file holding it (`--auth-token-file`, or its `…_FILE` variable).
@@ -118,13 +84,6 @@ mod tests {
         ));
         std::fs::create_dir_all(&dir).unwrap();
         dir
-    }
-
-    #[test]
-    fn debug_never_shows_the_value() {
-        let secret: Secret = "hunter2-value".parse().unwrap();
-        assert_eq!(format!("{secret:?}"), "Secret(<redacted>)");
-        assert_eq!(secret.expose(), "hunter2-value");
     }
 
     #[test]

@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use super::BackendKind;
+use crate::cli::BackendKind;
 use crate::cli::Cli;
 
 /// The interpreter whose pip fetches the go-busybox wheel; `python3` when unset.

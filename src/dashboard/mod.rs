@@ -1,6 +1,6 @@
 //! The dashboard: one self-contained HTML file compiled into the binary (docs/decisions.md, "Dashboard"), and
 //! the small page shown to browsers when lifecycle tools are off. The server only injects the
-//! mode; the page has no private API and calls the same MCP tools any client would.
+//! mode and the backend's name (for the subtitle); the page has no private API and calls the same MCP tools any client would.
 
 /// The MCP App resource URI, kept from upstream for compatibility.
 pub const RESOURCE_URI: &str = "ui://kilntainers/computers";
@@ -8,7 +8,7 @@ pub const RESOURCE_URI: &str = "ui://kilntainers/computers";
 pub const MIME_TYPE: &str = "text/html;profile=mcp-app";
 
 const INDEX: &str = include_str!("index.html");
-/// Replaced by the mode `<meta>` when serving.
+/// Replaced by the mode and backend `<meta>`s when serving.
 const MODE_PLACEHOLDER: &str = "<!--kilntainers-mode-->";
 
 /// Where the page runs: inside an MCP host (postMessage) or as a web page (fetch to `/mcp`).
@@ -18,15 +18,18 @@ pub enum Mode {
     Web,
 }
 
-/// The dashboard HTML for `mode`.
-pub fn html(mode: Mode) -> String {
+/// The dashboard HTML for `mode`, on a server whose backend is `backend` (a `--backend` name,
+/// `Backend::kind`).
+pub fn html(mode: Mode, backend: &'static str) -> String {
     let value = match mode {
         Mode::App => "app",
         Mode::Web => "web",
     };
     INDEX.replacen(
         MODE_PLACEHOLDER,
-        &format!("<meta name=\"kilntainers-mode\" content=\"{value}\">"),
+        &format!(
+            "<meta name=\"kilntainers-mode\" content=\"{value}\">\n<meta name=\"kilntainers-backend\" content=\"{backend}\">"
+        ),
         1,
     )
 }
@@ -37,8 +40,9 @@ mod tests {
 
     #[test]
     fn self_contained_with_mode() {
-        let page = html(Mode::App);
+        let page = html(Mode::App, "fly");
         assert!(page.contains("<meta name=\"kilntainers-mode\" content=\"app\">"));
+        assert!(page.contains("<meta name=\"kilntainers-backend\" content=\"fly\">"));
         for forbidden in ["<script src", "<link", "@import", "url(http"] {
             assert!(
                 !page.contains(forbidden),

@@ -7,11 +7,13 @@
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    DISCARD, FileError, FileOpError, LIST, LIST_ANSWER_LIMIT, LIST_ENTRY_BYTES, Listing, READ,
-    ReadAnswer, STATUS_ROOM, WRITE, WRITE_CHUNK, base64_answer_len, parse_list, parse_read,
-    parse_read_base64, parse_write, temporary_path,
+    DISCARD, LIST, LIST_ENTRY_BYTES, READ, STATUS_ROOM, WRITE, WRITE_CHUNK, base64_answer_len,
+    parse_list, parse_read, parse_read_base64, parse_write,
 };
-use crate::backends::{Backend, FileSystem, NoProgress, SandboxRef};
+use crate::backends::files::{
+    FileError, FileOpError, FileSystem, LIST_ANSWER_LIMIT, Listing, ReadAnswer, temporary_path,
+};
+use crate::backends::{Backend, NoProgress, SandboxRef};
 use crate::exec::{self, ExecError, ExecOutcome, ExecRequest, Program};
 use crate::ids::ExecId;
 

@@ -9,87 +9,22 @@ mod access;
 #[cfg(test)]
 mod tests;
 
-use std::fmt;
-
 pub use access::Access;
 
-use crate::backends::BackendError;
-
-/// The most bytes one `file_write` call takes, decoded (docs/files.md, "file_write").
-pub const WRITE_LIMIT: usize = 16 * 1024 * 1024;
+use crate::backends::files::{
+    Entry, EntryKind, FileError, LIST_ANSWER_LIMIT, LIST_LIMIT, Listing, ReadAnswer,
+};
 
 /// Decoded bytes sent per exec of a write: keeps each exec's stdin (base64, 4/3 larger) under
 /// the 2 MiB that every backend's exec accepts.
 pub const WRITE_CHUNK: usize = 1536 * 1024;
 
-/// The most entries `file_list` returns.
-pub const LIST_LIMIT: usize = 1000;
-
-/// The deepest `file_list` goes.
-pub const MAX_DEPTH: u8 = 5;
-
 /// Room for a program's status line on top of the data it returns.
 pub const STATUS_ROOM: u64 = 4096;
-
-/// What `file_list` may answer with at most: its status line and [`LIST_ENTRY_BYTES`] of
-/// entries. 2 MiB holds a thousand entries with 2 KiB paths (a real listing's lines are nearer
-/// 100 bytes); a larger result would be more than a model reads, and each byte of it costs the
-/// server several times over on its way out as JSON.
-pub const LIST_ANSWER_LIMIT: u64 = 2 * 1024 * 1024;
 
 /// The entry bytes [`LIST`] prints at most (it cuts its own output there, so an honest
 /// computer never meets [`LIST_ANSWER_LIMIT`]; a listing cut there is `truncated`).
 pub const LIST_ENTRY_BYTES: u64 = LIST_ANSWER_LIMIT - STATUS_ROOM;
-
-/// Why a file operation did not happen, in the words the caller sees.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum FileError {
-    #[error("File not found: {0}")]
-    NotFound(String),
-    #[error("{0} is a directory; use file_list.")]
-    IsDirectory(String),
-    #[error("{0} is a directory; give the path of a file to write.")]
-    WriteToDirectory(String),
-    #[error("{0} is not a regular file.")]
-    NotRegular(String),
-    #[error("Permission denied: {0}")]
-    PermissionDenied(String),
-    #[error("Could not write {path}: {reason}")]
-    WriteFailed { path: String, reason: String },
-    #[error("Could not read {path}: {reason}")]
-    ReadFailed { path: String, reason: String },
-    /// The path, a `..` in it or a symlink on the way, leads out of a computer whose files the
-    /// server reaches directly (WASM).
-    #[error("Permission denied: {0} leads outside the computer.")]
-    Outside(String),
-    /// The computer answered something the program never prints.
-    #[error("The computer gave an unreadable answer about {0}.")]
-    Garbled(String),
-}
-
-/// Why a file operation on a computer did not answer: the file, or the computer.
-#[derive(Debug, thiserror::Error)]
-pub enum FileOpError {
-    #[error(transparent)]
-    File(#[from] FileError),
-    #[error(transparent)]
-    Backend(#[from] BackendError),
-    /// The backend's own [`crate::backends::FileSystem`] cannot do this one operation (say, an
-    /// append where the provider only replaces whole files): [`Access`] runs the programs
-    /// instead. Never reaches a caller of [`Access`].
-    #[error("not done directly")]
-    NotDirect,
-    /// Neither the backend nor a shell in its computers can reach files.
-    #[error("File tools are not available on the {0} backend.")]
-    Unavailable(&'static str),
-    #[error("The computer did not finish the file operation within {0} seconds.")]
-    TimedOut(u64),
-    /// A program sent more than its answer limit, whatever it was asked for.
-    #[error("The computer answered with more than was asked for.")]
-    Overflow,
-    #[error("cancelled")]
-    Cancelled,
-}
 
 /// Reads at most `$3` bytes of `$1` from offset `$2`. Status on stderr: `ok <size>`,
 /// `missing`, `dir`, `other` or `denied`; the bytes on stdout, as base64 when `$4` is
@@ -157,13 +92,6 @@ fi
 exit 0
 "#;
 
-/// What [`READ`] answered.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ReadAnswer {
-    pub size: u64,
-    pub bytes: Vec<u8>,
-}
-
 /// Reads [`READ`]'s answer for `path`, keeping at most `length` bytes whatever came.
 pub fn parse_read(
     path: &str,
@@ -225,44 +153,6 @@ pub fn parse_write(path: &str, stdout: &[u8]) -> Result<Option<u64>, FileError> 
         }),
         _ => Err(FileError::Garbled(path.to_owned())),
     }
-}
-
-/// One `file_list` entry.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Entry {
-    pub path: String,
-    pub kind: EntryKind,
-    pub size: u64,
-    /// Permission bits, as `0755`.
-    pub mode: String,
-    /// Seconds since the epoch.
-    pub modified: i64,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EntryKind {
-    File,
-    Dir,
-    Symlink,
-    Other,
-}
-
-impl fmt::Display for EntryKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::File => "file",
-            Self::Dir => "dir",
-            Self::Symlink => "symlink",
-            Self::Other => "other",
-        })
-    }
-}
-
-/// A listing: the entries sorted by path, and whether more were there than [`LIST_LIMIT`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Listing {
-    pub entries: Vec<Entry>,
-    pub truncated: bool,
 }
 
 /// Reads [`LIST`]'s answer. Lines that do not parse (a name with a newline splits into two)
@@ -338,13 +228,6 @@ fn status_error(status: &str, path: &str) -> FileError {
 pub fn parse_mode(mode: &str) -> Option<u32> {
     let digits = (3..=4).contains(&mode.len()) && mode.bytes().all(|b| (b'0'..=b'7').contains(&b));
     digits.then(|| u32::from_str_radix(mode, 8).ok()).flatten()
-}
-
-/// The temporary file a non-appending write fills before renaming it over `path`: beside it,
-/// so the rename stays on one file system, hidden, and unique per call.
-pub fn temporary_path(path: &str, nonce: u32) -> String {
-    let (dir, name) = path.rsplit_once('/').unwrap_or(("", path));
-    format!("{dir}/.{name}.kilntainers-{nonce:08x}")
 }
 
 /// How much of `bytes` to return as text: all of it when it is UTF-8; when only a character

@@ -4,8 +4,6 @@
 //! `terminal_execute`), and the result payloads. The programs themselves are
 //! [`crate::files`]'s.
 
-use std::sync::Arc;
-
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use rmcp::ErrorData;
@@ -18,10 +16,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::args::Args;
 use super::format;
-use super::lifecycle::output_schema;
-use super::tools::user_message;
 use crate::backends::SandboxRef;
-use crate::files::{self, Access, FileError, FileOpError};
+use crate::backends::files::{FileError, FileOpError, MAX_DEPTH, ReadAnswer, WRITE_LIMIT};
+use crate::files::{self, Access};
 use crate::ids::ComputerId;
 use crate::registry::{Registry, RegistryError, Session};
 
@@ -34,10 +31,6 @@ pub const INSTRUCTIONS: &str = " To move files in or out of a computer, use file
 
 pub const RESOURCE_TEMPLATE: &str = "computer://{computer_id}/{+path}";
 const RESOURCE_SCHEME: &str = "computer://";
-
-pub(super) fn object(value: Value) -> Arc<JsonObject> {
-    Arc::new(value.as_object().cloned().unwrap_or_default())
-}
 
 pub(super) fn annotations(read_only: bool) -> ToolAnnotations {
     let mut annotations = ToolAnnotations::new();
@@ -60,7 +53,7 @@ pub fn tools(output_limit: u64) -> Vec<Tool> {
     let read = Tool::new(
         READ,
         "Read a file from a computer. Returns UTF-8 text as is and anything else as base64 (see `encoding`); PNG, JPEG, GIF and WebP images read whole also come back as an image you can see. Large files: page with `offset` and `length` until `eof` is true.",
-        object(json!({
+        format::object(json!({
             "type": "object",
             "properties": {
                 "path": path_property("file"),
@@ -71,7 +64,7 @@ pub fn tools(output_limit: u64) -> Vec<Tool> {
             "required": ["path"]
         })),
     )
-    .with_raw_output_schema(output_schema(
+    .with_raw_output_schema(format::output_schema(
         json!({
             "computer_id": {"type": "string"},
             "path": {"type": "string"},
@@ -89,7 +82,7 @@ pub fn tools(output_limit: u64) -> Vec<Tool> {
     let write = Tool::new(
         WRITE,
         "Write a file in a computer, creating parent directories. Replaces the file atomically unless `append` is true. `content` is UTF-8 text, or base64 with encoding \"base64\" (binary files); up to 16 MiB per call, append for more.",
-        object(json!({
+        format::object(json!({
             "type": "object",
             "properties": {
                 "path": path_property("file"),
@@ -102,7 +95,7 @@ pub fn tools(output_limit: u64) -> Vec<Tool> {
             "required": ["path", "content"]
         })),
     )
-    .with_raw_output_schema(output_schema(
+    .with_raw_output_schema(format::output_schema(
         json!({
             "computer_id": {"type": "string"},
             "path": {"type": "string"},
@@ -116,17 +109,17 @@ pub fn tools(output_limit: u64) -> Vec<Tool> {
     let list = Tool::new(
         LIST,
         "List a directory in a computer, to `depth` levels (1-5): each entry's path, type (file, dir, symlink, other), size, mode and modification time, sorted by path, at most 1,000.",
-        object(json!({
+        format::object(json!({
             "type": "object",
             "properties": {
                 "path": path_property("directory"),
                 "computer_id": computer_id_property(),
-                "depth": {"type": "integer", "minimum": 1, "maximum": files::MAX_DEPTH, "default": 1, "title": "Depth"}
+                "depth": {"type": "integer", "minimum": 1, "maximum": MAX_DEPTH, "default": 1, "title": "Depth"}
             },
             "required": ["path"]
         })),
     )
-    .with_raw_output_schema(output_schema(
+    .with_raw_output_schema(format::output_schema(
         json!({
             "entries": {"type": "array", "items": {"type": "object", "properties": {
                 "path": {"type": "string"},
@@ -168,7 +161,7 @@ impl From<RegistryError> for CallError {
     fn from(error: RegistryError) -> Self {
         match error {
             RegistryError::Cancelled => Self::Cancelled,
-            other => Self::Registry(user_message(&other)),
+            other => Self::Registry(format::user_message(&other)),
         }
     }
 }
@@ -219,7 +212,7 @@ impl From<FileOpError> for CallError {
     fn from(error: FileOpError) -> Self {
         match error {
             FileOpError::File(error) => Self::File(error),
-            FileOpError::Backend(error) => Self::Registry(user_message(&error.into())),
+            FileOpError::Backend(error) => Self::Registry(format::user_message(&error.into())),
             FileOpError::Cancelled => Self::Cancelled,
             other => Self::Registry(other.to_string()),
         }
@@ -283,7 +276,7 @@ struct Page {
 }
 
 impl Page {
-    fn new(answer: files::ReadAnswer, offset: u64) -> Self {
+    fn new(answer: ReadAnswer, offset: u64) -> Self {
         let end = offset.saturating_add(answer.bytes.len() as u64);
         let text_len = files::utf8_prefix(&answer.bytes, end >= answer.size);
         let mut bytes = answer.bytes;
@@ -423,7 +416,7 @@ async fn write_call(
             )));
         }
     };
-    if bytes.len() > files::WRITE_LIMIT {
+    if bytes.len() > WRITE_LIMIT {
         return Err(invalid(format!(
             "content is larger than 16 MiB ({} bytes); write the file in several calls with append: true.",
             bytes.len()
@@ -465,15 +458,15 @@ async fn list_call(
     let computer = decode_computer(&args, session)?;
     let depth = match args.integer("depth").map_err(invalid)? {
         None => 1,
-        Some(d) if (1..=i64::from(files::MAX_DEPTH)).contains(&d) => d,
+        Some(d) if (1..=i64::from(MAX_DEPTH)).contains(&d) => d,
         Some(d) => {
             return Err(invalid(format!(
                 "depth must be between 1 and {}, got: {d}",
-                files::MAX_DEPTH
+                MAX_DEPTH
             )));
         }
     };
-    let depth = u8::try_from(depth).unwrap_or(files::MAX_DEPTH);
+    let depth = u8::try_from(depth).unwrap_or(MAX_DEPTH);
     let (_, listing) = in_turn(
         registry,
         session,
@@ -537,7 +530,12 @@ pub async fn read_resource(
                 None,
             ));
         }
-        Err(error) => return Err(ErrorData::internal_error(user_message(&error), None)),
+        Err(error) => {
+            return Err(ErrorData::internal_error(
+                format::user_message(&error),
+                None,
+            ));
+        }
     };
     let limit = registry.limits().output_limit.max(1);
     let page = read_page(

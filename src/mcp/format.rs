@@ -5,9 +5,12 @@
 //! This is the only place that turns a payload or an error message into a `CallToolResult`.
 
 use std::fmt::Write as _;
+use std::sync::Arc;
 
-use rmcp::model::{CallToolResult, ContentBlock};
-use serde_json::{Map, Value};
+use rmcp::model::{CallToolResult, ContentBlock, JsonObject};
+use serde_json::{Map, Value, json};
+
+use crate::registry::RegistryError;
 
 /// Serialises `value` exactly like Python's `json.dumps(value)`: `", "` and `": "` separators,
 /// no newlines, non-ASCII escaped as `\uXXXX` (surrogate pairs above U+FFFF).
@@ -99,6 +102,36 @@ pub fn error_json(message: impl Into<String>) -> CallToolResult {
     let mut result = CallToolResult::error(vec![ContentBlock::text(python_json(&value))]);
     result.structured_content = Some(value);
     result
+}
+
+/// The words a model sees for a typed error: its own message, phrased for the user where it
+/// is made (a backend error names the computer and the call).
+pub fn user_message(error: &RegistryError) -> String {
+    error.to_string()
+}
+
+/// A JSON object literal as the `Arc<JsonObject>` a tool's schema is.
+pub(super) fn object(value: Value) -> Arc<JsonObject> {
+    Arc::new(value.as_object().cloned().unwrap_or_default())
+}
+
+/// `{type: object, properties, required, anyOf: [success keys | error]}`.
+pub(super) fn output_schema(
+    properties: Value,
+    success: &[&str],
+    defs: Option<Value>,
+) -> Arc<JsonObject> {
+    let mut properties = properties.as_object().cloned().unwrap_or_default();
+    properties.insert("error".into(), json!({"type": "string"}));
+    let mut schema = json!({
+        "type": "object",
+        "properties": properties,
+        "anyOf": [{"required": success}, {"required": ["error"]}]
+    });
+    if let (Some(defs), Some(map)) = (defs, schema.as_object_mut()) {
+        map.insert("$defs".into(), defs);
+    }
+    object(schema)
 }
 
 #[cfg(test)]

@@ -3,7 +3,6 @@
 //! messages, finding a job's computer, and the result payloads. The jobs themselves are
 //! [`crate::jobs`]'s.
 
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rmcp::model::{CallToolResult, JsonObject, Tool, ToolAnnotations};
@@ -12,14 +11,12 @@ use tokio_util::sync::CancellationToken;
 
 use super::args::Args;
 use super::format;
-use super::lifecycle::output_schema;
-use super::tools::user_message;
 use crate::backends::{BackendError, Progress, SandboxRef};
 use crate::ids::{ComputerId, JobId};
 use crate::jobs::{
     JobError, Jobs, Listing, MAX_WAIT_SECS, MORE_WAITING, Signal, Snapshot, StartRequest, WaitFor,
 };
-use crate::registry::{Registry, RegistryError, Session};
+use crate::registry::{Registry, RegistryError, Session, Unnamed};
 
 pub const OUTPUT: &str = "job_output";
 pub const WRITE: &str = "job_write";
@@ -37,10 +34,6 @@ const WRITE_WAIT_SECS: i64 = 1;
 
 /// Computers probed for a job this process has never seen (after a restart of the server).
 const PROBE_LIMIT: usize = 64;
-
-fn object(value: Value) -> Arc<JsonObject> {
-    Arc::new(value.as_object().cloned().unwrap_or_default())
-}
 
 /// `terminal_execute`'s extra input properties.
 pub fn execute_properties() -> Value {
@@ -96,7 +89,7 @@ pub fn tools(in_server: bool) -> Vec<Tool> {
     let output = Tool::new(
         OUTPUT,
         "Read a job's new output: what it printed since this session's last read of it (or since byte offset `since` of its combined output), whether it still runs, and its exit code once it ended. `wait` blocks up to that many seconds for new output or the end.",
-        object(json!({
+        format::object(json!({
             "type": "object",
             "properties": {
                 "job_id": job_id_property(),
@@ -106,12 +99,12 @@ pub fn tools(in_server: bool) -> Vec<Tool> {
             "required": ["job_id"]
         })),
     )
-    .with_raw_output_schema(output_schema(job_output_properties(), &JOB_OUTPUT_FIELDS, None))
+    .with_raw_output_schema(format::output_schema(job_output_properties(), &JOB_OUTPUT_FIELDS, None))
     .with_annotations(annotations(true, false));
     let write = Tool::new(
         WRITE,
         "Send text to a running job's stdin (a job started with keep_stdin_open), then return its new output like job_output, after waiting `wait` seconds (default 1) for the reaction. close_stdin ends its input.",
-        object(json!({
+        format::object(json!({
             "type": "object",
             "properties": {
                 "job_id": job_id_property(),
@@ -122,12 +115,12 @@ pub fn tools(in_server: bool) -> Vec<Tool> {
             "required": ["job_id", "stdin"]
         })),
     )
-    .with_raw_output_schema(output_schema(job_output_properties(), &JOB_OUTPUT_FIELDS, None))
+    .with_raw_output_schema(format::output_schema(job_output_properties(), &JOB_OUTPUT_FIELDS, None))
     .with_annotations(annotations(false, false));
     let kill = Tool::new(
         KILL,
         "Stop a job: send `signal` (default TERM) to its whole process tree, then KILL whatever is left after 5 seconds. Returns the job's final state; killing an ended job just returns it.",
-        object(json!({
+        format::object(json!({
             "type": "object",
             "properties": {
                 "job_id": job_id_property(),
@@ -136,7 +129,7 @@ pub fn tools(in_server: bool) -> Vec<Tool> {
             "required": ["job_id"]
         })),
     )
-    .with_raw_output_schema(output_schema(job_output_properties(), &JOB_OUTPUT_FIELDS, None))
+    .with_raw_output_schema(format::output_schema(job_output_properties(), &JOB_OUTPUT_FIELDS, None))
     .with_annotations(annotations(false, true));
     let durability = if in_server {
         " On this backend jobs run inside the server and end when it stops."
@@ -146,14 +139,14 @@ pub fn tools(in_server: bool) -> Vec<Tool> {
     let list = Tool::new(
         LIST,
         format!("List a computer's jobs, newest first (default: this session's default computer).{durability}"),
-        object(json!({
+        format::object(json!({
             "type": "object",
             "properties": {
                 "computer_id": {"type": "string", "title": "Computer Id", "description": "The computer whose jobs to list. Omit for this session's default computer."}
             }
         })),
     )
-    .with_raw_output_schema(output_schema(
+    .with_raw_output_schema(format::output_schema(
         json!({
             "jobs": {"type": "array", "items": {"type": "object", "properties": {
                 "job_id": {"type": "string"},
@@ -237,9 +230,9 @@ fn job_payload(job: &JobId, computer: &ComputerId, snapshot: &Snapshot) -> CallT
 fn job_error(error: &JobError) -> Option<CallToolResult> {
     match error {
         JobError::Cancelled => None,
-        JobError::Backend(backend) => Some(format::error(user_message(&RegistryError::Backend(
-            backend.clone(),
-        )))),
+        JobError::Backend(backend) => Some(format::error(format::user_message(
+            &RegistryError::Backend(backend.clone()),
+        ))),
         other => Some(format::error(other.to_string())),
     }
 }
@@ -268,7 +261,7 @@ fn call_error(error: &CallError) -> Option<CallToolResult> {
     match error {
         CallError::Job(error) => job_error(error),
         CallError::Computer(RegistryError::Cancelled) => None,
-        CallError::Computer(error) => Some(format::error(user_message(error))),
+        CallError::Computer(error) => Some(format::error(format::user_message(error))),
     }
 }
 
@@ -311,12 +304,18 @@ pub async fn execute(
 ) -> Option<CallToolResult> {
     let started = Instant::now();
     let sandbox = match registry
-        .acquire(session, computer_id, temporary, true, progress)
+        .acquire(
+            session,
+            computer_id,
+            temporary,
+            Unnamed::SessionDefault,
+            progress,
+        )
         .await
     {
         Ok(sandbox) => sandbox,
         Err(RegistryError::Cancelled) => return None,
-        Err(error) => return Some(format::error(user_message(&error))),
+        Err(error) => return Some(format::error(format::user_message(&error))),
     };
     let request = &request;
     let followed = async {

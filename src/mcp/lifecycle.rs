@@ -9,11 +9,10 @@ use serde_json::{Map, Value, json};
 
 use super::args::Args;
 use super::format;
-use super::tools::user_message;
 use crate::backends::{ComputerInfo, Progress};
 use crate::dashboard;
 use crate::ids::ComputerId;
-use crate::registry::{Registry, Session};
+use crate::registry::{Registry, Session, Unnamed};
 
 pub const DASHBOARD: &str = "computer_dashboard";
 pub const LIST: &str = "computer_list";
@@ -21,10 +20,6 @@ pub const CREATE: &str = "computer_create";
 pub const RESTART: &str = "computer_restart";
 pub const FACTORY_RESET: &str = "computer_factory_reset";
 pub const DELETE: &str = "computer_delete";
-
-fn object(value: Value) -> Arc<JsonObject> {
-    Arc::new(value.as_object().cloned().unwrap_or_default())
-}
 
 fn annotations(read_only: Option<bool>, destructive: Option<bool>) -> ToolAnnotations {
     let mut annotations = ToolAnnotations::new();
@@ -35,25 +30,6 @@ fn annotations(read_only: Option<bool>, destructive: Option<bool>) -> ToolAnnota
 
 fn meta(value: Value) -> MetaObject {
     MetaObject(value.as_object().cloned().unwrap_or_default())
-}
-
-/// `{type: object, properties, required, anyOf: [success keys | error]}`.
-pub(super) fn output_schema(
-    properties: Value,
-    success: &[&str],
-    defs: Option<Value>,
-) -> Arc<JsonObject> {
-    let mut properties = properties.as_object().cloned().unwrap_or_default();
-    properties.insert("error".into(), json!({"type": "string"}));
-    let mut schema = json!({
-        "type": "object",
-        "properties": properties,
-        "anyOf": [{"required": success}, {"required": ["error"]}]
-    });
-    if let (Some(defs), Some(map)) = (defs, schema.as_object_mut()) {
-        map.insert("$defs".into(), defs);
-    }
-    object(schema)
 }
 
 fn computer_info_defs() -> Value {
@@ -73,7 +49,7 @@ fn computer_info_defs() -> Value {
 }
 
 fn id_input(description: &str) -> Arc<JsonObject> {
-    object(json!({
+    format::object(json!({
         "type": "object",
         "properties": {"computer_id": {"type": "string", "title": "Computer Id", "description": description}},
         "required": ["computer_id"]
@@ -85,13 +61,13 @@ pub fn tools() -> Vec<Tool> {
     let visibility = json!({"visibility": ["model", "app"]});
     let plain_meta = || meta(json!({"ui": visibility.clone()}));
     let list_output = || {
-        output_schema(
+        format::output_schema(
             json!({"computers": {"type": "array", "items": {"$ref": "#/$defs/ComputerInfo"}}, "count": {"type": "integer"}, "warning": {"type": "string"}}),
             &["computers", "count"],
             Some(computer_info_defs()),
         )
     };
-    let empty_input = || object(json!({"type": "object", "properties": {}}));
+    let empty_input = || format::object(json!({"type": "object", "properties": {}}));
     vec![
         Tool::new(
             DASHBOARD,
@@ -112,7 +88,7 @@ pub fn tools() -> Vec<Tool> {
         Tool::new(
             CREATE,
             "Create a temporary or permanent sandbox computer. If computer_id is omitted, a readable random slug is returned.",
-            object(json!({
+            format::object(json!({
                 "type": "object",
                 "properties": {
                     "computer_id": {"type": "string", "title": "Computer Id", "description": "Optional lowercase slug. Omit to generate a readable random ID."},
@@ -120,7 +96,7 @@ pub fn tools() -> Vec<Tool> {
                 }
             })),
         )
-        .with_raw_output_schema(output_schema(
+        .with_raw_output_schema(format::output_schema(
             json!({"ok": {"type": "boolean"}, "computer_id": {"type": "string"}, "sandbox_id": {"type": "string"}, "temporary": {"type": "boolean"}}),
             &["ok", "computer_id", "sandbox_id", "temporary"],
             None,
@@ -128,7 +104,7 @@ pub fn tools() -> Vec<Tool> {
         .with_annotations(annotations(None, Some(false)))
         .with_meta(plain_meta()),
         Tool::new(RESTART, "Restart a computer without erasing its writable filesystem.", id_input("Computer slug to restart"))
-            .with_raw_output_schema(output_schema(
+            .with_raw_output_schema(format::output_schema(
                 json!({"ok": {"type": "boolean"}, "computer_id": {"type": "string"}, "sandbox_id": {"type": "string"}, "temporary": {"type": "boolean"}, "state_preserved": {"type": "boolean"}, "warning": {"type": "string"}}),
                 &["ok", "computer_id", "sandbox_id", "temporary", "state_preserved"],
                 None,
@@ -140,7 +116,7 @@ pub fn tools() -> Vec<Tool> {
             "Erase a computer's writable filesystem and recreate it from the base image.",
             id_input("Computer slug whose writable state will be erased"),
         )
-        .with_raw_output_schema(output_schema(
+        .with_raw_output_schema(format::output_schema(
             json!({"ok": {"type": "boolean"}, "computer_id": {"type": "string"}, "sandbox_id": {"type": "string"}, "temporary": {"type": "boolean"}}),
             &["ok", "computer_id", "sandbox_id", "temporary"],
             None,
@@ -148,7 +124,7 @@ pub fn tools() -> Vec<Tool> {
         .with_annotations(annotations(None, Some(true)))
         .with_meta(plain_meta()),
         Tool::new(DELETE, "Permanently delete a computer and all of its writable state.", id_input("Computer slug to permanently delete"))
-            .with_raw_output_schema(output_schema(
+            .with_raw_output_schema(format::output_schema(
                 json!({"ok": {"type": "boolean"}, "computer_id": {"type": "string"}, "deleted": {"type": "boolean"}}),
                 &["ok", "computer_id", "deleted"],
                 None,
@@ -266,11 +242,11 @@ pub async fn create(
                 session,
                 computer_id,
                 temporary.unwrap_or(true),
-                false,
+                Unnamed::Fresh,
                 progress,
             )
             .await
-            .map_err(|e| user_message(&e))?;
+            .map_err(|e| format::user_message(&e))?;
         let mut payload = Map::new();
         payload.insert("ok".into(), json!(true));
         payload.insert("computer_id".into(), json!(sandbox.computer_id.slug()));
@@ -302,7 +278,7 @@ pub async fn restart(
 ) -> CallToolResult {
     let result = async {
             let id = required_id(RESTART, session, arguments)?;
-            let restarted = registry.restart(&id, session.principal()).await.map_err(|e| user_message(&e))?;
+            let restarted = registry.restart(&id, session.principal()).await.map_err(|e| format::user_message(&e))?;
             let mut payload = Map::new();
             payload.insert("ok".into(), json!(true));
             payload.insert("computer_id".into(), json!(id.slug()));
@@ -337,7 +313,7 @@ pub async fn factory_reset(
         let sandbox = registry
             .factory_reset(&id, session.principal(), progress)
             .await
-            .map_err(|e| user_message(&e))?;
+            .map_err(|e| format::user_message(&e))?;
         let mut payload = Map::new();
         payload.insert("ok".into(), json!(true));
         payload.insert("computer_id".into(), json!(id.slug()));
@@ -357,7 +333,10 @@ pub async fn delete(
 ) -> CallToolResult {
     let result = async {
         let id = required_id(DELETE, session, arguments)?;
-        registry.delete(&id).await.map_err(|e| user_message(&e))?;
+        registry
+            .delete(&id)
+            .await
+            .map_err(|e| format::user_message(&e))?;
         let mut payload = Map::new();
         payload.insert("ok".into(), json!(true));
         payload.insert("computer_id".into(), json!(id.slug()));

@@ -8,6 +8,8 @@ pub mod args;
 pub mod description;
 mod files;
 pub mod format;
+#[cfg(test)]
+mod golden;
 mod jobs;
 mod lifecycle;
 pub mod ports;
@@ -267,7 +269,7 @@ impl ServerHandler for SessionHandler {
         let contents = ResourceContents::TextResourceContents {
             uri: dashboard::RESOURCE_URI.to_owned(),
             mime_type: Some(dashboard::MIME_TYPE.to_owned()),
-            text: dashboard::html(dashboard::Mode::App),
+            text: dashboard::html(dashboard::Mode::App, self.surface.registry.backend().kind()),
             meta: Some(Surface::dashboard_meta()),
         };
         Ok(ReadResourceResult::new(vec![contents]).into())

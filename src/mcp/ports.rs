@@ -9,12 +9,11 @@ use serde_json::{Map, Value, json};
 
 use super::args::Args;
 use super::files::{
-    CallError, annotations, computer_id_property, decode_computer, invalid, mode_of, object,
+    CallError, annotations, computer_id_property, decode_computer, invalid, mode_of,
 };
 use super::format;
-use super::lifecycle::output_schema;
 use crate::ports::{PortError, PortUrl, Ports};
-use crate::registry::{Registry, Session};
+use crate::registry::{Registry, Session, Unnamed};
 
 pub const PORT_URL: &str = "port_url";
 
@@ -27,7 +26,7 @@ pub fn tool() -> Tool {
     Tool::new(
         PORT_URL,
         "Get a URL for a TCP port in a computer, e.g. a dev server started as a job, so a browser can open it. The server must already listen on that port (any address in the computer, 127.0.0.1 included).",
-        object(json!({
+        format::object(json!({
             "type": "object",
             "properties": {
                 "port": {"type": "integer", "minimum": 1, "maximum": 65535, "title": "Port", "description": "The TCP port in the computer."},
@@ -36,7 +35,7 @@ pub fn tool() -> Tool {
             "required": ["port"]
         })),
     )
-    .with_raw_output_schema(output_schema(
+    .with_raw_output_schema(format::output_schema(
         json!({
             "computer_id": {"type": "string"},
             "port": {"type": "integer"},
@@ -85,7 +84,13 @@ async fn call(
     }
     let temporary = mode_of(registry, session, computer.as_ref()).await?;
     let sandbox = registry
-        .acquire(session, computer, temporary, true, Registry::no_progress())
+        .acquire(
+            session,
+            computer,
+            temporary,
+            Unnamed::SessionDefault,
+            Registry::no_progress(),
+        )
         .await?;
     let id = sandbox.computer_id.slug().to_owned();
     let url = ports
@@ -126,7 +131,7 @@ async fn call(
 /// The user-facing text of a port failure.
 pub fn message(error: &PortError) -> String {
     match error {
-        PortError::Registry(error) => super::tools::user_message(error),
+        PortError::Registry(error) => format::user_message(error),
         other => other.to_string(),
     }
 }

@@ -2,15 +2,13 @@
 //! and "terminal_execute validation") and one thin function per tool that decodes arguments, calls the registry and formats
 //! the result. No provider logic and no lifecycle rules live here.
 
-use std::sync::Arc;
-
 use rmcp::model::{CallToolResult, JsonObject, MetaObject, Tool, ToolAnnotations};
 use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::args::{ArgError, Args};
 use super::format;
-use crate::backends::{BackendError, Progress};
+use crate::backends::Progress;
 use crate::config::MAX_TIMEOUT_SECS;
 use crate::exec::{ExecOutcome, ExecRequest, Program, STDIN_LIMIT};
 use crate::ids::ComputerId;
@@ -18,10 +16,6 @@ use crate::jobs::{Jobs, StartRequest};
 use crate::registry::{Registry, RegistryError, Session};
 
 pub const TERMINAL_EXECUTE: &str = "terminal_execute";
-
-fn object(value: Value) -> Arc<JsonObject> {
-    Arc::new(value.as_object().cloned().unwrap_or_default())
-}
 
 fn ui_meta() -> MetaObject {
     let mut meta = MetaObject::new();
@@ -76,10 +70,14 @@ pub fn terminal_execute_tool(description: &str, job_tools: bool) -> Tool {
     }
     let mut annotations = ToolAnnotations::new();
     annotations.open_world_hint = Some(true);
-    Tool::new(TERMINAL_EXECUTE, description.to_owned(), object(input))
-        .with_raw_output_schema(object(output))
-        .with_annotations(annotations)
-        .with_meta(ui_meta())
+    Tool::new(
+        TERMINAL_EXECUTE,
+        description.to_owned(),
+        format::object(input),
+    )
+    .with_raw_output_schema(format::object(output))
+    .with_annotations(annotations)
+    .with_meta(ui_meta())
 }
 
 /// Validates a `terminal_execute` call (docs/decisions.md, "terminal_execute validation") before anything is created.
@@ -253,7 +251,7 @@ pub async fn terminal_execute(
     let executed = match executed {
         Ok(executed) => executed,
         Err(RegistryError::Cancelled) => return None,
-        Err(error) => return Some(format::error(user_message(&error))),
+        Err(error) => return Some(format::error(format::user_message(&error))),
     };
     let (stdout, stderr, exit_code, duration) = match executed.outcome {
         ExecOutcome::Completed {
@@ -303,16 +301,6 @@ pub async fn terminal_execute(
         json!(u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)),
     );
     Some(format::success(payload))
-}
-
-/// The one mapping from typed errors to the words a model sees.
-pub fn user_message(error: &RegistryError) -> String {
-    match error {
-        RegistryError::Backend(BackendError::DiedDuringExec(sandbox_id)) => {
-            format!("Sandbox {sandbox_id} died during command execution")
-        }
-        other => other.to_string(),
-    }
 }
 
 #[cfg(test)]

@@ -21,7 +21,7 @@ fn setup() -> (Arc<FakeBackend>, Arc<Registry>, Arc<Ports>) {
             default_timeout_secs: 60,
             output_limit: 1000,
         },
-        crate::registry::Quotas::default(),
+        crate::config::Quotas::default(),
     );
     let ports = Ports::new(registry.clone());
     (backend, registry, ports)

@@ -21,17 +21,26 @@ enum Origin {
     CheckedFree,
 }
 
+/// What a call that names no computer gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Unnamed {
+    /// The session's default computer, made on its first use (`terminal_execute`, the job
+    /// tools, `port_url`). A sessionless request has no default and gets a new computer.
+    SessionDefault,
+    /// A new computer under a fresh random id (`computer_create`).
+    Fresh,
+}
+
 impl Registry {
     /// Resolves the target computer for a call and makes `session` one of its holders
-    /// (docs/decisions.md, "Acquiring a computer"). `computer_id: None` means the session default (created on first
-    /// use when `use_default` is set) or, for `computer_create`, a fresh random id.
+    /// (docs/decisions.md, "Acquiring a computer"). `computer_id: None` means what `unnamed` says.
     #[instrument(skip_all, fields(computer_id))]
     pub async fn acquire(
         &self,
         session: &Session,
         computer_id: Option<ComputerId>,
         temporary: bool,
-        use_default: bool,
+        unnamed: Unnamed,
         progress: &dyn Progress,
     ) -> Result<SandboxRef, RegistryError> {
         if let Some(id) = computer_id {
@@ -41,7 +50,7 @@ impl Registry {
                 .await;
         }
         // Sessionless requests have no default: each omitted-id call gets a new computer.
-        if !use_default || session.lease_ttl.is_some() {
+        if unnamed == Unnamed::Fresh || session.lease_ttl.is_some() {
             let id = self.unused_random_id(session).await?;
             return self
                 .acquire_for(session, &id, temporary, Origin::Named, progress)

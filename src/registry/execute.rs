@@ -5,7 +5,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
 use super::slots::{InFlight, Slot};
-use super::{Executed, Interruption, Registry, RegistryError, Session, lock};
+use super::{Executed, Interruption, Registry, RegistryError, Session, Unnamed, lock};
 use crate::backends::{BackendError, NoProgress, Progress, SandboxRef};
 use crate::exec::{self, ExecError, ExecRequest};
 use crate::ids::{ComputerId, ExecId};
@@ -22,7 +22,13 @@ impl Registry {
         cancel: &CancellationToken,
     ) -> Result<Executed, RegistryError> {
         let acquired = self
-            .acquire(session, computer_id, temporary, true, progress)
+            .acquire(
+                session,
+                computer_id,
+                temporary,
+                Unnamed::SessionDefault,
+                progress,
+            )
             .await?;
         let id = acquired.computer_id.clone();
         let slot = self.slot(&id);
@@ -95,7 +101,13 @@ impl Registry {
         work: impl AsyncFnOnce(&SandboxRef, &CancellationToken) -> T,
     ) -> Result<(SandboxRef, T), RegistryError> {
         let acquired = self
-            .acquire(session, computer_id, temporary, true, &NoProgress)
+            .acquire(
+                session,
+                computer_id,
+                temporary,
+                Unnamed::SessionDefault,
+                &NoProgress,
+            )
             .await?;
         let id = acquired.computer_id.clone();
         let slot = self.slot(&id);

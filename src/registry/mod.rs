@@ -33,11 +33,11 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-pub use quotas::Quotas;
+pub use acquire::Unnamed;
 pub use sessions::Session;
 
 use crate::backends::{Backend, BackendError, NoProgress, Progress, SandboxRef};
-use crate::config::ExecLimits;
+use crate::config::{ExecLimits, Quotas};
 use crate::exec::ExecOutcome;
 use crate::ids::{ComputerId, InstanceId, Principal};
 use slots::{Slot, lock};

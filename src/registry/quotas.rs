@@ -8,20 +8,8 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Mutex;
 
 use super::{Registry, RegistryError, lock};
+use crate::config::Quotas;
 use crate::ids::{ComputerId, Principal};
-
-/// `--max-computers-per-user` and `--max-running-per-user`; `None` = unlimited.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Quotas {
-    pub max_computers: Option<usize>,
-    pub max_running: Option<usize>,
-}
-
-impl Quotas {
-    fn any(self) -> bool {
-        self.max_computers.is_some() || self.max_running.is_some()
-    }
-}
 
 /// The quota state shared by a registry's creations.
 #[derive(Default)]

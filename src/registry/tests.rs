@@ -27,10 +27,10 @@ const LIMITS: ExecLimits = ExecLimits {
 };
 
 fn setup() -> (Arc<FakeBackend>, Arc<Registry>) {
-    setup_with(crate::registry::Quotas::default())
+    setup_with(crate::config::Quotas::default())
 }
 
-fn setup_with(quotas: crate::registry::Quotas) -> (Arc<FakeBackend>, Arc<Registry>) {
+fn setup_with(quotas: crate::config::Quotas) -> (Arc<FakeBackend>, Arc<Registry>) {
     let backend = FakeBackend::new();
     let registry = Registry::new(
         backend.clone(),
@@ -734,7 +734,7 @@ async fn not_running_on_a_computer_that_is_gone_drops_it_everywhere() {
 
 #[tokio::test(start_paused = true)]
 async fn the_running_limit_holds_however_a_stopped_computer_would_start() {
-    let (backend, registry) = setup_with(crate::registry::Quotas {
+    let (backend, registry) = setup_with(crate::config::Quotas {
         max_computers: None,
         max_running: Some(1),
     });
@@ -776,7 +776,7 @@ async fn the_running_limit_holds_however_a_stopped_computer_would_start() {
 // See: issue 30 (item 3)
 #[tokio::test(start_paused = true)]
 async fn issue_30_work_that_finds_a_computer_stopped_starts_it_through_the_running_limit() {
-    let (backend, registry) = setup_with(crate::registry::Quotas {
+    let (backend, registry) = setup_with(crate::config::Quotas {
         max_computers: None,
         max_running: Some(1),
     });

@@ -232,7 +232,7 @@ pub async fn serve(surface: Arc<Surface>, config: &HttpConfig, options: ServeOpt
     let end_sessions = CancellationToken::new();
     // Closes the listener (connections in progress continue).
     let stop_accepting = CancellationToken::new();
-    let guard = Arc::new(Guard::new(hosts, auth));
+    let guard = Arc::new(Guard::new(hosts, Arc::new(auth)));
     // Watched from here on, before the first request: SIGHUP's default action ends the process.
     let reloader = named.map(|named| {
         use tokio::signal::unix::{SignalKind, signal};
@@ -361,12 +361,13 @@ fn router(
             guard.clone(),
             guard::refuse_while_draining,
         ))
-        .layer(from_fn_with_state(guard.clone(), auth::require_auth))
+        .layer(from_fn_with_state(guard.auth.clone(), auth::require_auth))
         .layer(from_fn_with_state(
             guard.clone(),
             guard::check_host_and_origin,
         ));
-    let mut root = Router::new().route("/", any(pages::root).with_state(lifecycle_tools));
+    let dashboard = lifecycle_tools.then(|| surface.registry.backend().kind());
+    let mut root = Router::new().route("/", any(pages::root).with_state(dashboard));
     if let Some(document) = guard.auth.resource_metadata() {
         // RFC 9728: at the root, and under the path of the resource (`/mcp`). Public: a
         // client reads it before it has a token.
@@ -411,7 +412,7 @@ fn router(
                 guard.clone(),
                 guard::refuse_while_draining,
             ))
-            .layer(from_fn_with_state(guard.clone(), auth::require_auth))
+            .layer(from_fn_with_state(guard.auth.clone(), auth::require_auth))
             .layer(from_fn_with_state(guard, guard::check_host_and_origin));
         app = app.merge(port_routes);
     }

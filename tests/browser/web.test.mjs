@@ -130,6 +130,8 @@ describe("dashboard in web mode over Streamable HTTP", () => {
     created.add(id);
     assert.ok(containerListed(id));
     assert.equal(await page.locator(`li[data-id="${id}"] .pill`).textContent(), "temporary");
+    // The subtitle names what this server runs (its backend), not a fixed list of providers.
+    assert.equal(await text("#subtitle"), "Containers, one lifecycle.");
     await page.locator("#command").fill("echo hello-from-web");
     await page.getByRole("button", { name: "Run command" }).click();
     await waitStatus("Command finished with exit 0.", 60_000);

@@ -6,9 +6,10 @@ use std::sync::Arc;
 use clap::Parser;
 use serde_json::{Value, json};
 
-use mcp_sandbox_computer_vm_for_ai::backends::{self, Backend};
+use mcp_sandbox_computer_vm_for_ai::backends::Backend;
 use mcp_sandbox_computer_vm_for_ai::cli::Cli;
 use mcp_sandbox_computer_vm_for_ai::config::Config;
+use mcp_sandbox_computer_vm_for_ai::providers;
 
 use super::PythonFake;
 
@@ -98,8 +99,9 @@ pub fn backend_with(fake: &Fake, key: Option<&str>, extra: &[&str]) -> Arc<dyn B
     ];
     args.extend_from_slice(extra);
     let cli = Cli::try_parse_from(args).unwrap();
-    let mut config = Config::from_cli(&cli, None).unwrap();
+    let mut config =
+        Config::from_cli(&cli, mcp_sandbox_computer_vm_for_ai::config::process_env).unwrap();
     // Never the developer's own E2B_API_KEY.
-    config.e2b.api_key = key.map(mcp_sandbox_computer_vm_for_ai::config::Secret::new);
-    backends::build(&config).unwrap()
+    config.e2b.api_key = key.map(mcp_sandbox_computer_vm_for_ai::secret::Secret::new);
+    providers::build(&config).unwrap()
 }

@@ -7,11 +7,12 @@ use std::sync::Arc;
 use clap::Parser;
 use serde_json::{Value, json};
 
-use mcp_sandbox_computer_vm_for_ai::backends::{self, Backend};
+use mcp_sandbox_computer_vm_for_ai::backends::Backend;
 use mcp_sandbox_computer_vm_for_ai::cli::Cli;
 use mcp_sandbox_computer_vm_for_ai::config::Config;
-use mcp_sandbox_computer_vm_for_ai::config::Secret;
 use mcp_sandbox_computer_vm_for_ai::config::fly::TokenSources;
+use mcp_sandbox_computer_vm_for_ai::providers;
+use mcp_sandbox_computer_vm_for_ai::secret::Secret;
 
 use super::PythonFake;
 
@@ -128,7 +129,8 @@ pub fn backend_with(
     ];
     args.extend_from_slice(extra);
     let cli = Cli::try_parse_from(args).unwrap();
-    let mut config = Config::from_cli(&cli, None).unwrap();
+    let mut config =
+        Config::from_cli(&cli, mcp_sandbox_computer_vm_for_ai::config::process_env).unwrap();
     config.fly.app = app.map(str::to_owned);
     config.fly.tokens = TokenSources {
         flag: token.map(Secret::new),
@@ -136,7 +138,7 @@ pub fn backend_with(
         config_file: None,
     };
     config.fly.state_file = Some(fake.dir.join("fly.json"));
-    backends::build(&config).unwrap()
+    providers::build(&config).unwrap()
 }
 
 pub fn backend(fake: &Fake) -> Arc<dyn Backend> {

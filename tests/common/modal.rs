@@ -8,10 +8,11 @@ use std::sync::Arc;
 use clap::Parser;
 use fake_modal::{FakeConfig, FakeModal};
 
-use mcp_sandbox_computer_vm_for_ai::backends::{self, Backend};
+use mcp_sandbox_computer_vm_for_ai::backends::Backend;
 use mcp_sandbox_computer_vm_for_ai::cli::Cli;
 use mcp_sandbox_computer_vm_for_ai::config::Config;
-use mcp_sandbox_computer_vm_for_ai::config::Secret;
+use mcp_sandbox_computer_vm_for_ai::providers;
+use mcp_sandbox_computer_vm_for_ai::secret::Secret;
 
 /// A Modal backend pointed at the fake with the given token pair and no config file (never
 /// the developer's real `~/.modal.toml`).
@@ -22,7 +23,8 @@ pub fn backend_with(fake: &FakeModal, secret: Option<&str>, extra: &[&str]) -> A
     }
     args.extend_from_slice(extra);
     let cli = Cli::try_parse_from(args).unwrap();
-    let mut config = Config::from_cli(&cli, None).unwrap();
+    let mut config =
+        Config::from_cli(&cli, mcp_sandbox_computer_vm_for_ai::config::process_env).unwrap();
     config.modal.tokens.flag_id = Some(Secret::new(fake.config().token_id.clone()));
     config.modal.tokens.flag_secret = secret.map(Secret::new);
     config.modal.tokens.env_id = None;
@@ -32,7 +34,7 @@ pub fn backend_with(fake: &FakeModal, secret: Option<&str>, extra: &[&str]) -> A
     config.modal.server_url_env = Some(fake.url());
     config.modal.environment_env = None;
     config.modal.image_builder_version_env = None;
-    backends::build(&config).unwrap()
+    providers::build(&config).unwrap()
 }
 
 /// A Modal backend with the token pair the fake accepts.

@@ -85,7 +85,8 @@ impl Place {
 
     pub fn config(&self, args: &[&str]) -> Config {
         let cli = Cli::try_parse_from(std::iter::once("x").chain(args.iter().copied())).unwrap();
-        let mut config = Config::from_cli(&cli, None).unwrap();
+        let mut config =
+            Config::from_cli(&cli, mcp_sandbox_computer_vm_for_ai::config::process_env).unwrap();
         config.wasm.cache_dir = Some(shared_cache());
         config.wasm.state_dir = Some(self.base.join("home/state"));
         config.wasm.temp_dir = self.base.join("tmp");

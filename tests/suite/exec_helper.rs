@@ -11,13 +11,14 @@ use std::time::Duration;
 
 use clap::Parser;
 use mcp_sandbox_computer_vm_for_ai::backends::{
-    self, Backend, BackendError, CreateSpec, ExecEnd, ExecSpec, NoProgress, OutputSink, SandboxRef,
+    Backend, BackendError, CreateSpec, ExecEnd, ExecSpec, NoProgress, OutputSink, SandboxRef,
     SinkControl, Stream,
 };
 use mcp_sandbox_computer_vm_for_ai::cli::Cli;
 use mcp_sandbox_computer_vm_for_ai::config::Config;
 use mcp_sandbox_computer_vm_for_ai::exec::{self, ExecError, ExecOutcome, ExecRequest, Program};
 use mcp_sandbox_computer_vm_for_ai::ids::{ComputerId, ExecId, InstanceId};
+use mcp_sandbox_computer_vm_for_ai::providers;
 use tokio_util::sync::CancellationToken;
 
 use crate::common::{ContainerGuard, enabled, unique_id};
@@ -44,8 +45,12 @@ async fn computer(label: &str, extra: &[&str]) -> Computer {
         args.push("--exec-helper=on");
     }
     args.extend_from_slice(extra);
-    let config = Config::from_cli(&Cli::parse_from(args), None).expect("config");
-    let backend = backends::build(&config).expect("backend");
+    let config = Config::from_cli(
+        &Cli::parse_from(args),
+        mcp_sandbox_computer_vm_for_ai::config::process_env,
+    )
+    .expect("config");
+    let backend = providers::build(&config).expect("backend");
     let spec = CreateSpec {
         computer_id: ComputerId::parse(&id).expect("id"),
         temporary: true,

@@ -24,6 +24,7 @@ use mcp_sandbox_computer_vm_for_ai::cli::Cli;
 use mcp_sandbox_computer_vm_for_ai::config::Config;
 use mcp_sandbox_computer_vm_for_ai::exec::{self, ExecOutcome, ExecRequest, Program};
 use mcp_sandbox_computer_vm_for_ai::ids::{ExecId, InstanceId};
+use mcp_sandbox_computer_vm_for_ai::providers;
 
 use crate::common::modal::{backend_with, fake, modal};
 use crate::common::{completed, computer, create_spec, enabled};
@@ -65,11 +66,12 @@ async fn run(
 async fn contract_missing_credentials_say_how_to_get_them_against_fake() {
     let fake = fake().await;
     let cli = Cli::try_parse_from(["x", "--backend", "modal"]).unwrap();
-    let mut config = Config::from_cli(&cli, None).unwrap();
+    let mut config =
+        Config::from_cli(&cli, mcp_sandbox_computer_vm_for_ai::config::process_env).unwrap();
     config.modal.tokens = Default::default();
     config.modal.config_file = Some(PathBuf::from("/nonexistent/modal.toml"));
     config.modal.server_url_env = Some(fake.url());
-    let error = backends::build(&config)
+    let error = providers::build(&config)
         .unwrap()
         .validate()
         .await

@@ -205,7 +205,12 @@ const CONFINED: &[(&str, &[&str])] = &[
     ),
     (
         "base64::",
-        &["src/backends/e2b/", "src/files/", "src/mcp/files.rs"],
+        &[
+            "src/backends/e2b/",
+            "src/backends/modal/api.rs",
+            "src/files/",
+            "src/mcp/files.rs",
+        ],
     ),
     ("tonic::", &["src/backends/modal/", "fakes/modal/"]),
     ("prost::", &["src/backends/modal/", "fakes/modal/"]),
@@ -235,26 +240,121 @@ fn third_party_crates_stay_in_their_modules() {
     assert!(offences.is_empty(), "{offences:#?}");
 }
 
+/// The top-level modules of `src/`, from the bottom up. A module may use the modules of the
+/// layers below its own and nothing else: not a module of a layer above, not another module of
+/// its own layer. `main.rs` and `lib.rs` sit on top. ARCHITECTURE.md, "Layers" explains each.
+const LAYERS: &[&[&str]] = &[
+    &["ids", "clock", "secret"],
+    &["cli"],
+    &["state"],
+    &["config"],
+    &["backends"],
+    &["providers"],
+    &["exec"],
+    &["files", "jobs"],
+    &["registry"],
+    &["ports"],
+    &["dashboard"],
+    &["mcp"],
+    &["shutdown"],
+    &["transport"],
+];
+
+/// The top-level modules `code` names (`crate::<module>`, inline or in a grouped `use`).
+fn crate_modules_used(code: &str) -> std::collections::BTreeSet<String> {
+    let word = |c: char| c.is_alphanumeric() || c == '_';
+    let mut found = std::collections::BTreeSet::new();
+    let mut rest = code;
+    while let Some(at) = rest.find("crate::") {
+        let before = rest[..at].chars().last();
+        rest = &rest[at + "crate::".len()..];
+        if before.is_some_and(word) {
+            continue;
+        }
+        let name: String = rest.chars().take_while(|&c| word(c)).collect();
+        if !name.is_empty() {
+            found.insert(name);
+        }
+    }
+    for path in used_paths(code) {
+        if let Some(name) = path.strip_prefix("crate::") {
+            found.insert(name.split("::").next().unwrap_or(name).to_owned());
+        }
+    }
+    found
+}
+
+fn layer_of(module: &str) -> Option<usize> {
+    LAYERS.iter().position(|layer| layer.contains(&module))
+}
+
 #[test]
-fn backends_do_not_import_upper_layers() {
-    let upper = [
-        "crate::mcp",
-        "crate::registry",
-        "crate::exec",
-        "crate::transport",
-    ];
-    let offences: Vec<String> = sources()
-        .into_iter()
-        .filter(|(path, _)| path.starts_with("src/backends/"))
-        .flat_map(|(path, text)| {
-            let code = code_only(&text);
-            let uses = used_paths(&code);
-            upper
-                .iter()
-                .filter(|u| refers_to(&code, &uses, u))
-                .map(move |u| format!("{path} imports {u}"))
-                .collect::<Vec<_>>()
+fn every_top_level_module_has_a_layer() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut modules: Vec<String> = std::fs::read_dir(&root)
+        .expect("src")
+        .map(|entry| {
+            let name = entry.expect("entry").file_name();
+            let name = name.to_str().expect("utf-8 name");
+            name.trim_end_matches(".rs").to_owned()
         })
+        .filter(|name| name != "lib" && name != "main")
         .collect();
-    assert!(offences.is_empty(), "{offences:#?}");
+    modules.sort();
+    modules.dedup();
+    let unplaced: Vec<&String> = modules.iter().filter(|m| layer_of(m).is_none()).collect();
+    let stale: Vec<&&str> = LAYERS
+        .iter()
+        .flat_map(|layer| layer.iter())
+        .filter(|m| !modules.iter().any(|n| n == *m))
+        .collect();
+    assert!(
+        unplaced.is_empty(),
+        "modules missing from LAYERS: {unplaced:?}"
+    );
+    assert!(
+        stale.is_empty(),
+        "LAYERS names modules that do not exist: {stale:?}"
+    );
+}
+
+#[test]
+fn the_layer_check_sees_inline_and_grouped_paths() {
+    let code = code_only(
+        "// crate::mcp in a comment\nuse crate::{exec, backends::files::{A, B}};\nfn f() { crate::registry::x(); my_crate::ports::y(); }\n",
+    );
+    let used: Vec<String> = crate_modules_used(&code).into_iter().collect();
+    assert_eq!(used, ["backends", "exec", "registry"]);
+}
+
+#[test]
+fn modules_import_only_from_layers_below() {
+    let mut offences = Vec::new();
+    for (path, text) in sources() {
+        let Some(inside) = path.strip_prefix("src/") else {
+            continue;
+        };
+        let module = inside
+            .split('/')
+            .next()
+            .unwrap_or(inside)
+            .trim_end_matches(".rs");
+        let Some(own) = layer_of(module) else {
+            continue;
+        };
+        for used in crate_modules_used(&code_only(&text)) {
+            if used == module {
+                continue;
+            }
+            match layer_of(&used) {
+                Some(layer) if layer < own => {}
+                Some(_) => offences.push(format!("{path} ({module}) uses crate::{used}")),
+                None => {}
+            }
+        }
+    }
+    assert!(
+        offences.is_empty(),
+        "upward or sideways imports: {offences:#?}"
+    );
 }

@@ -17,7 +17,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::backends::BackendError;
 use crate::backends::rest::{self, RestClient, RestError, Retry};
-use crate::config::Secret;
+use crate::secret::Secret;
 
 /// Bound for one control-plane call; creating a sandbox from a cached template takes well under
 /// a second, so 60 s leaves room for a cold template without hanging a tool call forever.

@@ -33,9 +33,11 @@ use serde::{Deserialize, Deserializer, Serialize};
 
 use super::E2bBackend;
 use super::process::{Envd, RunError, envd_transport};
+use crate::backends::files::{
+    self, Entry, EntryKind, FileError, FileOpError, FileSystem, Listing, ReadAnswer,
+};
 use crate::backends::rest::bounded_text;
-use crate::backends::{BackendError, FileSystem, SandboxRef};
-use crate::files::{self, Entry, EntryKind, FileError, FileOpError, Listing, ReadAnswer};
+use crate::backends::{BackendError, SandboxRef};
 
 /// Bound of one `filesystem.Filesystem` call: they answer at once (a deep `ListDir` walks a
 /// tree, still well within this).
@@ -249,64 +251,9 @@ struct HttpError {
 /// Seconds since the epoch of an RFC 3339 time (`2024-05-01T10:00:00.123456Z`, or with an
 /// offset), as protobuf's `Timestamp` is written in JSON. `None` when it is not one.
 fn rfc3339_seconds(text: &str) -> Option<i64> {
-    let digits = |from: usize, to: usize| -> Option<i64> {
-        let part = text.get(from..to)?;
-        part.bytes()
-            .all(|b| b.is_ascii_digit())
-            .then(|| part.parse().ok())?
-    };
-    let bytes = text.as_bytes();
-    let separators = [(4, b'-'), (7, b'-'), (13, b':'), (16, b':')];
-    if bytes.len() < 20
-        || separators.iter().any(|&(i, c)| bytes[i] != c)
-        || !matches!(bytes[10], b'T' | b't' | b' ')
-    {
-        return None;
-    }
-    let (year, month, day) = (digits(0, 4)?, digits(5, 7)?, digits(8, 10)?);
-    let (hour, minute, second) = (digits(11, 13)?, digits(14, 16)?, digits(17, 19)?);
-    if !(1..=12).contains(&month) || !(1..=31).contains(&day) || hour > 23 || minute > 59 {
-        return None;
-    }
-    if second > 60 {
-        return None;
-    }
-    let mut rest = &text[19..];
-    if let Some(fraction) = rest.strip_prefix('.') {
-        let end = fraction
-            .bytes()
-            .position(|b| !b.is_ascii_digit())
-            .unwrap_or(fraction.len());
-        if end == 0 {
-            return None;
-        }
-        rest = &fraction[end..];
-    }
-    let offset = match rest {
-        "Z" | "z" => 0,
-        _ => {
-            let sign = match rest.as_bytes().first()? {
-                b'+' => 1,
-                b'-' => -1,
-                _ => return None,
-            };
-            if rest.len() != 6 || rest.as_bytes()[3] != b':' {
-                return None;
-            }
-            let hours: i64 = rest[1..3].parse().ok()?;
-            let minutes: i64 = rest[4..6].parse().ok()?;
-            sign * (hours * 3600 + minutes * 60)
-        }
-    };
-    // Days from the civil date (Howard Hinnant's algorithm).
-    let y = if month <= 2 { year - 1 } else { year };
-    let era = y.div_euclid(400);
-    let yoe = y - era * 400;
-    let mp = (month + 9) % 12;
-    let doy = (153 * mp + 2) / 5 + day - 1;
-    let doe = yoe * 365 + yoe / 4 - yoe / 100 + doy;
-    let days = era * 146_097 + doe - 719_468;
-    Some(days * 86_400 + hour * 3600 + minute * 60 + second - offset)
+    chrono::DateTime::parse_from_rfc3339(text)
+        .ok()
+        .map(|time| time.timestamp())
 }
 
 // --- calls ------------------------------------------------------------------------------------

@@ -107,7 +107,7 @@ fn config_file_token(text: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::Secret;
+    use crate::secret::Secret;
 
     #[test]
     fn scheme_follows_the_token_shape() {

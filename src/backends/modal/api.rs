@@ -15,6 +15,8 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use base64::Engine;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use tokio::sync::Mutex;
 use tonic::metadata::{MetadataMap, MetadataValue};
 use tonic::transport::{Channel, ClientTlsConfig, Endpoint};
@@ -103,31 +105,11 @@ fn unix_now() -> i64 {
 /// The `exp` claim of a JWT, without verifying it (the server does that).
 fn jwt_expiry(token: &str) -> Option<i64> {
     let payload = token.split('.').nth(1)?;
-    let bytes = base64url_decode(payload)?;
+    // JWTs use the URL-safe alphabet without padding (RFC 7515, section 2); a padded one is
+    // read too.
+    let bytes = URL_SAFE_NO_PAD.decode(payload.trim_end_matches('=')).ok()?;
     let claims: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
     claims.get("exp")?.as_f64().map(|e| e as i64)
-}
-
-fn base64url_decode(text: &str) -> Option<Vec<u8>> {
-    let mut out = Vec::with_capacity(text.len() * 3 / 4);
-    let (mut acc, mut bits) = (0u32, 0u32);
-    for c in text.bytes().filter(|c| *c != b'=') {
-        let v = match c {
-            b'A'..=b'Z' => c - b'A',
-            b'a'..=b'z' => c - b'a' + 26,
-            b'0'..=b'9' => c - b'0' + 52,
-            b'-' | b'+' => 62,
-            b'_' | b'/' => 63,
-            _ => return None,
-        };
-        acc = (acc << 6) | u32::from(v);
-        bits += 6;
-        if bits >= 8 {
-            bits -= 8;
-            out.push((acc >> bits) as u8);
-        }
-    }
-    Some(out)
 }
 
 impl Api {

@@ -11,8 +11,8 @@ use std::path::Path;
 use serde::Deserialize;
 
 use crate::config::ModalConfig;
-use crate::config::Secret;
 use crate::config::modal::{DEFAULT_IMAGE_BUILDER_VERSION, DEFAULT_SERVER_URL};
+use crate::secret::Secret;
 
 /// What a connection needs. `Debug` never shows the secret (it is a [`Secret`]).
 #[derive(Debug, Clone)]

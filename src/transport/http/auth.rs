@@ -18,9 +18,8 @@ use axum::middleware::Next;
 use axum::response::Response;
 use subtle::ConstantTimeEq;
 
-use super::guard::Guard;
-use crate::config::Secret;
 use crate::ids::Principal;
+use crate::secret::Secret;
 
 pub mod allowance;
 #[cfg(feature = "oauth")]
@@ -451,7 +450,7 @@ pub fn principal_of(request: &Request) -> Principal {
 
 /// Authenticates the request, puts its [`Principal`] in the extensions, and logs the outcome.
 pub async fn require_auth(
-    State(guard): State<Arc<Guard>>,
+    State(auth): State<Arc<Authenticator>>,
     mut request: Request,
     next: Next,
 ) -> Response {
@@ -461,7 +460,7 @@ pub async fn require_auth(
         .map(HeaderValue::as_bytes);
     let method = loggable(request.method().as_str());
     let path = loggable(request.uri().path());
-    match guard.auth.authenticate(presented).await {
+    match auth.authenticate(presented).await {
         Ok(principal) => {
             request.extensions_mut().insert(principal.clone());
             let response = next.run(request).await;
@@ -476,8 +475,8 @@ pub async fn require_auth(
             response
         }
         Err(refusal) => {
-            let response = refused(&guard.auth, &refusal);
-            if let Some(suppressed) = guard.auth.refusals.admit() {
+            let response = refused(&auth, &refusal);
+            if let Some(suppressed) = auth.refusals.admit() {
                 let reason = match &refusal {
                     Refusal::Missing => "no bearer token".to_owned(),
                     Refusal::Invalid(reason) => reason.clone(),

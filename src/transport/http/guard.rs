@@ -132,13 +132,13 @@ impl AllowedHosts {
 pub struct Guard {
     pub hosts: AllowedHosts,
     /// Who may call, and as whom (docs/auth.md).
-    pub auth: super::auth::Authenticator,
+    pub auth: Arc<super::auth::Authenticator>,
     /// Set at shutdown: `/mcp` takes no new requests while computers are being removed.
     draining: AtomicBool,
 }
 
 impl Guard {
-    pub fn new(hosts: AllowedHosts, auth: super::auth::Authenticator) -> Self {
+    pub fn new(hosts: AllowedHosts, auth: Arc<super::auth::Authenticator>) -> Self {
         Self {
             hosts,
             auth,

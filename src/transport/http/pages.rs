@@ -66,8 +66,9 @@ pub async fn healthz(request: Request) -> Response {
     with_type(StatusCode::OK, "application/json", r#"{"status":"ok"}"#)
 }
 
-/// `GET /`: HTML for browsers, the JSON descriptor otherwise. `State` = lifecycle tools on.
-pub async fn root(State(lifecycle_tools): State<bool>, request: Request) -> Response {
+/// `GET /`: HTML for browsers, the JSON descriptor otherwise. `State`: the backend's name when
+/// the lifecycle tools (and so the dashboard) are on.
+pub async fn root(State(dashboard): State<Option<&'static str>>, request: Request) -> Response {
     if !is_get(request.method()) {
         return not_found().await;
     }
@@ -78,8 +79,8 @@ pub async fn root(State(lifecycle_tools): State<bool>, request: Request) -> Resp
         .filter_map(|v| v.to_str().ok())
         .any(|v| v.to_ascii_lowercase().contains("text/html"));
     if wants_html {
-        let page = if lifecycle_tools {
-            dashboard::html(dashboard::Mode::Web)
+        let page = if let Some(backend) = dashboard {
+            dashboard::html(dashboard::Mode::Web, backend)
         } else {
             DISABLED_PAGE.to_owned()
         };
@@ -97,7 +98,9 @@ pub async fn root(State(lifecycle_tools): State<bool>, request: Request) -> Resp
         "mcp_endpoint": "/mcp",
         "health": "/healthz",
     });
-    if lifecycle_tools && let Some(object) = descriptor.as_object_mut() {
+    if dashboard.is_some()
+        && let Some(object) = descriptor.as_object_mut()
+    {
         object.insert(
             "dashboard_resource".to_owned(),
             json!(dashboard::RESOURCE_URI),

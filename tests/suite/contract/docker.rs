@@ -3,9 +3,9 @@
 
 use clap::Parser;
 
-use mcp_sandbox_computer_vm_for_ai::backends;
 use mcp_sandbox_computer_vm_for_ai::cli::Cli;
 use mcp_sandbox_computer_vm_for_ai::config::Config;
+use mcp_sandbox_computer_vm_for_ai::providers;
 
 use super::{Harness, OUTPUT_LIMIT_FLAG};
 use crate::common::enabled;
@@ -16,9 +16,13 @@ async fn harness() -> Option<Harness> {
     }
     let mut args = vec!["x", "--image", "sandbox-busybox:full", "--shell", "/bin/sh"];
     args.extend(OUTPUT_LIMIT_FLAG);
-    let config = Config::from_cli(&Cli::try_parse_from(args).unwrap(), None).unwrap();
-    let backend = backends::build(&config).unwrap();
-    let collector = backends::build(&config).unwrap();
+    let config = Config::from_cli(
+        &Cli::try_parse_from(args).unwrap(),
+        mcp_sandbox_computer_vm_for_ai::config::process_env,
+    )
+    .unwrap();
+    let backend = providers::build(&config).unwrap();
+    let collector = providers::build(&config).unwrap();
     Some(Harness::new(backend, collector, "/bin/sh", ()).with_container_cleanup(None))
 }
 

@@ -21,9 +21,10 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
+use mcp_sandbox_computer_vm_for_ai::backends::files::{EntryKind, FileError, FileOpError};
 use mcp_sandbox_computer_vm_for_ai::backends::{Backend, NoProgress, SandboxRef};
 use mcp_sandbox_computer_vm_for_ai::exec::{self, ExecOutcome, ExecRequest, Program};
-use mcp_sandbox_computer_vm_for_ai::files::{Access, EntryKind, FileError, FileOpError};
+use mcp_sandbox_computer_vm_for_ai::files::Access;
 use mcp_sandbox_computer_vm_for_ai::ids::{ComputerId, ExecId, InstanceId};
 use mcp_sandbox_computer_vm_for_ai::jobs::{JobSettings, Jobs, Signal, StartRequest, WaitFor};
 

@@ -24,8 +24,9 @@ use serde_json::{Value, json};
 use tokio::sync::Mutex;
 
 use super::Refusal;
-use crate::config::{OAuthConfig, Secret, check_oauth_url};
+use crate::config::{OAuthConfig, check_oauth_url};
 use crate::ids::Principal;
+use crate::secret::Secret;
 
 /// Clock skew tolerated on `exp` and `nbf`.
 const LEEWAY_SECS: u64 = 30;
