@@ -9,7 +9,7 @@
 #   1. apt: chromium (+ fonts-liberation, fonts-dejavu-core for stable screenshots) if missing
 #   2. node >= 20 and npm must be present (Debian 12's own nodejs is 18: not enough)
 #   3. `npm ci` in tests/browser and in tests/oauth (the OAuth test issuer), each skipped while
-#      its package-lock.json is unchanged since the last one
+#      its package-lock.json is unchanged since the last one (npm_ci in scripts/lib.sh)
 #   4. Docker and the sandbox-busybox:full image: scripts/setup-test-env.sh when either is
 #      missing (with SKIP_PODMAN=1 SKIP_RUNSC=1 unless set otherwise)
 #   5. the server: $KILNTAINERS_BIN if set, else `cargo build --locked` (the dashboard HTML is
@@ -42,26 +42,9 @@ apt_ensure chromium fonts-liberation fonts-dejavu-core || die "could not install
 [[ -x /usr/bin/chromium ]] || die "/usr/bin/chromium is missing after installing chromium"
 log "chromium         $(elapsed "$t0")  $(/usr/bin/chromium --version 2>/dev/null | head -n 1)"
 
-# 2. Node.js.
-command -v node >/dev/null 2>&1 || die "node (>= 20) is required"
-command -v npm >/dev/null 2>&1 || die "npm is required"
-node_major="$(node -p 'process.versions.node.split(".")[0]')"
-((node_major >= 20)) || die "node >= 20 is required (found $(node --version))"
-
-# 3. npm packages, pinned by each package-lock.json.
-for dir in "$BROWSER_DIR" "$REPO_ROOT/tests/oauth"; do
-    t0="$(now)"
-    stamp="$dir/node_modules/.kilntainers-lock.sha256"
-    want="$(sha256sum "$dir/package-lock.json" | cut -d' ' -f1)"
-    if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
-        log "npm ci in ${dir#"$REPO_ROOT"/}"
-        (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error) || die "npm ci in $dir failed"
-        printf '%s\n' "$want" >"$stamp"
-        log "npm ci           $(elapsed "$t0")"
-    else
-        log "npm packages     up to date (${dir#"$REPO_ROOT"/})"
-    fi
-done
+# 2 and 3. Node.js, and the npm packages pinned by each package-lock.json.
+npm_ci "$BROWSER_DIR"
+npm_ci "$REPO_ROOT/tests/oauth"
 
 # 4. Docker engine and the test image.
 if ! docker info >/dev/null 2>&1 || ! docker image inspect sandbox-busybox:full >/dev/null 2>&1; then

@@ -10,7 +10,7 @@
 #   1. node >= 20 and npm must be present (Debian 12's own nodejs is 18: not enough; 0.1.14
 #      and later of the suite need Node 22, hence the pin)
 #   2. `npm ci` in tests/conformance, skipped while package-lock.json is unchanged since the
-#      last one
+#      last one and the suite's command is there (npm_ci in scripts/lib.sh)
 #   3. Docker and the sandbox-busybox:full image: scripts/setup-test-env.sh when either is
 #      missing (with SKIP_PODMAN=1 SKIP_RUNSC=1 unless set otherwise)
 #   4. the server binary: $KILNTAINERS_BIN if set, else target/debug/mcp-sandbox-computer-vm-for-ai
@@ -99,24 +99,8 @@ in_list() {
     return 1
 }
 
-# 1. Node.js.
-command -v node >/dev/null 2>&1 || die "node (>= 20) is required"
-command -v npm >/dev/null 2>&1 || die "npm is required"
-node_major="$(node -p 'process.versions.node.split(".")[0]')"
-((node_major >= 20)) || die "node >= 20 is required (found $(node --version))"
-
-# 2. The suite, pinned by package-lock.json.
-t0="$(now)"
-stamp="$CONF_DIR/node_modules/.kilntainers-lock.sha256"
-want="$(sha256sum "$CONF_DIR/package-lock.json" | cut -d' ' -f1)"
-if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" || ! -x "$CONFORMANCE" ]]; then
-    log "npm ci in tests/conformance"
-    (cd "$CONF_DIR" && npm ci --no-audit --no-fund --loglevel=error) || die "npm ci failed"
-    printf '%s\n' "$want" >"$stamp"
-    log "npm ci           $(elapsed "$t0")"
-else
-    log "npm packages     up to date"
-fi
+# 1 and 2. Node.js, and the suite pinned by package-lock.json.
+npm_ci "$CONF_DIR" node_modules/.bin/conformance
 suite_version="$(node -p "require('$CONF_DIR/node_modules/@modelcontextprotocol/conformance/package.json').version")"
 [[ "$suite_version" == "0.1.12" ]] || die "expected conformance 0.1.12, found $suite_version"
 

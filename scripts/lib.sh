@@ -5,8 +5,8 @@
 #
 # Provides: REPO_ROOT, TEST_ENV_DIR, RUN_DIR, CACHE_DIR, log/warn/die, step timing,
 # root_on_debian, apt_ensure (apt-get update at most once per setup run, install only what is
-# missing),
-# wait_until (poll with a deadline) and pidfile helpers that let a teardown stop exactly
+# missing), npm_ci (node >= 20, and a directory's npm packages as its package-lock.json pins
+# them), wait_until (poll with a deadline) and pidfile helpers that let a teardown stop exactly
 # the processes these scripts started.
 
 if [[ -n "${_KILNTAINERS_LIB_SOURCED:-}" ]]; then
@@ -75,6 +75,33 @@ apt_ensure() {
         printf '%s\n' "$out" | tail -n 30 >&2
         return 1
     fi
+}
+
+# ---------------------------------------------------------------------------
+# Node.js
+
+# npm_ci DIR [FILE] : DIR's node_modules as DIR/package-lock.json pins them. Dies unless node
+# >= 20 and npm are on PATH (Debian 12's own nodejs is 18: not enough). `npm ci` runs only when
+# the lock file's sha256 differs from the stamp the last one left in DIR/node_modules, or when
+# FILE (relative to DIR, e.g. the package's command) is missing; logs which it did.
+npm_ci() {
+    local dir="$1" need="${2:-}" what major stamp want t0
+    what="${dir#"$REPO_ROOT"/}"
+    command -v node >/dev/null 2>&1 || die "node (>= 20) is required for $what"
+    command -v npm >/dev/null 2>&1 || die "npm is required for $what"
+    major="$(node -p 'process.versions.node.split(".")[0]')"
+    ((major >= 20)) || die "node >= 20 is required for $what (found $(node --version))"
+    stamp="$dir/node_modules/.kilntainers-lock.sha256"
+    want="$(sha256sum "$dir/package-lock.json" | cut -d' ' -f1)"
+    if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" && (-z "$need" || -e "$dir/$need") ]]; then
+        log "npm packages     up to date ($what)"
+        return 0
+    fi
+    t0="$(now)"
+    log "npm ci in $what"
+    (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error) >&2 || die "npm ci in $what failed"
+    printf '%s\n' "$want" >"$stamp"
+    log "npm ci           $(elapsed "$t0") ($what)"
 }
 
 # ---------------------------------------------------------------------------

@@ -21,6 +21,7 @@
 #      unavailable)
 #   8. OAuth test issuer: `npm ci` in tests/oauth (oidc-provider, for tests/blackbox/test_oauth.py),
 #      skipped while its package-lock.json is unchanged since the last one; needs node >= 20
+#      (npm_ci in scripts/lib.sh)
 #   9. .test-env/env: shell-sourceable summary (KILNTAINERS_IT_* flags, paths)
 #
 # Docker, the images and the venv are required (the script fails without them). Podman and
@@ -335,21 +336,8 @@ step_venv() {
 
 step_oauth_issuer() {
     step_begin "oauth issuer"
-    local dir="$REPO_ROOT/tests/oauth" node_major
-    if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
-        die "node (>= 20) and npm are required for the OAuth test issuer (tests/oauth)"
-    fi
-    node_major="$(node -p 'process.versions.node.split(".")[0]')"
-    ((node_major >= 20)) || die "node >= 20 is required for tests/oauth (found $(node --version))"
-    local stamp="$dir/node_modules/.kilntainers-lock.sha256" want
-    want="$(sha256sum "$dir/package-lock.json" | cut -d' ' -f1)"
-    if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
-        step_end "npm packages up to date"
-        return 0
-    fi
-    (cd "$dir" && npm ci --no-audit --no-fund --loglevel=error) >&2 || die "npm ci in tests/oauth failed"
-    printf '%s\n' "$want" >"$stamp"
-    step_end "npm ci in tests/oauth"
+    npm_ci "$REPO_ROOT/tests/oauth"
+    step_end "tests/oauth's packages as its package-lock.json pins them"
 }
 
 step_env_file() {

@@ -5,8 +5,8 @@
 # tests, the black-box MCP tests against a real Docker engine with both generations of the
 # official Python MCP client, the install paths (tests/install: the PyPI wheel, serve.sh as a
 # normal user), the MCP conformance suite, the browser tests and the fault suite
-# (last: it restarts the Docker daemon this script's setup started, and rewrites
-# docs/reliability.md from its figures).
+# (last: it restarts the Docker daemon this script's setup started; its figures go to the
+# ignored tests/faults/results/, never into docs/reliability.md).
 #
 # This is the full run: every integration environment must be there. A test that would skip
 # for want of one (Podman, gVisor, a venv) fails instead (KILNTAINERS_REQUIRE_ALL=1).
@@ -68,7 +68,7 @@ for features in "" fly e2b modal wasm oauth; do
     cargo clippy -p mcp-sandbox-computer-vm-for-ai --no-default-features --features "$features" --locked -- -D warnings
 done
 shellcheck --severity=style scripts/*.sh .ci/run
-"$KILNTAINERS_TEST_VENV/bin/ruff" check --quiet tests bench testkit
+"$KILNTAINERS_TEST_VENV/bin/ruff" check --quiet tests bench testkit fakes
 
 step "build"
 # Binaries (the server, the `fake-modal` test fake) and every test target in one invocation:
@@ -104,5 +104,5 @@ bash scripts/conformance-test.sh
 step "dashboard in headless Chromium and the MCP Inspector CLI"
 bash scripts/browser-test.sh
 
-step "fault suite (restarts dockerd; figures into docs/reliability.md)"
+step "fault suite (restarts dockerd; figures into tests/faults/results/)"
 bash scripts/fault-test.sh

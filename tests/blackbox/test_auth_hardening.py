@@ -15,7 +15,7 @@ import time
 import httpx
 import pytest
 
-from conftest import BIN, BUSYBOX_ARGS, free_port, poll
+from harness import BIN, BUSYBOX_ARGS, free_port, poll
 
 pytestmark = pytest.mark.anyio
 

@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from conftest import BIN, BUSYBOX, BUSYBOX_ARGS, REPO, container_for, inspect
+from harness import BIN, BUSYBOX, BUSYBOX_ARGS, REPO, container_for, inspect
 
 pytestmark = pytest.mark.anyio
 

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import (
+from harness import (
     BUSYBOX,
     BUSYBOX_ARGS,
     apoll,

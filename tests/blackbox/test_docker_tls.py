@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BIN, BUSYBOX_ARGS, RUN_PREFIX, apoll, containers_for
+from harness import BIN, BUSYBOX_ARGS, RUN_PREFIX, apoll, containers_for
 from testkit import procfs
 from testkit.tls_engine import TlsEngine, make_certificates
 

@@ -1,5 +1,5 @@
 """The `e2b` backend end to end, over stdio with the official Python MCP client, against the
-local fake of E2B's documented control plane and envd process service (`fake_e2b.py`, run in
+local fake of E2B's documented control plane and envd process service (`fakes/e2b.py`, run in
 this process; sandboxes are local `sandbox-busybox:full` containers).  These are contract
 tests: they show the server drives our reading of E2B's published API definitions correctly,
 not that the real service agrees (docs/e2b.md).
@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import apoll, limit_notice, timeout_notice
-from fake_e2b import FakeE2B
+from harness import apoll, limit_notice, timeout_notice
+from fakes.e2b import FakeE2B
 
 pytestmark = pytest.mark.anyio
 

@@ -13,7 +13,7 @@ import time
 import anyio
 import pytest
 
-from conftest import (
+from harness import (
     BUSYBOX,
     BUSYBOX_ARGS,
     RANDOM_SLUG_RE,

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import BUSYBOX, BUSYBOX_ARGS, DEBIAN, MINIMAL_ARGS, docker_exec, poll
+from harness import BUSYBOX, BUSYBOX_ARGS, DEBIAN, MINIMAL_ARGS, docker_exec, poll
 
 pytestmark = pytest.mark.anyio
 

@@ -18,7 +18,7 @@ import zlib
 
 import pytest
 
-from conftest import BUSYBOX_ARGS, DEBIAN, container_for, docker_exec
+from harness import BUSYBOX_ARGS, DEBIAN, container_for, docker_exec
 
 pytestmark = pytest.mark.anyio
 

@@ -1,5 +1,5 @@
 """The `fly` backend end to end, over stdio with the official Python MCP client, against the
-local fake of the documented Machines API (`fake_fly.py`, run in this process; Machines are
+local fake of the documented Machines API (`fakes/fly.py`, run in this process; Machines are
 local `sandbox-busybox:full` containers).  These are contract tests: they show the server
 drives our reading of Fly's API correctly, not that the real service agrees (docs/fly.md).
 
@@ -16,8 +16,8 @@ import json
 
 import pytest
 
-from conftest import apoll, limit_notice, timeout_notice
-from fake_fly import FakeFly
+from harness import apoll, limit_notice, timeout_notice
+from fakes.fly import FakeFly
 
 pytestmark = pytest.mark.anyio
 
@@ -218,7 +218,7 @@ def run_to_exit(kbb, args: list[str], env: dict | None = None, timeout: float = 
     ends at EOF (exit 0)."""
     import subprocess
 
-    from conftest import BIN
+    from harness import BIN
 
     return subprocess.run(
         [BIN, *args], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=timeout,

@@ -15,7 +15,7 @@ import time
 import anyio
 import pytest
 
-from conftest import BUSYBOX_ARGS, container_for, docker_exec
+from harness import BUSYBOX_ARGS, container_for, docker_exec
 
 pytestmark = pytest.mark.anyio
 

@@ -14,7 +14,7 @@ import anyio
 import httpx
 import pytest
 
-from conftest import (
+from harness import (
     HttpRefused,
     BIN,
     BUSYBOX_ARGS,

@@ -31,7 +31,7 @@ import anyio
 import httpx
 import pytest
 
-from conftest import BIN, BUSYBOX_ARGS, apoll, containers_for, docker, free_port
+from harness import BIN, BUSYBOX_ARGS, apoll, containers_for, docker, free_port
 from testkit import mcp_http, procfs
 
 pytestmark = pytest.mark.anyio

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from conftest import BIN, BUSYBOX_ARGS, RUN_PREFIX, containers_with_label, docker, dump, free_port
+from harness import BIN, BUSYBOX_ARGS, RUN_PREFIX, containers_with_label, docker, dump, free_port
 from testkit.registry import PodmanService, Registry, SilentRegistry
 
 pytestmark = pytest.mark.anyio

@@ -18,7 +18,7 @@ import time
 import anyio
 import pytest
 
-from conftest import BUSYBOX_ARGS, apoll, container_for, docker_exec, dump, poll, proc_scan_command
+from harness import BUSYBOX_ARGS, apoll, container_for, docker_exec, dump, poll, proc_scan_command
 
 pytestmark = pytest.mark.anyio
 

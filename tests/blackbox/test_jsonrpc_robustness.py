@@ -15,7 +15,7 @@ import anyio
 import httpx
 import pytest
 
-from conftest import BUSYBOX_ARGS, RawServer
+from harness import BUSYBOX_ARGS, RawServer
 
 pytestmark = pytest.mark.anyio
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from conftest import BUSYBOX, RUN_PREFIX, apoll, container_for, docker, docker_exec
+from harness import BUSYBOX, RUN_PREFIX, apoll, container_for, docker, docker_exec
 
 pytestmark = pytest.mark.anyio
 

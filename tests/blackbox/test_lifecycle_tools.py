@@ -12,7 +12,7 @@ import time
 import anyio
 import pytest
 
-from conftest import BUSYBOX, BUSYBOX_ARGS, RUN_PREFIX, SLUG_MESSAGE, container_for, docker, inspect, is_running, pyjson
+from harness import BUSYBOX, BUSYBOX_ARGS, RUN_PREFIX, SLUG_MESSAGE, container_for, docker, inspect, is_running, pyjson
 
 pytestmark = pytest.mark.anyio
 

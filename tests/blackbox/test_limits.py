@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import (
+from harness import (
     BUSYBOX_ARGS,
     MIB2,
     MINIMAL_ARGS,

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import apoll, docker, limit_notice, timeout_notice
+from harness import apoll, docker, limit_notice, timeout_notice
 
 pytestmark = pytest.mark.anyio
 

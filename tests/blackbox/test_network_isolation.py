@@ -16,7 +16,7 @@ import subprocess
 import httpx
 import pytest
 
-from conftest import BUSYBOX_ARGS, docker, inspect, poll
+from harness import BUSYBOX_ARGS, docker, inspect, poll
 from test_ports import port_url, serve_page
 from test_principals import TOKENS, bearer, tag, write_tokens
 

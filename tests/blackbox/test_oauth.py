@@ -13,7 +13,7 @@ testkit/oauth.py), with tokens from real authorization-code + PKCE flows.
 * the official SDK's own OAuth client (`OAuthClientProvider`) finds its way from the 401 alone
 
 Computers of a principal other than `default` are `<id>.<16 hex of sha256(principal)>` on the
-engine (label `kilntainers.computer-id` and name), which the conftest's per-id teardown does not
+engine (label `kilntainers.computer-id` and name), which the harness's per-id teardown does not
 know: the tests track those keys themselves (`track_scoped`) and delete permanent ones in the test.
 """
 
@@ -32,7 +32,7 @@ import anyio
 import httpx
 import pytest
 
-from conftest import (
+from harness import (
     BIN,
     BUSYBOX,
     BUSYBOX_ARGS,

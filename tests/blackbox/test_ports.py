@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import BUSYBOX_ARGS, apoll
+from harness import BUSYBOX_ARGS, apoll
 
 pytestmark = pytest.mark.anyio
 

@@ -15,7 +15,7 @@ import anyio
 import httpx
 import pytest
 
-from conftest import BIN, BUSYBOX_ARGS, HttpRefused, containers_with_label, docker, inspect, poll
+from harness import BIN, BUSYBOX_ARGS, HttpRefused, containers_with_label, docker, inspect, poll
 
 pytestmark = pytest.mark.anyio
 

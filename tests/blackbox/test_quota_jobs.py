@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import BUSYBOX_ARGS, apoll, containers_with_label, inspect
+from harness import BUSYBOX_ARGS, apoll, containers_with_label, inspect
 from test_principals import TOKENS, bearer, remove_owned, tag, write_tokens
 
 pytestmark = pytest.mark.anyio

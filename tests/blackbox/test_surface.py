@@ -11,7 +11,7 @@ import re
 
 import pytest
 
-from conftest import (
+from harness import (
     BUSYBOX,
     BUSYBOX_ARGS,
     REPO,

@@ -13,7 +13,7 @@ import time
 import anyio
 import pytest
 
-from conftest import (
+from harness import (
     BUSYBOX_ARGS,
     apoll,
     await_gone,
@@ -221,7 +221,7 @@ async def test_a_burst_of_sessions_takes_spares_then_creates(kbb):
 def test_warm_pool_needs_the_docker_backend(kbb):
     import subprocess
 
-    from conftest import BIN
+    from harness import BIN
 
     proc = subprocess.run(
         [BIN, "--backend", "go_busybox", "--warm-pool", "2"],

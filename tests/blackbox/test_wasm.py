@@ -19,7 +19,7 @@ import os
 
 import pytest
 
-from conftest import limit_notice, timeout_notice, wasm_env
+from harness import limit_notice, timeout_notice, wasm_env
 
 pytestmark = pytest.mark.anyio
 

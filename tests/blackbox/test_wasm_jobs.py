@@ -17,7 +17,7 @@ import time
 import anyio
 import pytest
 
-from conftest import limit_notice, wasm_env
+from harness import limit_notice, wasm_env
 from testkit.procfs import status_kib
 
 pytestmark = pytest.mark.anyio

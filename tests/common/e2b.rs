@@ -1,6 +1,5 @@
-//! The local fake of E2B's control plane and envd process service (`tests/blackbox/fake_e2b.py`)
-//! as a child process, and an E2B backend pointed at it. Shared by `suite::e2b` and the contract
-//! suite.
+//! The local fake of E2B's control plane and envd process service (`fakes/e2b.py`) as a child
+//! process, and an E2B backend pointed at it. Shared by `suite::e2b` and the contract suite.
 
 use std::sync::Arc;
 
@@ -30,7 +29,7 @@ impl Fake {
             .into_iter()
             .chain(args.iter().copied())
             .collect();
-        let (process, ports) = PythonFake::start("fake_e2b.py", &args);
+        let (process, ports) = PythonFake::start("e2b", &args);
         let ports: Value = serde_json::from_str(&ports).unwrap();
         Fake {
             _process: process,

@@ -1,5 +1,5 @@
-//! The local fake of Fly's documented Machines API (`tests/blackbox/fake_fly.py`) as a child
-//! process, and a Fly backend pointed at it. Shared by `suite::fly` and the contract suite.
+//! The local fake of Fly's documented Machines API (`fakes/fly.py`) as a child process, and a
+//! Fly backend pointed at it. Shared by `suite::fly` and the contract suite.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -28,7 +28,7 @@ pub struct Fake {
 
 impl Fake {
     pub fn start(args: &[&str]) -> Fake {
-        let (process, port) = PythonFake::start("fake_fly.py", args);
+        let (process, port) = PythonFake::start("fly", args);
         Fake {
             url: format!("http://127.0.0.1:{}", port.trim()),
             dir: process.dir.clone(),

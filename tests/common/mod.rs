@@ -1,7 +1,8 @@
 //! Shared helpers: start the built binary as an MCP server over stdio with the rmcp client,
-//! call `terminal_execute`, and remove any container a test made even when it fails. The
-//! submodules start the providers' local fakes (and the WASM module cache) and build backends
-//! pointed at them, for the provider suites and the backend contract suite alike.
+//! call `terminal_execute`, run a command straight through a backend (`run`), and remove any
+//! container a test made even when it fails. The submodules start the providers' local fakes
+//! (and the WASM module cache) and build backends pointed at them, for the provider suites and
+//! the backend contract suite alike.
 
 #[cfg(feature = "e2b")]
 pub mod e2b;
@@ -21,9 +22,13 @@ use rmcp::{RoleClient, ServiceExt};
 use serde_json::{Map, Value};
 use tokio::process::Command;
 
-use mcp_sandbox_computer_vm_for_ai::backends::{CreateSpec, OutputSink, SinkControl, Stream};
+use tokio_util::sync::CancellationToken;
+
+use mcp_sandbox_computer_vm_for_ai::backends::{
+    Backend, CreateSpec, ExecEnd, ExecSpec, OutputSink, SandboxRef, SinkControl, Stream,
+};
 use mcp_sandbox_computer_vm_for_ai::exec::ExecOutcome;
-use mcp_sandbox_computer_vm_for_ai::ids::{ComputerId, InstanceId};
+use mcp_sandbox_computer_vm_for_ai::ids::{ComputerId, ExecId, InstanceId};
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_mcp-sandbox-computer-vm-for-ai");
 
@@ -112,6 +117,36 @@ impl OutputSink for Collect {
         }
         SinkControl::Continue
     }
+}
+
+/// One `/bin/sh -c <command>` straight through the backend, without `exec::run`'s policy (no
+/// timeout, no output limit): `(exit code, stdout, stderr)`; panics unless the command ran to
+/// its end.
+pub async fn run(
+    backend: &dyn Backend,
+    sandbox: &SandboxRef,
+    command: &str,
+) -> (i64, String, String) {
+    let spec = ExecSpec {
+        argv: vec!["/bin/sh".into(), "-c".into(), command.into()],
+        stdin: None,
+        working_dir: None,
+        exec_id: ExecId::random(),
+        command: None,
+    };
+    let mut sink = Collect::default();
+    let end = backend
+        .exec(sandbox, &spec, &mut sink, &CancellationToken::new())
+        .await
+        .unwrap();
+    let ExecEnd::Exited(code) = end else {
+        panic!("stopped by sink");
+    };
+    (
+        code,
+        String::from_utf8(sink.stdout).unwrap(),
+        String::from_utf8(sink.stderr).unwrap(),
+    )
 }
 
 fn rand_u32() -> u32 {
@@ -367,8 +402,8 @@ pub fn completed(outcome: ExecOutcome) -> (i64, String, String) {
     )
 }
 
-/// A stdlib-Python fake of a provider API (`tests/blackbox/<script>`) as a child process that
-/// writes where it listens into a file. Dropping it closes its stdin, which makes it remove its
+/// A stdlib-Python fake of a provider API (`fakes/<name>.py`) as a child process that writes
+/// where it listens into a file. Dropping it closes its stdin, which makes it remove its
 /// containers and exit; a fake that does not exit within 30 s is killed.
 pub struct PythonFake {
     child: std::process::Child,
@@ -377,29 +412,25 @@ pub struct PythonFake {
 }
 
 impl PythonFake {
-    /// Starts `script` with `--port-file <file>` and `args`; returns it and the file's text.
-    pub fn start(script: &str, args: &[&str]) -> (Self, String) {
-        let dir = std::env::temp_dir().join(format!(
-            "{}-{}",
-            script.trim_end_matches(".py").replace('_', "-"),
-            unique_id("t")
-        ));
+    /// Starts `python -m fakes.<name> --port-file <file> <args>` from the repository root;
+    /// returns it and the file's text.
+    pub fn start(name: &str, args: &[&str]) -> (Self, String) {
+        let dir = std::env::temp_dir().join(format!("fake-{name}-{}", unique_id("t")));
         std::fs::create_dir_all(&dir).unwrap();
         let port_file = dir.join("ports");
         let python = std::env::var("KILNTAINERS_TEST_VENV")
             .map(|venv| format!("{venv}/bin/python"))
             .unwrap_or_else(|_| "python3".to_owned());
-        let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/blackbox")
-            .join(script);
         let child = std::process::Command::new(python)
-            .arg(path)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .arg("-m")
+            .arg(format!("fakes.{name}"))
             .arg("--port-file")
             .arg(&port_file)
             .args(args)
             .stdin(Stdio::piped())
             .spawn()
-            .unwrap_or_else(|e| panic!("start {script}: {e}"));
+            .unwrap_or_else(|e| panic!("start fakes/{name}.py: {e}"));
         let fake = PythonFake { child, dir };
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
         let ports = loop {
@@ -408,7 +439,7 @@ impl PythonFake {
             }
             assert!(
                 std::time::Instant::now() < deadline,
-                "{script} did not start"
+                "fakes/{name}.py did not start"
             );
             std::thread::sleep(std::time::Duration::from_millis(20));
         };

@@ -1,7 +1,7 @@
 """pytest plumbing of the fault suite: the black-box fixtures (`kbb`, the environment check,
-the session-level leak check) re-exported from `tests/blackbox/conftest.py`, a `figures` fixture
-that records each test's numbers and outcome, and the run's description (date, machine, engine,
-binary) at the top of the results file.
+the session-level leak check) re-exported from `tests/blackbox/conftest.py` (loaded by
+`faultkit.py`), a `figures` fixture that records each test's numbers and outcome, and the run's
+description (date, machine, engine, binary) at the top of the results file.
 
 Every test carries `pytest.mark.scenario("<n>")`, the scenario number of `report.py`."""
 
@@ -14,16 +14,16 @@ import time
 
 import pytest
 
-from faultkit import Figures, bb, write_run_info
+from faultkit import Figures, bb, blackbox_plumbing, write_run_info
 from testkit import machine, procfs
 
 # Re-exported so pytest finds them in this conftest (fixtures and the report hook are looked up
 # by name on the plugin module).
-anyio_backend = bb.anyio_backend
-environment_ready = bb.environment_ready
-suite_leak_check = bb.suite_leak_check
-kbb = bb.kbb
-pytest_runtest_makereport = bb.pytest_runtest_makereport
+anyio_backend = blackbox_plumbing.anyio_backend
+environment_ready = blackbox_plumbing.environment_ready
+suite_leak_check = blackbox_plumbing.suite_leak_check
+kbb = blackbox_plumbing.kbb
+pytest_runtest_makereport = blackbox_plumbing.pytest_runtest_makereport
 
 
 def pytest_configure(config):

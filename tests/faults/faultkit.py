@@ -1,11 +1,12 @@
-"""Shared pieces of the fault suite: the black-box helpers (loaded from
-`tests/blackbox/conftest.py`, not copied), the figures file every scenario writes into, memory
-readings of the server process, and a minimal Streamable HTTP client that can walk away from a
-session without saying goodbye.
+"""Shared pieces of the fault suite: the black-box harness (`tests/blackbox/harness.py` as `bb`,
+and the black-box conftest's fixtures and hooks as `blackbox_plumbing`, not copied), the figures
+file every scenario writes into, memory readings of the server process, and a minimal
+Streamable HTTP client that can walk away from a session without saying goodbye.
 
-Figures go to `.test-env/faults/results.json` (override with `KILNTAINERS_FAULTS_RESULTS`); one
-entry per test with its scenario, outcome and the numbers it measured.  `report.py` turns the
-file into a table and `docs/reliability.md`.
+Figures go to `tests/faults/results/latest.json` (ignored by git; override with
+`KILNTAINERS_FAULTS_RESULTS`); one entry per test with its scenario, outcome and the numbers it
+measured.  `report.py` turns the file into a table (`latest.md` beside it), which
+`docs/reliability.md` quotes only when a maintainer copies it there (`report.py --into-docs`).
 """
 
 from __future__ import annotations
@@ -22,15 +23,14 @@ from typing import Any, Iterator
 import httpx
 
 HERE = Path(__file__).resolve().parent
+BLACKBOX = HERE.parent / "blackbox"
 
 
-def _load_blackbox_helpers():
-    """The black-box conftest under its own module name, so that its helpers, fixtures and
-    globals (the per-run id prefix, the record of what the run made) are shared, not copied."""
-    name = "kilntainers_blackbox_helpers"
+def _load(name: str, path: Path):
+    """The module at `path`, under `name`, loaded once."""
     if name in sys.modules:
         return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, HERE.parent / "blackbox" / "conftest.py")
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec and spec.loader
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
@@ -38,12 +38,17 @@ def _load_blackbox_helpers():
     return module
 
 
-bb = _load_blackbox_helpers()
+# The black-box harness under the name the black-box files import it by, then the black-box
+# conftest under a name of its own (this suite has its own `conftest`) for its fixtures and
+# hooks: that conftest's `from harness import …` finds the same module, so the globals (the
+# per-run id prefix, the record of what the run made) are shared, not copied.
+bb = _load("harness", BLACKBOX / "harness.py")
+blackbox_plumbing = _load("kilntainers_blackbox_conftest", BLACKBOX / "conftest.py")
 
-# Loaded after the black-box helpers, which put the repository root on sys.path.
+# Loaded after the black-box harness, which puts the repository root on sys.path.
 from testkit.mcp_http import ACCEPT  # noqa: E402
 
-RESULTS = Path(os.environ.get("KILNTAINERS_FAULTS_RESULTS") or bb.REPO / ".test-env" / "faults" / "results.json")
+RESULTS = Path(os.environ.get("KILNTAINERS_FAULTS_RESULTS") or HERE / "results" / "latest.json")
 TOKEN = "faults-" + bb.RUN_PREFIX + "-token"
 MIB = 1024 * 1024
 

@@ -1,5 +1,5 @@
 //! Contract tests of the E2B backend against a local fake of E2B's published control-plane
-//! API and envd process service (`tests/blackbox/fake_e2b.py`, run as a child process). They
+//! API and envd process service (`fakes/e2b.py`, run as a child process). They
 //! pin our request building, Connect framing, proto3-JSON decoding, retries and lifecycle
 //! logic against our reading of E2B's definitions; they cannot show that the real service
 //! behaves that way (docs/decisions.md, "Contract tests against fakes"), hence the names.
@@ -16,38 +16,13 @@ use std::time::Duration;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use mcp_sandbox_computer_vm_for_ai::backends::{
-    Backend, ExecEnd, ExecSpec, NoProgress, SandboxRef,
-};
+use mcp_sandbox_computer_vm_for_ai::backends::{ExecEnd, ExecSpec, NoProgress};
 use mcp_sandbox_computer_vm_for_ai::exec::{self, ExecOutcome, ExecRequest, Program};
 use mcp_sandbox_computer_vm_for_ai::ids::{ComputerId, ExecId, InstanceId};
 
 use super::contract::{self, Harness, OUTPUT_LIMIT_FLAG};
 use crate::common::e2b::{Fake, KEY, backend_with};
-use crate::common::{Collect, computer, create_spec, enabled};
-
-async fn run(backend: &dyn Backend, sandbox: &SandboxRef, command: &str) -> (i64, String, String) {
-    let spec = ExecSpec {
-        argv: vec!["/bin/sh".into(), "-c".into(), command.into()],
-        stdin: None,
-        working_dir: None,
-        exec_id: ExecId::random(),
-        command: None,
-    };
-    let mut sink = Collect::default();
-    let end = backend
-        .exec(sandbox, &spec, &mut sink, &CancellationToken::new())
-        .await
-        .unwrap();
-    let ExecEnd::Exited(code) = end else {
-        panic!("stopped by sink");
-    };
-    (
-        code,
-        String::from_utf8(sink.stdout).unwrap(),
-        String::from_utf8(sink.stderr).unwrap(),
-    )
-}
+use crate::common::{Collect, computer, create_spec, enabled, run};
 
 #[tokio::test]
 async fn contract_key_errors_and_retries_against_fake() {

@@ -1,5 +1,5 @@
 //! Contract tests of the Fly backend against a local fake of the documented Machines API
-//! (`tests/blackbox/fake_fly.py`, run as a child process). They pin our request building,
+//! (`fakes/fly.py`, run as a child process). They pin our request building,
 //! parsing, retries and lifecycle logic against our reading of Fly's documentation; they
 //! cannot show that the real service behaves that way (docs/decisions.md, "Contract tests against fakes"), hence the names.
 //!
@@ -14,38 +14,13 @@ use std::collections::HashSet;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
-use mcp_sandbox_computer_vm_for_ai::backends::{
-    self, Backend, BackendError, ExecEnd, ExecSpec, NoProgress, SandboxRef,
-};
+use mcp_sandbox_computer_vm_for_ai::backends::{self, BackendError, ExecEnd, ExecSpec, NoProgress};
 use mcp_sandbox_computer_vm_for_ai::ids::{ComputerId, ExecId, InstanceId};
 
 use crate::common::fly::{Fake, TOKEN, backend, backend_with};
-use crate::common::{Collect, computer, create_spec, enabled};
+use crate::common::{Collect, computer, create_spec, enabled, run};
 
 const NO_TOKEN: &str = "No Fly API token found (checked --fly-token, FLY_API_TOKEN, FLY_TOKEN, FLY_ACCESS_TOKEN and ~/.fly/config.yml). Install flyctl (https://fly.io/docs/flyctl/install/) and run 'fly auth login' once, or set FLY_API_TOKEN (for example to the output of 'fly tokens create org'), then restart your MCP client.";
-
-async fn run(backend: &dyn Backend, sandbox: &SandboxRef, command: &str) -> (i64, String, String) {
-    let spec = ExecSpec {
-        argv: vec!["/bin/sh".into(), "-c".into(), command.into()],
-        stdin: None,
-        working_dir: None,
-        exec_id: ExecId::random(),
-        command: None,
-    };
-    let mut sink = Collect::default();
-    let end = backend
-        .exec(sandbox, &spec, &mut sink, &CancellationToken::new())
-        .await
-        .unwrap();
-    let ExecEnd::Exited(code) = end else {
-        panic!("stopped by sink");
-    };
-    (
-        code,
-        String::from_utf8(sink.stdout).unwrap(),
-        String::from_utf8(sink.stderr).unwrap(),
-    )
-}
 
 #[tokio::test]
 async fn contract_app_created_in_personal_org_and_remembered_against_fake() {

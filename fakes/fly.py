@@ -1,7 +1,7 @@
 """A local fake of the Fly.io Machines REST API subset the `fly` backend uses, plus the one
 GraphQL organization query.  Standard library only, so both the Python black-box tests (in
 process, `FakeFly().start()`) and the Rust contract tests (as a child process,
-`python3 fake_fly.py --port-file F`) can run it.
+`python -m fakes.fly --port-file F` from the repository root) can run it.
 
 Written from Fly's published API documentation (the Machines and Apps resource pages, "Working
 with the Machines API", and the OpenAPI schema names `MachineExecRequest` /
@@ -37,18 +37,18 @@ Test-only controls live under `/_fake/` (no auth): `requests`, `violations`, `in
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
 import secrets
-import signal
 import subprocess
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote, urlsplit
+
+from fakes.child import QuietHandler, arguments, serve
 
 ORG_QUERY_FIELDS = ("viewer", "organizations", "nodes", "slug", "type")
 
@@ -582,14 +582,10 @@ class FakeFly:
         }
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+class _Handler(QuietHandler):
     fake: FakeFly
 
-    def log_message(self, format, *args):  # quiet
-        pass
-
-    def _serve(self, method: str) -> None:
+    def answer(self, method: str) -> None:
         split = urlsplit(self.path)
         length = int(self.headers.get("content-length") or 0)
         body = self.rfile.read(length) if length else b""
@@ -618,20 +614,10 @@ class _Handler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError):
             pass  # the client gave up (timeout or cancel); nothing to tell it
 
-    def do_GET(self):
-        self._serve("GET")
-
-    def do_POST(self):
-        self._serve("POST")
-
-    def do_DELETE(self):
-        self._serve("DELETE")
-
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = arguments(__doc__, "the port")
     parser.add_argument("--port", type=int, default=0)
-    parser.add_argument("--port-file", required=True, help="written (atomically) with the port once listening")
     parser.add_argument("--token", action="append", default=None,
                         help="an accepted Authorization header value, e.g. 'Bearer x' (repeatable)")
     parser.add_argument("--app", action="append", default=[], help="an app that exists from the start")
@@ -648,18 +634,7 @@ def main() -> int:
     for app in options.app:
         fake.add_app(app, secrets=secrets_of.get(app))
     fake.start(options.port)
-    tmp = options.port_file + ".tmp"
-    with open(tmp, "w") as f:
-        f.write(str(fake.server.server_address[1]))
-    os.replace(tmp, options.port_file)
-    done = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: done.set())
-    # Also end when the parent closes our stdin (it died without signalling us).
-    threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
-    done.wait()
-    fake.stop()
-    return 0
+    return serve(fake, options.port_file, str(fake.server.server_address[1]))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """A local fake of the E2B control-plane REST API and of envd's process service, for the `e2b`
 backend's contract tests.  Standard library only, so the Python black-box tests (in process,
-`FakeE2B().start()`) and the Rust contract tests (child process, `python3 fake_e2b.py
---port-file F`) can both run it.
+`FakeE2B().start()`) and the Rust contract tests (child process, `python -m fakes.e2b
+--port-file F` from the repository root) can both run it.
 
 Written from E2B's published definitions, not from our client:
 
@@ -41,13 +41,11 @@ sandbox disappears, as if it died), `expire/<id>` (its lifetime ends now).
 
 from __future__ import annotations
 
-import argparse
 import base64
 import json
 import os
 import re
 import secrets
-import signal
 import socket
 import stat as statmod
 import struct
@@ -55,8 +53,10 @@ import subprocess
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote, urlsplit
+
+from fakes.child import QuietHandler, arguments, serve
 
 ENVD_PORT = 49983
 NEW_SANDBOX_FIELDS = {"templateID", "timeout", "autoPause", "secure", "allow_internet_access", "network",
@@ -910,15 +910,11 @@ class _Stream:
         self.send(b"")
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
+class _Handler(QuietHandler):
     fake: FakeE2B
     plane: str
 
-    def log_message(self, format, *args):  # quiet
-        pass
-
-    def _serve(self, method: str) -> None:
+    def answer(self, method: str) -> None:
         split = urlsplit(self.path)
         length = int(self.headers.get("content-length") or 0)
         body = self.rfile.read(length) if length else b""
@@ -972,19 +968,9 @@ class _Handler(BaseHTTPRequestHandler):
         except (BrokenPipeError, ConnectionResetError):
             pass
 
-    def do_GET(self):
-        self._serve("GET")
-
-    def do_POST(self):
-        self._serve("POST")
-
-    def do_DELETE(self):
-        self._serve("DELETE")
-
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--port-file", required=True, help='written (atomically) with {"api": port, "envd": port}')
+    parser = arguments(__doc__, '{"api": port, "envd": port}')
     parser.add_argument("--api-key", action="append", default=None, help="an accepted X-API-Key (repeatable)")
     parser.add_argument("--template", action="append", default=[], help="NAME=IMAGE (repeatable)")
     parser.add_argument("--page-size", type=int, default=100)
@@ -994,18 +980,8 @@ def main() -> int:
     fake = FakeE2B(api_keys=options.api_key, templates=templates, page_size=options.page_size,
                    pause=not options.no_pause)
     fake.start()
-    tmp = options.port_file + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump({"api": fake.servers[0].server_address[1], "envd": fake.servers[1].server_address[1]}, f)
-    os.replace(tmp, options.port_file)
-    done = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: done.set())
-    # Also end when the parent closes our stdin (it died without signalling us).
-    threading.Thread(target=lambda: (sys.stdin.read(), done.set()), daemon=True).start()
-    done.wait()
-    fake.stop()
-    return 0
+    ports = {"api": fake.servers[0].server_address[1], "envd": fake.servers[1].server_address[1]}
+    return serve(fake, options.port_file, json.dumps(ports))
 
 
 if __name__ == "__main__":
