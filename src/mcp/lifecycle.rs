@@ -1,4 +1,4 @@
-//! The six lifecycle tools (docs/decisions.md, "Lifecycle tools", docs/decisions.md, "Lifecycle operations"): definitions with their
+//! The six lifecycle tools (docs/decisions.md, "Lifecycle tools", "Lifecycle operations"): definitions with their
 //! output schemas, and one thin function each that decodes arguments, calls the registry and
 //! formats the payload. Errors use the reference's `{"error": …}` shape in text and structure.
 

@@ -45,7 +45,7 @@ const SSE_KEEP_ALIVE: Duration = Duration::from_secs(15);
 /// Reconnect delay announced to SSE clients.
 const SSE_RETRY: Duration = Duration::from_secs(3);
 /// Upper bound of the reaper period: an abandoned session or lease outlives its timeout by at
-/// most this (docs/decisions.md, "Sessions, holders and leases", docs/decisions.md, "Sessions, holders and leases" acceptance: within timeout + 15 s).
+/// most this (docs/decisions.md, "Sessions, holders and leases"; acceptance: within timeout + 15 s).
 const REAPER_MAX_PERIOD: Duration = Duration::from_secs(15);
 /// Lower bound of the reaper period, so tiny timeouts do not spin.
 const REAPER_MIN_PERIOD: Duration = Duration::from_secs(1);

@@ -74,7 +74,7 @@ MADE: dict[str, set[str]] = {"ids": set(), "instances": set()}
 STATE_DIR_NAME = ".mcp-sandbox-computer-vm-for-ai"
 MIB2 = 2 * 1024 * 1024
 
-# Exact strings from the spec (docs/decisions.md, "MCP surface", docs/decisions.md, "Computer ids", docs/decisions.md, "Command-line conventions").
+# Exact strings from the spec (docs/decisions.md, "MCP surface", "Computer ids", "Command-line conventions").
 SLUG_MESSAGE = (
     "computer_id must be 1-63 lowercase letters, numbers, or hyphens; "
     "it must start and end with a letter or number."

@@ -1,7 +1,7 @@
 """Streamable HTTP transport driven with the SDK's HTTP client against a real Docker engine:
 per-session default computers, removal on the client's DELETE, idle expiry of an abandoned
 session, bearer auth / Host / Origin refusals, the non-loopback bind refusal, and SIGTERM with
-live sessions (docs/decisions.md, "HTTP routes", docs/decisions.md, "Sessions, holders and leases", docs/decisions.md, "Startup validation" row 10, docs/decisions.md, "Acceptance checklist" items 9,
+live sessions (docs/decisions.md, "HTTP routes", "Sessions, holders and leases", "Startup validation" row 10, "Acceptance checklist" items 9,
 13 and 21).  The stdio-mode rejections of --host/--port/--session-timeout are in test_cli.py."""
 
 from __future__ import annotations

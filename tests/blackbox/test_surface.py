@@ -1,5 +1,5 @@
 """MCP surface seen by a real client: initialize result (serverInfo, instructions, capabilities),
-the tool list in default mode (exactly `terminal_execute`, exact T-DOCKER description, input and
+the tool list in default mode (exactly `terminal_execute`, exact Docker reference description, input and
 output schemas, annotations, `_meta`), description assembly (override, extended, generic text for
 a non-default image), the ENABLE_LIFECYCLE_TOOLS switch, empty resources/prompts, and that none
 of this creates anything provider-side (docs/decisions.md, "Server identity and capabilities"; docs/decisions.md, "Acceptance checklist"

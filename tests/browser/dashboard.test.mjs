@@ -1,5 +1,5 @@
 // The dashboard (MCP App) in headless Debian Chromium, hosted by the real ext-apps AppBridge,
-// talking to the real server over stdio (docs/decisions.md, "Dashboard", docs/decisions.md, "Real MCP clients").
+// talking to the real server over stdio (docs/decisions.md, "Dashboard", "Real MCP clients").
 import assert from "node:assert/strict";
 import { join } from "node:path";
 import { after, before, describe, it } from "node:test";

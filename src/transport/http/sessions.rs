@@ -1,5 +1,5 @@
 //! Who holds a request's computers, and when an HTTP session counts as idle
-//! (docs/decisions.md, "Sessions, holders and leases", docs/decisions.md, "Streamable HTTP service").
+//! (docs/decisions.md, "Sessions, holders and leases", "Streamable HTTP service").
 //!
 //! **Stateful or stateless.** rmcp builds the handler through a factory that takes no
 //! arguments, and calls it both when an `initialize` opens a session and for every
