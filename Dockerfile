@@ -43,13 +43,13 @@ RUN if [ -f /tmp/prebuilt/mcp-sandbox-computer-vm-for-ai ]; then \
 
 FROM rust:1.95-bookworm AS builder
 WORKDIR /src
-# Dependencies first, against placeholder sources, so that source edits reuse this layer.
-# The default features are every backend.
-# build.rs compiles the Modal .proto and the exec helper (a workspace member, std only), so
-# they come along with the manifests. The Modal test fake is a workspace member too: cargo needs
-# its manifest, but only the server package is built.
-COPY Cargo.toml Cargo.lock build.rs ./
-COPY src/backends/modal/modal_api.proto src/backends/modal/
+# Dependencies first, against placeholder sources of the server crate, so that edits to the
+# server reuse this layer. The default features are every backend; the backend crates
+# (crates/*: their build scripts compile the Modal .proto and the exec helper, a workspace
+# member, std only) come along with the manifests. The Modal test fake is a workspace member
+# too: cargo needs its manifest, but only the server package is built.
+COPY Cargo.toml Cargo.lock ./
+COPY crates ./crates
 COPY helper ./helper
 COPY fakes ./fakes
 RUN mkdir -p src && echo 'fn main() {}' > src/main.rs && touch src/lib.rs \

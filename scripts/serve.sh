@@ -39,7 +39,7 @@ for ((i = 0; i < ${#args[@]}; i++)); do
     esac
 done
 
-# The engine's API endpoint, chosen as the server chooses it (src/backends/docker/mod.rs).
+# The engine's API endpoint, chosen as the server chooses it (crates/docker/src/lib.rs).
 engine_endpoint() {
     if [[ -n "$docker_host" ]]; then
         printf '%s' "$docker_host"
@@ -122,7 +122,7 @@ engine_problem() {
     fi
 
     if command -v cargo >/dev/null 2>&1; then
-        # The exec helper (build.rs) links statically against glibc's libc.a; without it every
+        # The exec helper (crates/docker/build.rs) links statically against glibc's libc.a; without it every
         # command falls back to one plain Docker exec each.
         if [[ "$(cc -print-file-name=libc.a 2>/dev/null)" != /* ]]; then
             if root_on_debian; then

@@ -1,27 +1,45 @@
-//! Chooses and builds the backend `--backend` names: the one module that names every provider,
-//! so the [`Backend`] trait's module knows none of them and a new provider is one arm here plus
-//! its own module. Above `backends` and `config`, below everything that holds a backend.
+//! Chooses and builds the backend `--backend` names: the one module that names a provider
+//! crate, so the backend API knows none of them and a new provider is one crate, one cargo
+//! feature and one arm here. Above `backends` and `config`, below everything that holds a
+//! backend.
 
 use std::sync::Arc;
 
-use crate::backends::{self, Backend, BackendError};
+use crate::backends::{Backend, BackendError, Common};
 use crate::cli::BackendKind;
 use crate::config::Config;
 
 /// Builds the backend `--backend` selected. The only place that names concrete backends; a
 /// backend left out of this build is an error, never a silent fallback to another one.
 pub fn build(config: &Config) -> Result<Arc<dyn Backend>, BackendError> {
+    let common = Common {
+        shell: config.shell.clone(),
+        network: config.network,
+        default_timeout_secs: config.limits.default_timeout_secs,
+    };
     match config.backend {
-        BackendKind::Docker => Ok(Arc::new(backends::docker::DockerBackend::new(config)?)),
+        BackendKind::Docker => Ok(Arc::new(kilntainers_docker::DockerBackend::new(
+            &config.docker,
+            &common,
+        )?)),
         #[cfg(feature = "fly")]
-        BackendKind::Fly => Ok(Arc::new(backends::fly::FlyBackend::new(config)?)),
+        BackendKind::Fly => Ok(Arc::new(kilntainers_fly::FlyBackend::new(
+            &config.fly,
+            &common,
+        )?)),
         #[cfg(feature = "e2b")]
-        BackendKind::E2b => Ok(Arc::new(backends::e2b::E2bBackend::new(config)?)),
+        BackendKind::E2b => Ok(Arc::new(kilntainers_e2b::E2bBackend::new(
+            &config.e2b,
+            &common,
+        )?)),
         #[cfg(feature = "modal")]
-        BackendKind::Modal => Ok(Arc::new(backends::modal::ModalBackend::new(config))),
+        BackendKind::Modal => Ok(Arc::new(kilntainers_modal::ModalBackend::new(
+            &config.modal,
+            &common,
+        ))),
         #[cfg(feature = "wasm")]
         BackendKind::Wasm | BackendKind::GoBusybox => {
-            Ok(Arc::new(backends::wasm::WasmBackend::new(config)?))
+            Ok(Arc::new(kilntainers_wasm::WasmBackend::new(&config.wasm)?))
         }
         #[cfg(not(feature = "fly"))]
         kind @ BackendKind::Fly => Err(not_built(kind)),

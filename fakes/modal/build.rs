@@ -1,11 +1,11 @@
-//! Compiles the server's Modal gRPC subset (`src/backends/modal/modal_api.proto`, the one file
+//! Compiles the server's Modal gRPC subset (`crates/modal/src/modal_api.proto`, the one file
 //! both sides are built from) with protox, so no system `protoc` is needed, and generates the
 //! server stubs the fake implements. Nothing generated is committed; it lands in `OUT_DIR`.
 
 fn main() {
-    const PROTO: &str = "../../src/backends/modal/modal_api.proto";
+    const PROTO: &str = "../../crates/modal/src/modal_api.proto";
     println!("cargo:rerun-if-changed={PROTO}");
-    let descriptors = match protox::compile([PROTO], ["../../src/backends/modal"]) {
+    let descriptors = match protox::compile([PROTO], ["../../crates/modal/src"]) {
         Ok(descriptors) => descriptors,
         Err(error) => panic!("cannot compile {PROTO}: {error}"),
     };

@@ -6,40 +6,12 @@
 
 use std::collections::BTreeMap;
 
+pub use kilntainers_e2b::config::*;
+
 use super::ConfigError;
 use super::secret::SecretSource;
 use crate::cli::Cli;
 use crate::secret::Secret;
-
-/// E2B's public domain: the control plane is `api.<domain>`, sandboxes `<port>-<id>.<domain>`.
-pub const DEFAULT_DOMAIN: &str = "e2b.app";
-
-/// The envd URL shape E2B's SDKs use; `{port}` is envd's port ([`ENVD_PORT`]).
-pub const DEFAULT_ENVD_URL: &str = "https://{port}-{sandbox_id}.{domain}";
-
-/// The port envd (E2B's in-sandbox daemon) listens on.
-pub const ENVD_PORT: u16 = 49983;
-
-#[derive(Debug, Clone)]
-pub struct E2bConfig {
-    /// `--e2b-api-key` / `E2B_API_KEY`; `None` = every call explains how to set it.
-    pub api_key: Option<Secret>,
-    pub template: String,
-    /// `--e2b-sandbox-timeout`: the lifetime sent on create and on every extension.
-    pub sandbox_timeout_secs: u64,
-    /// User metadata (`--e2b-metadata`), written next to our own keys (docs/decisions.md, "Labels and metadata").
-    pub metadata: BTreeMap<String, String>,
-    /// Sandbox environment (`--e2b-env`), sent as `envVars` on create.
-    pub env: BTreeMap<String, String>,
-    /// Entries of either flag without `=`: skipped, and the backend prints one warning each.
-    pub skipped: Vec<String>,
-    /// `--e2b-domain` / `E2B_DOMAIN`.
-    pub domain: String,
-    /// Control-plane base without a trailing slash.
-    pub api_url: String,
-    /// envd URL template with `{port}`, `{sandbox_id}` and `{domain}` placeholders.
-    pub envd_url: String,
-}
 
 /// Splits `key=value` entries at the first `=`; entries without one are returned separately.
 fn pairs(flag: &str, entries: &[String], skipped: &mut Vec<String>) -> BTreeMap<String, String> {
@@ -55,63 +27,40 @@ fn pairs(flag: &str, entries: &[String], skipped: &mut Vec<String>) -> BTreeMap<
     map
 }
 
-impl E2bConfig {
-    /// Builds the section from parsed flags. Value ranges and reserved metadata keys are
-    /// checked by `Config::from_cli` (docs/decisions.md, "Startup validation" row 19) before this matters; the key file
-    /// (`--e2b-api-key-file` / `E2B_API_KEY_FILE`) is read here and stands where the key would.
-    pub fn from_cli(cli: &Cli) -> Result<Self, ConfigError> {
-        let api_key = SecretSource {
-            flag: "--e2b-api-key",
-            file_flag: "--e2b-api-key-file",
-            value: cli.e2b.e2b_api_key.as_ref(),
-            file: cli.e2b.e2b_api_key_file.as_deref(),
-        }
-        .resolve()?;
-        let non_empty = |v: &Option<String>| v.clone().filter(|s| !s.trim().is_empty());
-        let domain = non_empty(&cli.e2b.e2b_domain)
-            .map(|d| d.trim().trim_end_matches('/').to_owned())
-            .unwrap_or_else(|| DEFAULT_DOMAIN.to_owned());
-        let api_url = non_empty(&cli.e2b.e2b_api_url)
+/// Builds the section from parsed flags. Value ranges and reserved metadata keys are
+/// checked by `Config::from_cli` (docs/decisions.md, "Startup validation" row 19) before this matters; the key file
+/// (`--e2b-api-key-file` / `E2B_API_KEY_FILE`) is read here and stands where the key would.
+pub fn from_cli(cli: &Cli) -> Result<E2bConfig, ConfigError> {
+    let api_key = SecretSource {
+        flag: "--e2b-api-key",
+        file_flag: "--e2b-api-key-file",
+        value: cli.e2b.e2b_api_key.as_ref(),
+        file: cli.e2b.e2b_api_key_file.as_deref(),
+    }
+    .resolve()?;
+    let non_empty = |v: &Option<String>| v.clone().filter(|s| !s.trim().is_empty());
+    let domain = non_empty(&cli.e2b.e2b_domain)
+        .map(|d| d.trim().trim_end_matches('/').to_owned())
+        .unwrap_or_else(|| DEFAULT_DOMAIN.to_owned());
+    let api_url = non_empty(&cli.e2b.e2b_api_url)
+        .map(|u| u.trim().trim_end_matches('/').to_owned())
+        .unwrap_or_else(|| format!("https://api.{domain}"));
+    let mut skipped = Vec::new();
+    let metadata = pairs("--e2b-metadata", &cli.e2b.e2b_metadata, &mut skipped);
+    let env = pairs("--e2b-env", &cli.e2b.e2b_env, &mut skipped);
+    Ok(E2bConfig {
+        api_key: api_key.map(|k| Secret::new(k.expose().trim())),
+        template: cli.e2b.e2b_template.clone(),
+        sandbox_timeout_secs: u64::try_from(cli.e2b.e2b_sandbox_timeout.max(1)).unwrap_or(1),
+        metadata,
+        env,
+        skipped,
+        domain,
+        api_url,
+        envd_url: non_empty(&cli.e2b.e2b_envd_url)
             .map(|u| u.trim().trim_end_matches('/').to_owned())
-            .unwrap_or_else(|| format!("https://api.{domain}"));
-        let mut skipped = Vec::new();
-        let metadata = pairs("--e2b-metadata", &cli.e2b.e2b_metadata, &mut skipped);
-        let env = pairs("--e2b-env", &cli.e2b.e2b_env, &mut skipped);
-        Ok(Self {
-            api_key: api_key.map(|k| Secret::new(k.expose().trim())),
-            template: cli.e2b.e2b_template.clone(),
-            sandbox_timeout_secs: u64::try_from(cli.e2b.e2b_sandbox_timeout.max(1)).unwrap_or(1),
-            metadata,
-            env,
-            skipped,
-            domain,
-            api_url,
-            envd_url: non_empty(&cli.e2b.e2b_envd_url)
-                .map(|u| u.trim().trim_end_matches('/').to_owned())
-                .unwrap_or_else(|| DEFAULT_ENVD_URL.to_owned()),
-        })
-    }
-
-    /// The envd base URL for one sandbox; `domain` is the one the API returned for it, if any.
-    pub fn envd_base(&self, sandbox_id: &str, domain: Option<&str>) -> String {
-        self.port_base(sandbox_id, ENVD_PORT, domain)
-    }
-
-    /// Whether the envd URL template tells ports apart (a fixed test URL does not).
-    pub fn serves_ports(&self) -> bool {
-        self.envd_url.contains("{port}")
-    }
-
-    /// The URL of any port of one sandbox: E2B serves every port on a host name of its own.
-    pub fn port_base(&self, sandbox_id: &str, port: u16, domain: Option<&str>) -> String {
-        let domain = domain
-            .filter(|d| !d.trim().is_empty())
-            .unwrap_or(&self.domain);
-        self.envd_url
-            .replace("{port}", &port.to_string())
-            .replace("{sandbox_id}", sandbox_id)
-            .replace("{domain}", domain)
-    }
+            .unwrap_or_else(|| DEFAULT_ENVD_URL.to_owned()),
+    })
 }
 
 #[cfg(test)]
@@ -121,7 +70,7 @@ mod tests {
 
     #[test]
     fn every_port_has_a_host_name_of_its_own() {
-        let config = E2bConfig::from_cli(&cli(&[])).unwrap();
+        let config = from_cli(&cli(&[])).unwrap();
         assert_eq!(
             config.port_base("isb1", 8080, None),
             "https://8080-isb1.e2b.app"
@@ -134,7 +83,7 @@ mod tests {
 
     #[test]
     fn defaults_derive_both_urls_from_the_domain() {
-        let config = E2bConfig::from_cli(&cli(&[])).unwrap();
+        let config = from_cli(&cli(&[])).unwrap();
         assert_eq!(config.template, "base");
         assert_eq!(config.sandbox_timeout_secs, 3600);
         assert_eq!(config.api_url, "https://api.e2b.app");
@@ -143,14 +92,14 @@ mod tests {
             config.envd_base("isb1", Some("eu.example")),
             "https://49983-isb1.eu.example"
         );
-        let own = E2bConfig::from_cli(&cli(&["--e2b-domain", "sandbox.corp/"])).unwrap();
+        let own = from_cli(&cli(&["--e2b-domain", "sandbox.corp/"])).unwrap();
         assert_eq!(own.api_url, "https://api.sandbox.corp");
         assert_eq!(own.envd_base("x", Some("")), "https://49983-x.sandbox.corp");
     }
 
     #[test]
     fn explicit_urls_and_pairs() {
-        let config = E2bConfig::from_cli(&cli(&[
+        let config = from_cli(&cli(&[
             "--e2b-api-url",
             "http://127.0.0.1:9/",
             "--e2b-envd-url",

@@ -2,113 +2,68 @@
 //! and Podman", "Connection"): the address from `--docker-host`, `DOCKER_HOST` or the engine's
 //! usual sockets, and TLS from `--docker-tls-verify` / `DOCKER_TLS_VERIFY` with the certificates
 //! in `--docker-cert-path` / `DOCKER_CERT_PATH`, read the way the docker CLI reads them. The
-//! environment is read here, through the caller's lookup, so the backend reads none.
+//! environment is read here, through the caller's lookup, so the backend reads none; the
+//! types are the Docker crate's.
 
 use std::path::{Path, PathBuf};
+
+pub use kilntainers_docker::config::{
+    DOCKER_DEFAULT_SOCKET, EngineAddress, EngineConnection, EngineTls, scheme,
+};
 
 use super::{ConfigError, Engine, fail};
 use crate::cli::DockerArgs;
 
-/// The Docker engine's socket when nothing else is named.
-pub const DOCKER_DEFAULT_SOCKET: &str = "unix:///var/run/docker.sock";
-
-/// Where the engine is.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum EngineAddress {
-    /// `--docker-host`; for Docker also `DOCKER_HOST` or the default socket.
-    Fixed(String),
-    /// Podman without `--docker-host`: its sockets in order of preference, the first that
-    /// exists when the server connects (a service started after the server is still found).
-    FirstExisting(Vec<String>),
-}
-
-/// The files of a verified TLS connection to the engine, each checked readable at startup.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EngineTls {
-    /// The CA that signed the engine's certificate; the only one trusted for it.
-    pub ca: PathBuf,
-    /// This client's certificate and key, which the engine asks for.
-    pub cert: PathBuf,
-    pub key: PathBuf,
-    /// The directory they came from, for messages.
-    pub dir: PathBuf,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct EngineConnection {
-    pub address: EngineAddress,
-    /// `Some` for an `https://` address, and for a `tcp://` one when TLS verification is asked
-    /// for; never for unix sockets or `ssh://` (the docker CLI ignores TLS settings there too).
-    pub tls: Option<EngineTls>,
-}
-
-impl EngineConnection {
-    /// The connection of `--backend docker` from its flags and the environment (`env` looks a
-    /// variable up; `uid` names rootless Podman's socket). Fails when TLS is asked for and a
-    /// certificate file cannot be read, or when `http://` and TLS verification are both given.
-    pub fn from_cli(
-        engine: Engine,
-        args: &DockerArgs,
-        env: impl Fn(&str) -> Option<String>,
-        uid: Option<u32>,
-    ) -> Result<Self, ConfigError> {
-        let env = |name: &str| env(name).filter(|v| !v.is_empty());
-        let address = match (
-            args.docker_host.as_deref().filter(|h| !h.is_empty()),
-            engine,
-        ) {
-            (Some(host), _) => EngineAddress::Fixed(host.to_owned()),
-            (None, Engine::Docker) => EngineAddress::Fixed(
-                env("DOCKER_HOST").unwrap_or_else(|| DOCKER_DEFAULT_SOCKET.to_owned()),
-            ),
-            (None, Engine::Podman) => {
-                // DOCKER_HOST usually names a Docker engine; Podman takes it only as a socket.
-                let mut candidates: Vec<String> = env("DOCKER_HOST")
-                    .into_iter()
-                    .filter(|h| h.starts_with("unix://"))
-                    .collect();
-                if let Some(dir) = env("XDG_RUNTIME_DIR") {
-                    candidates.push(format!("unix://{dir}/podman/podman.sock"));
-                }
-                if let Some(uid) = uid {
-                    candidates.push(format!("unix:///run/user/{uid}/podman/podman.sock"));
-                }
-                candidates.push("unix:///run/podman/podman.sock".to_owned());
-                EngineAddress::FirstExisting(candidates)
+/// The connection of `--backend docker` from its flags and the environment (`env` looks a
+/// variable up; `uid` names rootless Podman's socket). Fails when TLS is asked for and a
+/// certificate file cannot be read, or when `http://` and TLS verification are both given.
+pub fn connection(
+    engine: Engine,
+    args: &DockerArgs,
+    env: impl Fn(&str) -> Option<String>,
+    uid: Option<u32>,
+) -> Result<EngineConnection, ConfigError> {
+    let env = |name: &str| env(name).filter(|v| !v.is_empty());
+    let address = match (
+        args.docker_host.as_deref().filter(|h| !h.is_empty()),
+        engine,
+    ) {
+        (Some(host), _) => EngineAddress::Fixed(host.to_owned()),
+        (None, Engine::Docker) => EngineAddress::Fixed(
+            env("DOCKER_HOST").unwrap_or_else(|| DOCKER_DEFAULT_SOCKET.to_owned()),
+        ),
+        (None, Engine::Podman) => {
+            // DOCKER_HOST usually names a Docker engine; Podman takes it only as a socket.
+            let mut candidates: Vec<String> = env("DOCKER_HOST")
+                .into_iter()
+                .filter(|h| h.starts_with("unix://"))
+                .collect();
+            if let Some(dir) = env("XDG_RUNTIME_DIR") {
+                candidates.push(format!("unix://{dir}/podman/podman.sock"));
             }
-        };
-        // As the docker CLI: any non-empty value turns verification on, "0" included.
-        let verify = args.docker_tls_verify || env("DOCKER_TLS_VERIFY").is_some();
-        let tls = match &address {
-            EngineAddress::Fixed(host) => match scheme(host).as_str() {
-                "https" => Some(tls_files(host, args, &env)?),
-                "tcp" if verify => Some(tls_files(host, args, &env)?),
-                "http" if verify => {
-                    return fail(format!(
-                        "The engine address {host} is plain HTTP, but DOCKER_TLS_VERIFY (or --docker-tls-verify) asks for TLS. Use tcp://… or https://… to reach the engine over TLS, or unset DOCKER_TLS_VERIFY."
-                    ));
-                }
-                _ => None,
-            },
-            EngineAddress::FirstExisting(_) => None,
-        };
-        Ok(Self { address, tls })
-    }
-
-    /// `--backend` is not docker: nothing is connected, so nothing is checked.
-    pub fn unused() -> Self {
-        Self {
-            address: EngineAddress::Fixed(DOCKER_DEFAULT_SOCKET.to_owned()),
-            tls: None,
+            if let Some(uid) = uid {
+                candidates.push(format!("unix:///run/user/{uid}/podman/podman.sock"));
+            }
+            candidates.push("unix:///run/podman/podman.sock".to_owned());
+            EngineAddress::FirstExisting(candidates)
         }
-    }
-}
-
-/// The address's scheme, lower case (`unix`, `tcp`, `https`, …); empty without one.
-pub fn scheme(host: &str) -> String {
-    host.split_once("://")
-        .map(|(s, _)| s.to_ascii_lowercase())
-        .unwrap_or_default()
+    };
+    // As the docker CLI: any non-empty value turns verification on, "0" included.
+    let verify = args.docker_tls_verify || env("DOCKER_TLS_VERIFY").is_some();
+    let tls = match &address {
+        EngineAddress::Fixed(host) => match scheme(host).as_str() {
+            "https" => Some(tls_files(host, args, &env)?),
+            "tcp" if verify => Some(tls_files(host, args, &env)?),
+            "http" if verify => {
+                return fail(format!(
+                    "The engine address {host} is plain HTTP, but DOCKER_TLS_VERIFY (or --docker-tls-verify) asks for TLS. Use tcp://… or https://… to reach the engine over TLS, or unset DOCKER_TLS_VERIFY."
+                ));
+            }
+            _ => None,
+        },
+        EngineAddress::FirstExisting(_) => None,
+    };
+    Ok(EngineConnection { address, tls })
 }
 
 /// The directory of the certificates, as the docker CLI finds it: `--docker-cert-path`, else
@@ -201,7 +156,7 @@ mod tests {
             .iter()
             .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
             .collect();
-        EngineConnection::from_cli(
+        connection(
             engine,
             &cli.docker,
             |name| vars.get(name).cloned(),

@@ -3,12 +3,15 @@
 //!
 //! A leaf module: it knows neither MCP nor any provider API.
 
+#[cfg(feature = "e2b")]
 pub mod e2b;
 pub mod engine;
+#[cfg(feature = "fly")]
 pub mod fly;
+#[cfg(feature = "modal")]
 pub mod modal;
-pub mod run_flags;
 pub mod secret;
+#[cfg(feature = "wasm")]
 pub mod wasm;
 
 use std::time::Duration;
@@ -16,17 +19,19 @@ use std::time::Duration;
 use crate::cli::BackendKind;
 use crate::cli::{Cli, DEFAULT_HOST, DEFAULT_PORT, DEFAULT_SESSION_TIMEOUT, TransportChoice};
 use crate::secret::Secret;
+#[cfg(feature = "e2b")]
 pub use e2b::E2bConfig;
 pub use engine::{EngineAddress, EngineConnection, EngineTls};
+#[cfg(feature = "fly")]
 pub use fly::FlyConfig;
+pub use kilntainers_backend::DEFAULT_IMAGE;
+pub use kilntainers_docker::config::{ComputerNetwork, DockerConfig, Engine};
+use kilntainers_docker::run_flags::{parse_run_flags, parse_size};
+#[cfg(feature = "modal")]
 pub use modal::ModalConfig;
-use run_flags::{RunFlags, parse_run_flags, parse_size};
 use secret::SecretSource;
+#[cfg(feature = "wasm")]
 pub use wasm::{WasmConfig, WasmModule};
-
-/// The image every default configuration uses, and the one the exact reference tool text
-/// describes (docs/decisions.md, "Tool descriptions").
-pub const DEFAULT_IMAGE: &str = "debian:bookworm-slim";
 
 /// Upper bound of any command timeout (`--timeout` and the `timeout` argument): one week. A
 /// longer call is almost certainly a mistake (a value in milliseconds), and a bound keeps every
@@ -75,9 +80,13 @@ pub struct Config {
     pub quotas: Quotas,
     pub description: DescriptionConfig,
     pub docker: DockerConfig,
+    #[cfg(feature = "fly")]
     pub fly: FlyConfig,
+    #[cfg(feature = "e2b")]
     pub e2b: E2bConfig,
+    #[cfg(feature = "modal")]
     pub modal: ModalConfig,
+    #[cfg(feature = "wasm")]
     pub wasm: WasmConfig,
 }
 
@@ -243,68 +252,6 @@ pub struct DescriptionConfig {
     pub extended_text: Option<String>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Engine {
-    Docker,
-    Podman,
-}
-
-impl Engine {
-    pub fn display_name(self) -> &'static str {
-        match self {
-            Self::Docker => "Docker",
-            Self::Podman => "Podman",
-        }
-    }
-}
-
-#[derive(Debug, Clone)]
-pub struct DockerConfig {
-    pub engine: Engine,
-    /// Where the engine is and whether TLS is used ([`engine`]).
-    pub connection: EngineConnection,
-    /// `--pull-timeout`: an image pull with no progress for this long is given up.
-    pub pull_timeout: Duration,
-    pub image: String,
-    pub nano_cpus: Option<i64>,
-    pub memory_bytes: Option<i64>,
-    pub run_flags: RunFlags,
-    /// `None` = unlimited (the flag's 0).
-    pub pids_limit: Option<i64>,
-    pub security_opts: Vec<String>,
-    pub runtime: Option<String>,
-    /// `--exec-helper on`: commands go through the resident helper where it can run.
-    pub exec_helper: bool,
-    /// `--warm-pool`: started spares kept for temporary computers; 0 = no pool.
-    pub warm_pool: usize,
-    /// Which network a new computer joins (docs/auth.md, "Network").
-    pub network: ComputerNetwork,
-}
-
-/// Which network a new container joins (docs/auth.md, "Network").
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ComputerNetwork {
-    /// `--no-network`: no network at all.
-    Disabled,
-    /// The engine's default network, or the one the run flags' `--network` names: the
-    /// single-user default, as the Python reference does.
-    EngineDefault,
-    /// One network per principal, made on first use and removed with the principal's last
-    /// computer: whenever more than one principal can exist (named tokens or OAuth), so that
-    /// one principal's computers can neither reach nor impersonate another's.
-    PerPrincipal,
-}
-
-impl ComputerNetwork {
-    fn choose(enabled: bool, principals: bool, operator_network: bool) -> Self {
-        match (enabled, principals && !operator_network) {
-            (false, _) => Self::Disabled,
-            (true, false) => Self::EngineDefault,
-            (true, true) => Self::PerPrincipal,
-        }
-    }
-}
-
 impl Config {
     /// Applies every rule of docs/decisions.md, "Startup validation" in the documented order; the first failure wins.
     /// `env` reads the environment variables that are not flags of their own: the engine's
@@ -422,12 +369,16 @@ impl Config {
             );
         }
         check_other_backend_values(cli)?;
-        let fly = FlyConfig::from_cli(cli, env)?;
+        #[cfg(feature = "fly")]
+        let fly = fly::from_cli(cli, env)?;
+        #[cfg(feature = "fly")]
         if cli.backend == BackendKind::Fly {
-            fly.check_sandbox_app()?;
+            fly::check_sandbox_app(&fly)?;
         }
-        let e2b = E2bConfig::from_cli(cli)?;
-        let modal = ModalConfig::from_cli(cli, env)?;
+        #[cfg(feature = "e2b")]
+        let e2b = e2b::from_cli(cli)?;
+        #[cfg(feature = "modal")]
+        let modal = modal::from_cli(cli, env)?;
 
         let transport = if stdio {
             Transport::Stdio
@@ -484,10 +435,14 @@ impl Config {
                 extended_text: cli.extended_tool_instruction.clone(),
             },
             docker,
+            #[cfg(feature = "fly")]
             fly,
+            #[cfg(feature = "e2b")]
             e2b,
+            #[cfg(feature = "modal")]
             modal,
-            wasm: WasmConfig::from_cli(cli, env),
+            #[cfg(feature = "wasm")]
+            wasm: wasm::from_cli(cli, env),
         })
     }
 }
@@ -540,7 +495,7 @@ fn docker_config(
     }
     // Only the docker backend connects; a stray DOCKER_TLS_VERIFY must not stop the others.
     let connection = if cli.backend == BackendKind::Docker {
-        EngineConnection::from_cli(engine, &cli.docker, env, engine::current_uid())?
+        engine::connection(engine, &cli.docker, env, engine::current_uid())?
     } else {
         EngineConnection::unused()
     };
@@ -896,6 +851,7 @@ mod tests {
 
     // See: issue 15
     #[test]
+    #[cfg(all(feature = "fly", feature = "e2b", feature = "modal", feature = "wasm"))]
     fn issue_15_no_debug_output_of_a_config_shows_a_token() {
         let tokens = [
             "tok-auth-1111",

@@ -6,56 +6,13 @@
 
 use std::path::PathBuf;
 
+pub use kilntainers_modal::config::*;
+
 use super::ConfigError;
 use super::DEFAULT_IMAGE;
 use super::secret::SecretSource;
 use crate::cli::Cli;
 use crate::secret::Secret;
-
-/// Modal's default API endpoint, the one its own clients use when nothing overrides it.
-pub const DEFAULT_SERVER_URL: &str = "https://api.modal.com:443";
-
-/// The image builder version Modal's Go client sends when no profile or env var sets one.
-pub const DEFAULT_IMAGE_BUILDER_VERSION: &str = "2024.10";
-
-/// Credentials in Modal's own precedence: explicit options, then `MODAL_TOKEN_ID` /
-/// `MODAL_TOKEN_SECRET`, then the config-file profile. Each half is resolved on its own, as
-/// Modal's clients do (an env id with a file secret is possible, if odd).
-#[derive(Debug, Clone, Default)]
-pub struct TokenSources {
-    pub flag_id: Option<Secret>,
-    pub flag_secret: Option<Secret>,
-    pub env_id: Option<Secret>,
-    pub env_secret: Option<Secret>,
-}
-
-#[derive(Debug, Clone)]
-pub struct ModalConfig {
-    pub tokens: TokenSources,
-    /// `MODAL_CONFIG_PATH`, else `~/.modal.toml`; `None` without HOME.
-    pub config_file: Option<PathBuf>,
-    /// `MODAL_PROFILE`: the profile to use; `None` = the one with `active = true`.
-    pub profile: Option<String>,
-    /// `MODAL_SERVER_URL` (beats the profile's `server_url`).
-    pub server_url_env: Option<String>,
-    /// `MODAL_ENVIRONMENT` (beats the profile's `environment`).
-    pub environment_env: Option<String>,
-    /// `MODAL_IMAGE_BUILDER_VERSION` (beats the profile's `image_builder_version`).
-    pub image_builder_version_env: Option<String>,
-    pub app_name: String,
-    /// `--image` when given, else `debian:bookworm-slim` (docs/decisions.md, "Modal sandboxes").
-    pub image: String,
-    /// Whether `--image` was given and differs from the default (description choice).
-    pub custom_image: bool,
-    pub milli_cpu: u32,
-    pub memory_mib: u32,
-    pub gpu: Option<String>,
-    pub region: Option<String>,
-    pub sandbox_timeout_secs: u32,
-    /// `--modal-ports`: opened as encrypted tunnels on every sandbox this server creates
-    /// (docs/files.md, "Ports"), sorted, without repeats.
-    pub ports: Vec<u16>,
-}
 
 /// `--modal-ports` as written: comma-separated ports between 1 and 65535; empty is none.
 pub fn parse_ports(raw: &str) -> Result<Vec<u16>, ConfigError> {
@@ -75,49 +32,50 @@ pub fn parse_ports(raw: &str) -> Result<Vec<u16>, ConfigError> {
     Ok(ports)
 }
 
-impl ModalConfig {
-    /// Builds the section from parsed flags and an environment lookup. Value ranges are checked
-    /// by `Config::from_cli` (docs/decisions.md, "Startup validation" row 18) before this matters; the secret file
-    /// (`--modal-token-secret-file` / `MODAL_TOKEN_SECRET_FILE`) stands where the flag would.
-    pub fn from_cli(cli: &Cli, env: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
-        let flag_secret = SecretSource {
-            flag: "--modal-token-secret",
-            file_flag: "--modal-token-secret-file",
-            value: cli.modal.modal_token_secret.as_ref(),
-            file: cli.modal.modal_token_secret_file.as_deref(),
-        }
-        .resolve()?;
-        let non_empty = |v: Option<String>| v.filter(|s| !s.trim().is_empty());
-        let home = non_empty(env("HOME")).map(PathBuf::from);
-        let config_file = non_empty(env("MODAL_CONFIG_PATH"))
-            .map(PathBuf::from)
-            .or_else(|| home.map(|h| h.join(".modal.toml")));
-        let image = non_empty(cli.docker.image.clone());
-        Ok(Self {
-            tokens: TokenSources {
-                flag_id: non_empty(cli.modal.modal_token_id.clone()).map(Secret::new),
-                flag_secret,
-                env_id: non_empty(env("MODAL_TOKEN_ID")).map(Secret::new),
-                env_secret: non_empty(env("MODAL_TOKEN_SECRET")).map(Secret::new),
-            },
-            config_file,
-            profile: non_empty(env("MODAL_PROFILE")),
-            server_url_env: non_empty(env("MODAL_SERVER_URL")),
-            environment_env: non_empty(env("MODAL_ENVIRONMENT")),
-            image_builder_version_env: non_empty(env("MODAL_IMAGE_BUILDER_VERSION")),
-            app_name: cli.modal.modal_app_name.clone(),
-            custom_image: image.as_deref().is_some_and(|i| i != DEFAULT_IMAGE),
-            image: image.unwrap_or_else(|| DEFAULT_IMAGE.to_owned()),
-            milli_cpu: (cli.modal.modal_cpu * 1000.0)
-                .round()
-                .clamp(1.0, u32::MAX as f64) as u32,
-            memory_mib: u32::try_from(cli.modal.modal_memory).unwrap_or(512).max(1),
-            gpu: non_empty(cli.modal.gpu.clone()),
-            region: non_empty(cli.modal.region.clone()),
-            sandbox_timeout_secs: u32::try_from(cli.modal.sandbox_timeout).unwrap_or(3600),
-            ports: parse_ports(cli.modal.modal_ports.as_deref().unwrap_or(""))?,
-        })
+/// Builds the section from parsed flags and an environment lookup. Value ranges are checked
+/// by `Config::from_cli` (docs/decisions.md, "Startup validation" row 18) before this matters; the secret file
+/// (`--modal-token-secret-file` / `MODAL_TOKEN_SECRET_FILE`) stands where the flag would.
+pub fn from_cli(
+    cli: &Cli,
+    env: impl Fn(&str) -> Option<String>,
+) -> Result<ModalConfig, ConfigError> {
+    let flag_secret = SecretSource {
+        flag: "--modal-token-secret",
+        file_flag: "--modal-token-secret-file",
+        value: cli.modal.modal_token_secret.as_ref(),
+        file: cli.modal.modal_token_secret_file.as_deref(),
     }
+    .resolve()?;
+    let non_empty = |v: Option<String>| v.filter(|s| !s.trim().is_empty());
+    let home = non_empty(env("HOME")).map(PathBuf::from);
+    let config_file = non_empty(env("MODAL_CONFIG_PATH"))
+        .map(PathBuf::from)
+        .or_else(|| home.map(|h| h.join(".modal.toml")));
+    let image = non_empty(cli.docker.image.clone());
+    Ok(ModalConfig {
+        tokens: TokenSources {
+            flag_id: non_empty(cli.modal.modal_token_id.clone()).map(Secret::new),
+            flag_secret,
+            env_id: non_empty(env("MODAL_TOKEN_ID")).map(Secret::new),
+            env_secret: non_empty(env("MODAL_TOKEN_SECRET")).map(Secret::new),
+        },
+        config_file,
+        profile: non_empty(env("MODAL_PROFILE")),
+        server_url_env: non_empty(env("MODAL_SERVER_URL")),
+        environment_env: non_empty(env("MODAL_ENVIRONMENT")),
+        image_builder_version_env: non_empty(env("MODAL_IMAGE_BUILDER_VERSION")),
+        app_name: cli.modal.modal_app_name.clone(),
+        custom_image: image.as_deref().is_some_and(|i| i != DEFAULT_IMAGE),
+        image: image.unwrap_or_else(|| DEFAULT_IMAGE.to_owned()),
+        milli_cpu: (cli.modal.modal_cpu * 1000.0)
+            .round()
+            .clamp(1.0, u32::MAX as f64) as u32,
+        memory_mib: u32::try_from(cli.modal.modal_memory).unwrap_or(512).max(1),
+        gpu: non_empty(cli.modal.gpu.clone()),
+        region: non_empty(cli.modal.region.clone()),
+        sandbox_timeout_secs: u32::try_from(cli.modal.sandbox_timeout).unwrap_or(3600),
+        ports: parse_ports(cli.modal.modal_ports.as_deref().unwrap_or(""))?,
+    })
 }
 
 #[cfg(test)]
@@ -148,7 +106,7 @@ mod tests {
             "MODAL_SERVER_URL" => Some("http://127.0.0.1:9".to_owned()),
             _ => None,
         };
-        let config = ModalConfig::from_cli(
+        let config = from_cli(
             &cli(&["--modal-token-secret", "as-flag", "--modal-cpu", "0.25"]),
             env,
         )
@@ -172,7 +130,7 @@ mod tests {
     #[test]
     fn config_path_override_and_image() {
         let env = |name: &str| (name == "MODAL_CONFIG_PATH").then(|| "/tmp/m.toml".to_owned());
-        let config = ModalConfig::from_cli(&cli(&["--image", "alpine:3"]), env).unwrap();
+        let config = from_cli(&cli(&["--image", "alpine:3"]), env).unwrap();
         assert_eq!(config.config_file, Some(PathBuf::from("/tmp/m.toml")));
         assert_eq!(config.image, "alpine:3");
         assert!(config.custom_image);

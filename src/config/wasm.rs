@@ -4,74 +4,45 @@
 
 use std::path::PathBuf;
 
+pub use kilntainers_wasm::config::*;
+
 use crate::cli::BackendKind;
 use crate::cli::Cli;
 
-/// The interpreter whose pip fetches the go-busybox wheel; `python3` when unset.
-pub const PYTHON_ENV: &str = "KILNTAINERS_PYTHON";
-pub const DOWNLOAD_ENV: &str = "KILNTAINERS_GO_BUSYBOX_DOWNLOAD";
 const CACHE_NAME: &str = "mcp-sandbox-computer-vm-for-ai";
 
-#[derive(Debug, Clone)]
-pub enum WasmModule {
-    /// `--backend wasm --wasm-path FILE`.
-    Custom(PathBuf),
-    /// `--backend go_busybox`; `explicit` = `--go-busybox-wasm`.
-    GoBusybox { explicit: Option<PathBuf> },
-}
-
-#[derive(Debug, Clone)]
-pub struct WasmConfig {
-    pub module: WasmModule,
-    pub max_memory_mib: u64,
-    pub fuel: Option<u64>,
-    pub shell: String,
-    pub output_limit: u64,
-    pub default_timeout_secs: u64,
-    /// `<user cache dir>/mcp-sandbox-computer-vm-for-ai`.
-    pub cache_dir: Option<PathBuf>,
-    /// The state dir; permanent computers live under `wasm/<backend>/`.
-    pub state_dir: Option<PathBuf>,
-    /// Where temporary computers' directories go.
-    pub temp_dir: PathBuf,
-    pub download: bool,
-    pub python: String,
-}
-
-impl WasmConfig {
-    pub fn from_cli(cli: &Cli, env: impl Fn(&str) -> Option<String>) -> Self {
-        let module = match (&cli.backend, &cli.wasm.wasm_path) {
-            (BackendKind::Wasm, Some(path)) => WasmModule::Custom(PathBuf::from(path)),
-            _ => WasmModule::GoBusybox {
-                explicit: cli
-                    .wasm
-                    .go_busybox_wasm
-                    .as_ref()
-                    .filter(|p| !p.is_empty())
-                    .map(PathBuf::from),
-            },
-        };
-        let home = env("HOME").filter(|h| !h.is_empty()).map(PathBuf::from);
-        let cache_dir = env("XDG_CACHE_HOME")
-            .filter(|d| !d.is_empty())
-            .map(PathBuf::from)
-            .or_else(|| home.as_ref().map(|h| h.join(".cache")))
-            .map(|d| d.join(CACHE_NAME));
-        Self {
-            module,
-            max_memory_mib: cli.wasm.wasm_max_memory.max(1).unsigned_abs(),
-            fuel: cli.wasm.wasm_fuel.map(i64::unsigned_abs),
-            shell: cli.shell.clone(),
-            output_limit: cli.output_limit.unsigned_abs(),
-            default_timeout_secs: cli.timeout.unsigned_abs(),
-            cache_dir,
-            state_dir: home.map(|h| h.join(crate::state::STATE_DIR_NAME)),
-            temp_dir: std::env::temp_dir(),
-            download: !env(DOWNLOAD_ENV).is_some_and(|v| v.trim().eq_ignore_ascii_case("false")),
-            python: env(PYTHON_ENV)
+pub fn from_cli(cli: &Cli, env: impl Fn(&str) -> Option<String>) -> WasmConfig {
+    let module = match (&cli.backend, &cli.wasm.wasm_path) {
+        (BackendKind::Wasm, Some(path)) => WasmModule::Custom(PathBuf::from(path)),
+        _ => WasmModule::GoBusybox {
+            explicit: cli
+                .wasm
+                .go_busybox_wasm
+                .as_ref()
                 .filter(|p| !p.is_empty())
-                .unwrap_or_else(|| "python3".to_owned()),
-        }
+                .map(PathBuf::from),
+        },
+    };
+    let home = env("HOME").filter(|h| !h.is_empty()).map(PathBuf::from);
+    let cache_dir = env("XDG_CACHE_HOME")
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| home.as_ref().map(|h| h.join(".cache")))
+        .map(|d| d.join(CACHE_NAME));
+    WasmConfig {
+        module,
+        max_memory_mib: cli.wasm.wasm_max_memory.max(1).unsigned_abs(),
+        fuel: cli.wasm.wasm_fuel.map(i64::unsigned_abs),
+        shell: cli.shell.clone(),
+        output_limit: cli.output_limit.unsigned_abs(),
+        default_timeout_secs: cli.timeout.unsigned_abs(),
+        cache_dir,
+        state_dir: home.map(|h| h.join(crate::state::STATE_DIR_NAME)),
+        temp_dir: std::env::temp_dir(),
+        download: !env(DOWNLOAD_ENV).is_some_and(|v| v.trim().eq_ignore_ascii_case("false")),
+        python: env(PYTHON_ENV)
+            .filter(|p| !p.is_empty())
+            .unwrap_or_else(|| "python3".to_owned()),
     }
 }
 
@@ -82,7 +53,7 @@ mod tests {
     #[test]
     fn cache_dir_and_python_from_env() {
         let cli = super::super::test_cli(&["--backend", "go_busybox"]);
-        let c = WasmConfig::from_cli(&cli, |k| match k {
+        let c = from_cli(&cli, |k| match k {
             "HOME" => Some("/h".into()),
             "KILNTAINERS_PYTHON" => Some("/venv/bin/python".into()),
             "KILNTAINERS_GO_BUSYBOX_DOWNLOAD" => Some("False".into()),
@@ -98,7 +69,7 @@ mod tests {
         );
         assert_eq!(c.python, "/venv/bin/python");
         assert!(!c.download);
-        let c = WasmConfig::from_cli(&cli, |k| (k == "XDG_CACHE_HOME").then(|| "/x".into()));
+        let c = from_cli(&cli, |k| (k == "XDG_CACHE_HOME").then(|| "/x".into()));
         assert_eq!(
             c.cache_dir,
             Some(PathBuf::from("/x/mcp-sandbox-computer-vm-for-ai"))

@@ -264,7 +264,7 @@ async def test_stdio_rejects_principal_flags(kbb, tmp_path):
 
 
 def test_owner_tags_match_the_server() -> None:
-    # sha256("alice")[:16], as the Rust unit test in src/ids.rs pins it.
+    # sha256("alice")[:16], as the Rust unit test in crates/backend/src/ids.rs pins it.
     assert tag("alice") == "2bd806c97f0e00af"
 
 

@@ -6,10 +6,10 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use clap::Parser;
+use kilntainers_wasm::WasmBackend;
+use kilntainers_wasm::fetch::{self, FetchOptions};
+use kilntainers_wasm::runtime::{Runtime, RuntimeOptions};
 use mcp_sandbox_computer_vm_for_ai::backends::Backend;
-use mcp_sandbox_computer_vm_for_ai::backends::wasm::WasmBackend;
-use mcp_sandbox_computer_vm_for_ai::backends::wasm::fetch::{self, FetchOptions};
-use mcp_sandbox_computer_vm_for_ai::backends::wasm::runtime::{Runtime, RuntimeOptions};
 use mcp_sandbox_computer_vm_for_ai::cli::Cli;
 use mcp_sandbox_computer_vm_for_ai::config::Config;
 
@@ -104,7 +104,7 @@ impl Place {
             module.as_str(),
         ];
         args.extend_from_slice(extra);
-        Arc::new(WasmBackend::new(&self.config(&args)).unwrap())
+        Arc::new(WasmBackend::new(&self.config(&args).wasm).unwrap())
     }
 
     pub fn custom(&self, wat: &str, extra: &[&str]) -> Arc<dyn Backend> {
@@ -116,7 +116,7 @@ impl Place {
         let path = path.to_str().unwrap().to_owned();
         let mut args = vec!["--backend", "wasm", "--wasm-path", path.as_str()];
         args.extend_from_slice(extra);
-        Arc::new(WasmBackend::new(&self.config(&args)).unwrap())
+        Arc::new(WasmBackend::new(&self.config(&args).wasm).unwrap())
     }
 }
 

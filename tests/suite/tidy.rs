@@ -1,6 +1,7 @@
 //! Keeps the code map true (after rust-analyzer's tidy): every source file opens with a `//!`
-//! paragraph, every top-level module is in ARCHITECTURE.md, and each third-party crate stays in
-//! the module that owns it. The import checks read code only (comments may name anything) and
+//! paragraph, every top-level module and every crate is in ARCHITECTURE.md, the crates depend
+//! only downwards, and inside the server each third-party crate stays in the module that owns
+//! it. The import checks read code only (comments may name anything) and
 //! see through grouped imports (`use crate::{mcp, registry::Registry};`).
 
 use std::path::{Path, PathBuf};
@@ -16,10 +17,30 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
     }
 }
 
+/// The directory names under `crates/`.
+fn workspace_crates() -> Vec<String> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("crates");
+    let mut names: Vec<String> = std::fs::read_dir(root)
+        .expect("read crates")
+        .map(|entry| {
+            entry
+                .expect("entry")
+                .file_name()
+                .into_string()
+                .expect("utf-8")
+        })
+        .collect();
+    names.sort();
+    names
+}
+
 fn sources() -> Vec<(String, String)> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut files = Vec::new();
     rust_files(&root.join("src"), &mut files);
+    for krate in workspace_crates() {
+        rust_files(&root.join("crates").join(krate).join("src"), &mut files);
+    }
     rust_files(&root.join("helper/src"), &mut files);
     rust_files(&root.join("fakes/modal/src"), &mut files);
     files.sort();
@@ -168,59 +189,27 @@ fn every_top_level_module_is_in_the_architecture_map() {
             missing.push(heading);
         }
     }
+    for krate in workspace_crates() {
+        let heading = format!("### crates/{krate}/");
+        if !map.contains(&heading) {
+            missing.push(heading);
+        }
+    }
     assert!(missing.is_empty(), "ARCHITECTURE.md lacks: {missing:?}");
 }
 
-/// (crate path prefix, directories or files allowed to use it)
+/// Inside the server crate, (crate path prefix, directories or files allowed to use it). Which
+/// crate of the workspace may use a library at all is its manifest's business: a provider's
+/// libraries (bollard, tonic, wasmtime, …) are dependencies of that provider's crate alone.
 const CONFINED: &[(&str, &[&str])] = &[
-    ("bollard::", &["src/backends/docker/"]),
-    (
-        "kilntainers_helper::",
-        &["src/backends/docker/helper/", "helper/src/"],
-    ),
-    ("tar::", &["src/backends/docker/helper/"]),
     ("axum::", &["src/transport/"]),
     ("hyper::", &["src/transport/"]),
-    // The Docker backend's TLS client (`backends::docker::tls`) is a hyper client too.
-    (
-        "hyper_util::",
-        &["src/transport/", "src/backends/docker/tls.rs"],
-    ),
-    ("hyper_rustls::", &["src/backends/docker/tls.rs"]),
-    ("rustls::", &["src/backends/docker/tls.rs"]),
+    ("hyper_util::", &["src/transport/"]),
     ("subtle::", &["src/transport/"]),
-    (
-        "reqwest::",
-        &[
-            "src/backends/fly/",
-            "src/backends/e2b/",
-            "src/backends/rest.rs",
-            "src/transport/http/auth/oauth.rs",
-        ],
-    ),
+    ("reqwest::", &["src/transport/http/auth/oauth.rs"]),
     ("jsonwebtoken::", &["src/transport/http/auth/oauth.rs"]),
-    (
-        "percent_encoding::",
-        &["src/backends/rest.rs", "src/mcp/files.rs"],
-    ),
-    (
-        "base64::",
-        &[
-            "src/backends/e2b/",
-            "src/backends/modal/api.rs",
-            "src/files/",
-            "src/mcp/files.rs",
-        ],
-    ),
-    ("tonic::", &["src/backends/modal/", "fakes/modal/"]),
-    ("prost::", &["src/backends/modal/", "fakes/modal/"]),
-    ("protox::", &["src/backends/modal/"]),
-    ("toml::", &["src/backends/modal/"]),
-    ("wasmtime", &["src/backends/wasm/"]),
-    ("cap_std::", &["src/backends/wasm/"]),
-    ("zip::", &["src/backends/wasm/"]),
-    ("glob::", &["src/backends/wasm/"]),
-    ("sha2::", &["src/backends/wasm/", "src/ids.rs"]),
+    ("percent_encoding::", &["src/mcp/files.rs"]),
+    ("base64::", &["src/files/", "src/mcp/files.rs"]),
     ("rmcp::", &["src/mcp/", "src/transport/"]),
     ("clap::", &["src/cli.rs"]),
 ];
@@ -229,6 +218,9 @@ const CONFINED: &[(&str, &[&str])] = &[
 fn third_party_crates_stay_in_their_modules() {
     let mut offences = Vec::new();
     for (path, text) in sources() {
+        if !path.starts_with("src/") {
+            continue;
+        }
         let code = code_only(&text);
         let uses = used_paths(&code);
         for (krate, allowed) in CONFINED {
@@ -243,12 +235,12 @@ fn third_party_crates_stay_in_their_modules() {
 /// The top-level modules of `src/`, from the bottom up. A module may use the modules of the
 /// layers below its own and nothing else: not a module of a layer above, not another module of
 /// its own layer. `main.rs` and `lib.rs` sit on top. ARCHITECTURE.md, "Layers" explains each.
+/// The bottom layer is the backend API crate, re-exported by `lib.rs` ([`REEXPORTED`]).
 const LAYERS: &[&[&str]] = &[
-    &["ids", "clock", "secret"],
+    &["backends", "ids", "clock", "secret"],
     &["cli"],
     &["state"],
     &["config"],
-    &["backends"],
     &["providers"],
     &["exec"],
     &["files", "jobs"],
@@ -284,6 +276,9 @@ fn crate_modules_used(code: &str) -> std::collections::BTreeSet<String> {
     found
 }
 
+/// The names `lib.rs` gives the backend API crate (`kilntainers-backend`) and its modules.
+const REEXPORTED: &[&str] = &["backends", "ids", "clock", "secret"];
+
 fn layer_of(module: &str) -> Option<usize> {
     LAYERS.iter().position(|layer| layer.contains(&module))
 }
@@ -300,6 +295,13 @@ fn every_top_level_module_has_a_layer() {
         })
         .filter(|name| name != "lib" && name != "main")
         .collect();
+    let lib = std::fs::read_to_string(root.join("lib.rs")).expect("lib.rs");
+    assert!(
+        lib.contains("pub use kilntainers_backend as backends;")
+            && lib.contains("pub use kilntainers_backend::{clock, ids, secret};"),
+        "lib.rs no longer re-exports the backend API as {REEXPORTED:?}"
+    );
+    modules.extend(REEXPORTED.iter().map(|m| (*m).to_owned()));
     modules.sort();
     modules.dedup();
     let unplaced: Vec<&String> = modules.iter().filter(|m| layer_of(m).is_none()).collect();
@@ -357,4 +359,67 @@ fn modules_import_only_from_layers_below() {
         offences.is_empty(),
         "upward or sideways imports: {offences:#?}"
     );
+}
+
+/// The workspace crates each crate under `crates/` may depend on (normal, dev and build
+/// dependencies alike): the backend API depends on none, a provider on the backend API (and the
+/// Docker backend on the helper whose binary it embeds), and none on the server or on another
+/// provider.
+fn allowed_workspace_dependencies(krate: &str) -> &'static [&'static str] {
+    match krate {
+        "backend" => &[],
+        "docker" => &["kilntainers-backend", "kilntainers-helper"],
+        _ => &["kilntainers-backend"],
+    }
+}
+
+/// The package names a manifest's dependency tables list (`name = …` or `name.workspace = …`
+/// lines under any `[*dependencies]` table).
+fn manifest_dependencies(manifest: &str) -> Vec<String> {
+    let mut in_dependencies = false;
+    let mut names = Vec::new();
+    for line in manifest.lines().map(str::trim) {
+        if line.starts_with('[') {
+            in_dependencies = line.trim_matches(['[', ']']).ends_with("dependencies");
+            continue;
+        }
+        if !in_dependencies || line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let name: String = line
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '-' || *c == '_')
+            .collect();
+        names.push(name);
+    }
+    names
+}
+
+#[test]
+fn the_manifest_reader_sees_every_dependency_table() {
+    let manifest = "[package]\nname = \"x\"\n[dependencies]\na.workspace = true\nb = { path = \"b\" }\n# c\n[dev-dependencies]\nd = \"1\"\n[lints]\ne = 1\n";
+    assert_eq!(manifest_dependencies(manifest), ["a", "b", "d"]);
+}
+
+#[test]
+fn crates_depend_only_downwards() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let server = "mcp-sandbox-computer-vm-for-ai";
+    let mut offences = Vec::new();
+    for krate in workspace_crates() {
+        let manifest = std::fs::read_to_string(root.join("crates").join(&krate).join("Cargo.toml"))
+            .expect("manifest");
+        for dependency in manifest_dependencies(&manifest) {
+            let ours = dependency.starts_with("kilntainers-") || dependency == server;
+            if ours && !allowed_workspace_dependencies(&krate).contains(&dependency.as_str()) {
+                offences.push(format!("crates/{krate} depends on {dependency}"));
+            }
+            // The backend API speaks plain data: no MCP, no HTTP server, no provider library.
+            let provider_or_wire = ["rmcp", "axum", "hyper", "bollard", "tonic", "wasmtime"];
+            if krate == "backend" && provider_or_wire.contains(&dependency.as_str()) {
+                offences.push(format!("crates/backend depends on {dependency}"));
+            }
+        }
+    }
+    assert!(offences.is_empty(), "{offences:#?}");
 }

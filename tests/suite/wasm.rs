@@ -7,8 +7,8 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use mcp_sandbox_computer_vm_for_ai::backends::wasm::WasmBackend;
-use mcp_sandbox_computer_vm_for_ai::backends::wasm::fetch;
+use kilntainers_wasm::WasmBackend;
+use kilntainers_wasm::fetch;
 use mcp_sandbox_computer_vm_for_ai::backends::{Backend, CreateSpec, NoProgress, SandboxRef};
 use mcp_sandbox_computer_vm_for_ai::exec::{self, ExecOutcome, ExecRequest, Program};
 use mcp_sandbox_computer_vm_for_ai::ids::{ComputerId, ExecId, InstanceId};
@@ -550,12 +550,11 @@ async fn custom_modules() {
         e,
         "WASM module does not export a '_start' function. Only WASI command modules are supported."
     );
-    let missing = WasmBackend::new(&place.config(&[
-        "--backend",
-        "wasm",
-        "--wasm-path",
-        "/nonexistent/m.wasm",
-    ]))
+    let missing = WasmBackend::new(
+        &place
+            .config(&["--backend", "wasm", "--wasm-path", "/nonexistent/m.wasm"])
+            .wasm,
+    )
     .unwrap();
     assert_eq!(
         missing.validate().await.unwrap_err().to_string(),
@@ -577,7 +576,7 @@ fn plant(dir: &Path, id: &str, temporary: bool, backend: &str, target: &Path) {
 }
 
 fn private_dir(place: &Place) -> PathBuf {
-    mcp_sandbox_computer_vm_for_ai::state::private_temp_dir(&place.base.join("tmp")).unwrap()
+    kilntainers_wasm::private_dir::private_temp_dir(&place.base.join("tmp")).unwrap()
 }
 
 // See: issue 15
@@ -657,7 +656,7 @@ async fn issue_15_a_private_dir_that_is_not_ours_alone_is_refused() {
     let module = module.to_str().unwrap().to_owned();
     let config = place.config(&["--backend", "wasm", "--wasm-path", module.as_str()]);
     let dir = private_dir(&place);
-    let refused = |why: &str| match WasmBackend::new(&config) {
+    let refused = |why: &str| match WasmBackend::new(&config.wasm) {
         Ok(_) => panic!("{why}: accepted"),
         Err(e) => e.to_string(),
     };
@@ -687,7 +686,7 @@ async fn issue_15_a_private_dir_that_is_not_ours_alone_is_refused() {
     }
     std::fs::remove_dir(&dir).unwrap();
     // A clean start makes it 0700 on first use and leaves nothing behind.
-    let b = WasmBackend::new(&config).unwrap();
+    let b = WasmBackend::new(&config.wasm).unwrap();
     let s = create(&b, "fresh", true).await;
     assert!(dir.is_dir());
     b.remove(&s).await.unwrap();

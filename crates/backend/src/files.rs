@@ -1,4 +1,4 @@
-//! The vocabulary of a computer's files, shared by the file tools' programs (`crate::files`) and
+//! The vocabulary of a computer's files, shared by the server's file tools (its `files` module) and
 //! the backends that reach files without them ([`FileSystem`]): the answers, the errors in the
 //! words the caller sees, and the limits every way of reaching files keeps. Knows no provider.
 
@@ -57,7 +57,7 @@ pub enum FileOpError {
     Backend(#[from] BackendError),
     /// The backend's own [`FileSystem`] cannot do this one operation (say, an
     /// append where the provider only replaces whole files): the file programs run
-    /// instead (`crate::files::Access`), and no caller above them ever sees it.
+    /// instead (the server's `files::Access`), and no caller above them ever sees it.
     #[error("not done directly")]
     NotDirect,
     /// Neither the backend nor a shell in its computers can reach files.

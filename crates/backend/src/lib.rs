@@ -1,28 +1,24 @@
-//! The one seam between the server and the providers: the [`Backend`] trait, the plain data it
-//! speaks in ([`SandboxRef`], [`CreateSpec`], [`ExecSpec`], [`ComputerInfo`]) and its typed
-//! error. One module per provider implements it; `crate::providers` is the only module that names
-//! a concrete backend.
+//! The backend API of the server: the one seam between it and the providers. The [`Backend`]
+//! trait, the plain data it speaks in ([`SandboxRef`], [`CreateSpec`], [`ExecSpec`],
+//! [`ComputerInfo`]), its typed error, and what every provider shares: ids, the file
+//! vocabulary, POSIX shell snippets, label names, the REST client of the HTTP providers
+//! (feature `rest`) and a scripted fake (feature `test-support`). One crate per provider
+//! implements the trait; the server's `providers` module is the only place that names one.
 //!
-//! **Architecture invariant:** nothing here imports `mcp`, `registry`, `exec`, `transport`, rmcp
-//! or axum. Backends push output into an [`OutputSink`] and stop when told; they never see the
-//! output limit, and they never format user-facing results.
+//! **Architecture invariant (the manifest enforces it):** this crate depends on no other crate
+//! of the workspace, nor on rmcp or axum. Backends push output into an [`OutputSink`] and stop
+//! when told; they never see the output limit, and they never format user-facing results.
 
-pub mod docker;
-#[cfg(feature = "e2b")]
-pub mod e2b;
-#[cfg(test)]
+pub mod clock;
+#[cfg(any(test, feature = "test-support"))]
 pub mod fake;
 pub mod files;
-#[cfg(feature = "fly")]
-pub mod fly;
+pub mod ids;
 pub mod labels;
-#[cfg(feature = "modal")]
-pub mod modal;
 pub mod posix;
-#[cfg(any(feature = "fly", feature = "e2b"))]
-mod rest;
-#[cfg(feature = "wasm")]
-pub mod wasm;
+#[cfg(feature = "rest")]
+pub mod rest;
+pub mod secret;
 
 use std::collections::HashSet;
 
@@ -31,6 +27,21 @@ use tokio_util::sync::CancellationToken;
 
 use crate::ids::{ComputerId, ExecId, InstanceId, Principal};
 use files::FileSystem;
+
+/// The image every default configuration uses, and the one the exact reference tool text
+/// describes (docs/decisions.md, "Tool descriptions").
+pub const DEFAULT_IMAGE: &str = "debian:bookworm-slim";
+
+/// What every backend is told besides its own section: the flags that apply to all of them.
+#[derive(Debug, Clone)]
+pub struct Common {
+    /// `--shell`: what `command` runs under.
+    pub shell: String,
+    /// `--network` (on) or `--no-network`.
+    pub network: bool,
+    /// `--timeout`: a command's default time limit.
+    pub default_timeout_secs: u64,
+}
 
 /// The provider's current incarnation of a computer, as plain data.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -329,7 +340,7 @@ pub fn stdin_and_timeout_paragraph(timeout_secs: u64) -> String {
     )
 }
 
-/// T-GENERIC: a truthful description for any image or template other than the default.
+/// The generic text (docs/decisions.md, "Tool descriptions"): a truthful description for any image or template other than the default.
 pub fn generic_description(what: &str, shell: &str, timeout_secs: u64) -> String {
     format!(
         "Execute a shell command in {what}. Commands run in {shell}. Each call is independent — no state (shell variables, working directory) persists between calls (however filesystem does persist). Use the working_directory parameter or chain commands with && to control execution context.\n\n{}",

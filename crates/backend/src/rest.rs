@@ -32,7 +32,7 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 /// Bytes of an error body read at most. Some answers come from inside a computer (E2B's envd),
 /// where a root user can send anything; a real error body is a short JSON object, and reading
 /// stops here however much more is sent.
-pub(crate) const MAX_ERROR_BODY: usize = 16 * 1024;
+pub const MAX_ERROR_BODY: usize = 16 * 1024;
 /// Longest error text kept in a user-facing message.
 const MAX_ERROR_TEXT: usize = 500;
 
@@ -46,13 +46,13 @@ const SEGMENT: &AsciiSet = &NON_ALPHANUMERIC
 
 /// Percent-encodes one path segment or query part: app names, Machine and sandbox ids and
 /// metadata come from user input or from the provider, never trusted to be plain.
-pub(crate) fn encode(raw: &str) -> String {
+pub fn encode(raw: &str) -> String {
     utf8_percent_encode(raw, SEGMENT).to_string()
 }
 
 /// Whether a failed call may be sent again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Retry {
+pub enum Retry {
     /// Reads, start, restart, wait, delete, metadata: repeating them is harmless.
     Idempotent,
     /// Creations and exec: a 5xx may have acted, so only a 429 is retried.
@@ -61,7 +61,7 @@ pub(crate) enum Retry {
 
 /// A call that did not succeed, before the provider reads its error body.
 #[derive(Debug, Clone)]
-pub(crate) enum RestError {
+pub enum RestError {
     /// The API answered with a non-success status; `body` is its start as text.
     Status {
         call: String,
@@ -73,7 +73,7 @@ pub(crate) enum RestError {
 }
 
 /// One request to send.
-pub(crate) struct Call<'a> {
+pub struct Call<'a> {
     pub method: Method,
     pub url: String,
     /// `METHOD /path` as messages and logs name the call.
@@ -87,14 +87,14 @@ pub(crate) struct Call<'a> {
 
 /// One provider's HTTP client; the credential header is added per call because it may be
 /// discovered lazily.
-pub(crate) struct RestClient {
+pub struct RestClient {
     http: reqwest::Client,
     /// "Fly", "E2B": used in logs and transport messages.
     provider: &'static str,
 }
 
 impl RestClient {
-    pub(crate) fn new(provider: &'static str) -> Result<Self, BackendError> {
+    pub fn new(provider: &'static str) -> Result<Self, BackendError> {
         let http = reqwest::Client::builder()
             .connect_timeout(CONNECT_TIMEOUT)
             .user_agent(concat!(
@@ -110,7 +110,7 @@ impl RestClient {
 
     /// Sends `call` with `auth` as its credential header, retrying as [`Retry`] allows; returns
     /// the successful response with its body unread.
-    pub(crate) async fn send(
+    pub async fn send(
         &self,
         call: &Call<'_>,
         auth: (HeaderName, HeaderValue),
@@ -183,7 +183,7 @@ impl RestClient {
     }
 
     /// Reads a successful answer as JSON.
-    pub(crate) async fn decode<T: DeserializeOwned>(
+    pub async fn decode<T: DeserializeOwned>(
         &self,
         label: &str,
         response: reqwest::Response,
@@ -200,7 +200,7 @@ impl RestClient {
 }
 
 /// A transport failure in a few words; `service` says what could not be reached.
-pub(crate) fn describe_transport(error: &reqwest::Error, service: &str) -> String {
+pub fn describe_transport(error: &reqwest::Error, service: &str) -> String {
     if error.is_timeout() {
         "timed out".to_owned()
     } else if error.is_connect() {
@@ -212,7 +212,7 @@ pub(crate) fn describe_transport(error: &reqwest::Error, service: &str) -> Strin
 
 /// The start of an error body as text: at most [`MAX_ERROR_BODY`] bytes are read, the rest is
 /// never fetched (the response is dropped), and a read error ends it quietly.
-pub(crate) async fn bounded_text(mut response: reqwest::Response) -> String {
+pub async fn bounded_text(mut response: reqwest::Response) -> String {
     let mut body = Vec::new();
     while body.len() < MAX_ERROR_BODY {
         match response.chunk().await {
@@ -227,7 +227,7 @@ pub(crate) async fn bounded_text(mut response: reqwest::Response) -> String {
 }
 
 /// An error text as messages show it: trimmed, never empty, at most [`MAX_ERROR_TEXT`] bytes.
-pub(crate) fn shorten(text: &str) -> String {
+pub fn shorten(text: &str) -> String {
     let text = text.trim();
     if text.is_empty() {
         return "(no message)".to_owned();

@@ -14,10 +14,10 @@ use futures_util::StreamExt;
 use tracing::{info, warn};
 
 use super::{DockerBackend, describe, is_running, status_of};
-use crate::backends::labels::{docker as label, format_bool};
-use crate::backends::posix::keep_alive_argv;
-use crate::backends::{Backend, BackendError, CreateSpec, NoProgress, Progress, SandboxRef};
-use crate::ids::{ComputerId, InstanceId, Principal};
+use kilntainers_backend::ids::{ComputerId, InstanceId, Principal};
+use kilntainers_backend::labels::{docker as label, format_bool};
+use kilntainers_backend::posix::keep_alive_argv;
+use kilntainers_backend::{Backend, BackendError, CreateSpec, NoProgress, Progress, SandboxRef};
 
 /// Container creations that talk to the engine at once. Two hundred simultaneous first calls
 /// (the HTTP bench) made dockerd take longer than the 30 s API timeout for single starts on a

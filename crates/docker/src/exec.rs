@@ -3,7 +3,7 @@
 //! half-close it, demultiplex stdout/stderr into the sink, then read the exit code. Both paths
 //! end in the same check for a container that died under the command. Docker has no
 //! kill-exec call; killing is the helper's `Kill` or the sweep in
-//! [`crate::backends::posix::kill_sweep_script`].
+//! [`kilntainers_backend::posix::kill_sweep_script`].
 
 use std::time::Duration;
 
@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::helper::{INTERNAL_OUTPUT_CAP, Lost};
 use super::{DockerBackend, describe, status_of};
-use crate::backends::{
+use kilntainers_backend::{
     BackendError, ExecEnd, ExecSpec, OutputSink, SandboxRef, SinkControl, Stream,
 };
 

@@ -3,14 +3,16 @@
 //! [`create`], the warm pool of spares in [`pool`] and command execution in [`exec`].
 //!
 //! The word *container* appears only under this folder. Label keys come from
-//! [`crate::backends::labels::docker`] so the Python reference's containers are found as ours.
+//! [`kilntainers_backend::labels::docker`] so the Python reference's containers are found as ours.
 
+pub mod config;
 mod create;
 mod exec;
 mod helper;
 mod networks;
 mod pool;
 mod ports;
+pub mod run_flags;
 mod run_flags_api;
 mod tls;
 
@@ -30,15 +32,15 @@ use tokio::sync::OnceCell;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::labels::{self, docker as label};
-use super::posix::{self, SweepReach, shell_basename};
-use super::{
+use crate::config::{DockerConfig, Engine, EngineAddress, scheme};
+use kilntainers_backend::ids::{ComputerId, ExecId, InstanceId};
+use kilntainers_backend::labels::{self, docker as label};
+use kilntainers_backend::posix::{self, SweepReach, shell_basename};
+use kilntainers_backend::{
     Backend, BackendError, ComputerInfo, CreateSpec, ExecEnd, ExecSpec, Found, OutputSink,
     PortRoute, PortStream, Progress, Restarted, SandboxRef, WarmPoolSize,
 };
-use crate::config::engine::scheme;
-use crate::config::{Config, DEFAULT_IMAGE, DockerConfig, Engine, EngineAddress};
-use crate::ids::{ComputerId, ExecId, InstanceId};
+use kilntainers_backend::{Common, DEFAULT_IMAGE};
 
 /// bollard's client timeout bounds request → response headers only; streamed bodies (exec
 /// output, pulls) are bounded by our own timers. 30 s covers a slow remote engine.
@@ -72,17 +74,17 @@ pub struct DockerBackend {
 }
 
 impl DockerBackend {
-    pub fn new(config: &Config) -> Result<Self, BackendError> {
+    pub fn new(config: &DockerConfig, common: &Common) -> Result<Self, BackendError> {
         Ok(Self {
-            config: config.docker.clone(),
-            shell: config.shell.clone(),
-            default_timeout_secs: config.limits.default_timeout_secs,
-            networks: networks::Networks::new(config.docker.network, config.docker.engine),
+            config: config.clone(),
+            shell: common.shell.clone(),
+            default_timeout_secs: common.default_timeout_secs,
+            networks: networks::Networks::new(config.network, config.engine),
             client: OnceCell::new(),
             pulls: create::PullGate::default(),
             starts: tokio::sync::Semaphore::new(create::PARALLEL_STARTS),
-            helpers: helper::Helpers::new(config.docker.exec_helper),
-            pool: pool::WarmPool::new(config.docker.warm_pool),
+            helpers: helper::Helpers::new(config.exec_helper),
+            pool: pool::WarmPool::new(config.warm_pool),
         })
     }
 
@@ -365,10 +367,10 @@ impl Backend for DockerBackend {
         if self.config.image == DEFAULT_IMAGE {
             format!(
                 "Execute a shell command in an isolated Debian Linux sandbox. Commands run in {shell}. Each call is independent — no state (shell variables, working directory) persists between calls (however filesystem does persist). Use the working_directory parameter or chain commands with && to control execution context. \n\n{}",
-                super::stdin_and_timeout_paragraph(timeout)
+                kilntainers_backend::stdin_and_timeout_paragraph(timeout)
             )
         } else {
-            super::generic_description(
+            kilntainers_backend::generic_description(
                 &format!(
                     "an isolated Linux container built from image `{}`",
                     self.config.image

@@ -22,10 +22,10 @@ use tokio::sync::{OwnedRwLockReadGuard, RwLock};
 use tracing::{debug, info, warn};
 
 use super::{describe, status_of};
-use crate::backends::BackendError;
-use crate::backends::labels::docker as label;
 use crate::config::{ComputerNetwork, Engine};
-use crate::ids::Principal;
+use kilntainers_backend::BackendError;
+use kilntainers_backend::ids::Principal;
+use kilntainers_backend::labels::docker as label;
 
 /// Names of the networks this server makes; the rest of the name is the principal's hash.
 pub(super) const PRINCIPAL_NETWORK_PREFIX: &str = "kilntainers-net-";

@@ -19,9 +19,9 @@ use tracing::{debug, info, warn};
 
 use super::create::{self, Made};
 use super::{DockerBackend, describe, is_running, status_of};
-use crate::backends::labels::docker as label;
-use crate::backends::{BackendError, SandboxRef, WarmPoolSize};
-use crate::ids::{ComputerId, InstanceId, Principal};
+use kilntainers_backend::ids::{ComputerId, InstanceId, Principal};
+use kilntainers_backend::labels::docker as label;
+use kilntainers_backend::{BackendError, SandboxRef, WarmPoolSize};
 
 /// The first wait after a spare could not be made; doubled per failure in a row up to
 /// [`MAX_RETRY_DELAY`], so a missing image or a stopped engine is not hammered.

@@ -18,8 +18,8 @@ use tracing::warn;
 
 use super::helper::PORT_CONNECTED;
 use super::{DockerBackend, describe};
-use crate::backends::{BackendError, PortStream, SandboxRef};
 use crate::config::Engine;
+use kilntainers_backend::{BackendError, PortStream, SandboxRef};
 
 /// A local bridge answers a connect in well under a millisecond; past this the address is
 /// not routable from here (a rootless engine's private namespace) and the helper is tried.

@@ -1,10 +1,10 @@
-//! Parsing of `--docker-run-flag` values (spec docs/decisions.md, "Docker run flags", docs/decisions.md, "Startup validation" rows 15–16) into
+//! Parsing of `--docker-run-flag` values (docs/decisions.md, "Docker run flags", "Startup validation" rows 15–16) into
 //! [`RunFlags`], plain data that the docker backend later maps onto Engine API fields.
 //!
 //! This module owns the accepted flag set, the value grammar of each flag, the size grammar shared
 //! with `--memory` ([`parse_size`]) and the startup error texts for bad run flags. It is a config
 //! leaf: it must not import bollard or anything else from `backends`; the mapping to API types
-//! lives in `backends/docker/run_flags_api.rs`.
+//! lives in `crates/docker/src/run_flags_api.rs`.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -239,7 +239,7 @@ const MANAGED_FLAGS: &[&str] = &[
 const MANAGED_REASON: &str = "the server manages this itself";
 const MISSING_VALUE: &str = "missing value";
 
-/// Labels with this prefix carry the server's own bookkeeping (spec docs/decisions.md, "Labels and metadata").
+/// Labels with this prefix carry the server's own bookkeeping (docs/decisions.md, "Labels and metadata").
 const RESERVED_LABEL_PREFIX: &str = "kilntainers";
 
 /// The names docker's `--ulimit` understands (docker/go-units `ulimitNameMapping`).

@@ -1,8 +1,8 @@
 //! Maps parsed `--docker-run-flag` settings ([`RunFlags`]) onto bollard's container create body
-//! (spec docs/decisions.md, "Docker run flags").
+//! (docs/decisions.md, "Docker run flags").
 //!
 //! This file owns only the translation to Engine API fields; parsing and validation live in
-//! `config::run_flags`, and the rest of the create body (image, keep-alive command, labels, the
+//! `kilntainers_docker::run_flags`, and the rest of the create body (image, keep-alive command, labels, the
 //! server's own limits) is built by the create path before this runs. Merging never discards what
 //! the caller set: lists are appended to, maps inserted into, and a scalar is replaced only when the
 //! user gave that flag. `--platform` is not a body field; the caller passes `RunFlags::platform`
@@ -15,7 +15,7 @@ use bollard::models::{
     ResourcesUlimits,
 };
 
-use crate::config::run_flags::{DeviceSpec, Gpus, MountKind, MountSpec, RunFlags, Ulimit};
+use crate::run_flags::{DeviceSpec, Gpus, MountKind, MountSpec, RunFlags, Ulimit};
 
 /// Merges `flags` into `body`, creating `body.host_config` when it is absent.
 pub(crate) fn apply_run_flags(flags: &RunFlags, body: &mut ContainerCreateBody) {
@@ -136,7 +136,7 @@ mod tests {
     use serde_json::{Value, json};
 
     use super::*;
-    use crate::config::run_flags::parse_run_flags;
+    use crate::run_flags::parse_run_flags;
 
     fn flags(values: &[&str]) -> RunFlags {
         let values: Vec<String> = values.iter().map(|value| (*value).to_owned()).collect();

@@ -146,7 +146,7 @@ iE0=
     fn error_with(ca: &str, cert: &str, key: &str) -> (String, EngineTls) {
         let dir = std::env::temp_dir().join(format!(
             "kilntainers-tls-test-{}",
-            crate::ids::InstanceId::random()
+            kilntainers_backend::ids::InstanceId::random()
         ));
         std::fs::create_dir_all(&dir).unwrap();
         let tls = EngineTls {

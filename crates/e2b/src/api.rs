@@ -15,9 +15,9 @@ use reqwest::header::{HeaderName, HeaderValue};
 use reqwest::{Method, StatusCode};
 use serde::{Deserialize, Serialize};
 
-use crate::backends::BackendError;
-use crate::backends::rest::{self, RestClient, RestError, Retry};
-use crate::secret::Secret;
+use kilntainers_backend::BackendError;
+use kilntainers_backend::rest::{self, RestClient, RestError, Retry};
+use kilntainers_backend::secret::Secret;
 
 /// Bound for one control-plane call; creating a sandbox from a cached template takes well under
 /// a second, so 60 s leaves room for a cold template without hanging a tool call forever.

@@ -33,11 +33,11 @@ use serde::{Deserialize, Deserializer, Serialize};
 
 use super::E2bBackend;
 use super::process::{Envd, RunError, envd_transport};
-use crate::backends::files::{
+use kilntainers_backend::files::{
     self, Entry, EntryKind, FileError, FileOpError, FileSystem, Listing, ReadAnswer,
 };
-use crate::backends::rest::bounded_text;
-use crate::backends::{BackendError, SandboxRef};
+use kilntainers_backend::rest::bounded_text;
+use kilntainers_backend::{BackendError, SandboxRef};
 
 /// Bound of one `filesystem.Filesystem` call: they answer at once (a deep `ListDir` walks a
 /// tree, still well within this).

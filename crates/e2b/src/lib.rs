@@ -13,6 +13,7 @@
 //! [`process`] (envd process service), [`files`] (the file tools over envd's file API). reqwest appears only under this folder and `fly/`.
 
 mod api;
+pub mod config;
 mod connect;
 mod files;
 mod process;
@@ -26,15 +27,17 @@ use tokio::sync::OnceCell;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::labels::{self, e2b as meta};
-use super::posix::{self, KILL_SWEEP_TIMEOUT, SweepReach, shell_basename};
-use super::{
-    Backend, BackendError, ComputerInfo, CreateSpec, ExecEnd, ExecSpec, FileSystem, Found,
-    OutputSink, PortRoute, Progress, Restarted, SandboxRef, SinkControl, Stream,
-};
-use crate::config::{Config, E2bConfig};
-use crate::ids::{ComputerId, ExecId, InstanceId, Principal};
+use crate::config::E2bConfig;
 use api::{Api, ApiError, Connected, KEY_HINT, NewSandbox};
+use kilntainers_backend::Common;
+use kilntainers_backend::files::FileSystem;
+use kilntainers_backend::ids::{ComputerId, ExecId, InstanceId, Principal};
+use kilntainers_backend::labels::{self, e2b as meta};
+use kilntainers_backend::posix::{self, KILL_SWEEP_TIMEOUT, SweepReach, shell_basename};
+use kilntainers_backend::{
+    Backend, BackendError, ComputerInfo, CreateSpec, ExecEnd, ExecSpec, Found, OutputSink,
+    PortRoute, Progress, Restarted, SandboxRef, SinkControl, Stream,
+};
 use process::{Command, Envd, RunError};
 
 /// Readiness exec after create/attach/restart (docs/decisions.md, "Constants": E2B 10 s).
@@ -50,7 +53,7 @@ const EXEC_DEADLINE: Duration = Duration::from_secs(3600 + 30);
 const EXTEND_MIN: Duration = Duration::from_secs(1);
 const EXTEND_MAX: Duration = Duration::from_secs(300);
 
-/// T-E2B (docs/decisions.md, "Tool descriptions"): the reference text for the default template.
+/// The E2B reference text (docs/decisions.md, "Tool descriptions"): the reference text for the default template.
 const T_E2B_FIRST: &str =
     "Execute a shell command in a remote cloud sandbox (E2B). Commands run in";
 const T_E2B_REST: &str = "Each call is independent — no state (shell variables, working directory) persists between calls. Use the working_directory parameter or chain commands with && to control execution context.";
@@ -82,8 +85,8 @@ pub struct E2bBackend {
 }
 
 impl E2bBackend {
-    pub fn new(config: &Config) -> Result<Self, BackendError> {
-        let e2b = config.e2b.clone();
+    pub fn new(config: &E2bConfig, common: &Common) -> Result<Self, BackendError> {
+        let e2b = config.clone();
         for entry in &e2b.skipped {
             eprintln!("kilntainers: warning: ignoring {entry}: expected key=value.");
         }
@@ -100,9 +103,9 @@ impl E2bBackend {
             })?;
         Ok(Self {
             config: e2b,
-            shell: config.shell.clone(),
-            network: config.network,
-            default_timeout_secs: config.limits.default_timeout_secs,
+            shell: common.shell.clone(),
+            network: common.network,
+            default_timeout_secs: common.default_timeout_secs,
             api,
             envd_http,
             validated: OnceCell::new(),
@@ -452,7 +455,9 @@ impl E2bBackend {
             instance,
             owner,
         };
-        let fresh = self.create_sandbox(&spec, &super::NoProgress).await?;
+        let fresh = self
+            .create_sandbox(&spec, &kilntainers_backend::NoProgress)
+            .await?;
         Ok(Restarted {
             sandbox: fresh,
             state_preserved: false,
@@ -503,10 +508,10 @@ impl Backend for E2bBackend {
         if self.config.template == "base" {
             format!(
                 "{T_E2B_FIRST} {shell}. {T_E2B_REST}\n\n{}",
-                super::stdin_and_timeout_paragraph(self.default_timeout_secs)
+                kilntainers_backend::stdin_and_timeout_paragraph(self.default_timeout_secs)
             )
         } else {
-            super::generic_description(
+            kilntainers_backend::generic_description(
                 &format!(
                     "an isolated E2B cloud sandbox from template `{}`",
                     self.config.template

@@ -24,9 +24,9 @@ use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
 use super::connect::{ConnectError, Decoder, Frame, envelope};
-use crate::backends::rest::bounded_text;
-use crate::backends::{ExecEnd, OutputSink, SinkControl, Stream};
-use crate::config::e2b::ENVD_PORT;
+use crate::config::ENVD_PORT;
+use kilntainers_backend::rest::bounded_text;
+use kilntainers_backend::{ExecEnd, OutputSink, SinkControl, Stream};
 
 /// Stdin is sent in pieces of at most this size (docs/decisions.md, "E2B sandboxes").
 const STDIN_CHUNK: usize = 64 * 1024;
@@ -488,7 +488,7 @@ fn classify_status(status: u16, call: &str, error: &ConnectError, started: bool)
 
 /// A failed envd connection in a few words.
 pub(super) fn envd_transport(error: &reqwest::Error) -> String {
-    crate::backends::rest::describe_transport(error, "envd")
+    kilntainers_backend::rest::describe_transport(error, "envd")
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! The Fly HTTP client: the Machines API (`<base>/v1/...`) and the GraphQL organization lookup
 //! over the shared [`RestClient`], with lazy credentials and Fly's error texts.
 //!
-//! Retries follow [`crate::backends::rest`]. 401/403 become the token message. Other failures
+//! Retries follow [`kilntainers_backend::rest`]. 401/403 become the token message. Other failures
 //! carry the API call (`METHOD /path`) and Fly's own `error` text, so callers only add which
 //! Machine or computer it was about.
 
@@ -15,10 +15,10 @@ use serde::de::DeserializeOwned;
 use tracing::debug;
 
 use super::auth::{self, Authorization};
-use crate::backends::BackendError;
-use crate::backends::rest::{self, RestClient, RestError};
-pub(super) use crate::backends::rest::{Retry, encode as segment};
-use crate::config::fly::TokenSources;
+use crate::config::TokenSources;
+use kilntainers_backend::BackendError;
+use kilntainers_backend::rest::{self, RestClient, RestError};
+pub(super) use kilntainers_backend::rest::{Retry, encode as segment};
 
 /// Bound for ordinary control-plane calls (everything but `wait` and `exec`).
 pub(super) const CALL_TIMEOUT: Duration = Duration::from_secs(30);

@@ -15,8 +15,8 @@ use serde::Deserialize;
 use tracing::{info, warn};
 
 use super::api::{Api, ApiError, CALL_TIMEOUT, Call, Retry, segment};
-use crate::backends::BackendError;
 use crate::config::FlyConfig;
+use kilntainers_backend::BackendError;
 
 /// The organization lookup (the one call outside the Machines API; its shape comes from public
 /// client code and is pinned by the contract tests).
@@ -114,7 +114,7 @@ pub(super) async fn existing_checked(
 /// cannot be listed, the app is not used.
 async fn check_safe(api: &Api, config: &FlyConfig, app: &str) -> Result<(), Unsafe> {
     if config.controller_app.as_deref() == Some(app) {
-        return Err(Unsafe::Refused(crate::config::fly::own_app_refusal(app)));
+        return Err(Unsafe::Refused(crate::config::own_app_refusal(app)));
     }
     let names = secret_names(api, app).await.map_err(|e| match e {
         ApiError::Auth(text) => Unsafe::Unknown(BackendError::Unavailable(text)),
@@ -129,7 +129,7 @@ async fn check_safe(api: &Api, config: &FlyConfig, app: &str) -> Result<(), Unsa
     Err(Unsafe::Refused(format!(
         "Fly App '{app}' has secrets ({}). Fly gives every Machine of an app that app's secrets as environment variables, so each sandbox could read them. Use a separate app without secrets for sandbox Machines (--fly-app or {}), or remove them with 'fly secrets unset -a {app} <NAME>...'.",
         names.join(", "),
-        crate::config::fly::SANDBOX_APP_ENV
+        crate::config::SANDBOX_APP_ENV
     )))
 }
 

@@ -7,7 +7,7 @@
 
 use std::fmt;
 
-use crate::config::fly::TokenSources;
+use crate::config::TokenSources;
 
 /// Prefixes of macaroon tokens, which Fly wants under the `FlyV1` scheme (as flyctl decides).
 const MACAROON_PREFIXES: [&str; 3] = ["fm1r_", "fm1a_", "fm2_"];
@@ -107,7 +107,7 @@ fn config_file_token(text: &str) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::secret::Secret;
+    use kilntainers_backend::secret::Secret;
 
     #[test]
     fn scheme_follows_the_token_shape() {

@@ -19,8 +19,8 @@ use tokio_util::sync::CancellationToken;
 use super::FlyInner;
 use super::api::ApiError;
 use super::machines::Machines;
-use crate::backends::posix::quote;
-use crate::backends::{
+use kilntainers_backend::posix::quote;
+use kilntainers_backend::{
     BackendError, ExecEnd, ExecSpec, OutputSink, SandboxRef, SinkControl, Stream,
 };
 
@@ -601,7 +601,7 @@ impl ResponseDecoder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ids::ExecId;
+    use kilntainers_backend::ids::ExecId;
 
     fn decode_in_chunks(
         body: &[u8],

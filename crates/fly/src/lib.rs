@@ -11,6 +11,7 @@
 mod api;
 mod app;
 mod auth;
+pub mod config;
 mod exec;
 mod machines;
 
@@ -24,15 +25,16 @@ use tokio::sync::OnceCell;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::labels::{self, fly as meta};
-use super::posix::{self, KILL_SWEEP_TIMEOUT, SweepReach, shell_basename};
-use super::{
+use crate::config::FlyConfig;
+use api::Api;
+use kilntainers_backend::ids::{ComputerId, ExecId, InstanceId};
+use kilntainers_backend::labels::{self, fly as meta};
+use kilntainers_backend::posix::{self, KILL_SWEEP_TIMEOUT, SweepReach, shell_basename};
+use kilntainers_backend::{
     Backend, BackendError, ComputerInfo, CreateSpec, ExecEnd, ExecSpec, Found, OutputSink,
     Progress, Restarted, SandboxRef,
 };
-use crate::config::{Config, DEFAULT_IMAGE, FlyConfig};
-use crate::ids::{ComputerId, ExecId, InstanceId};
-use api::Api;
+use kilntainers_backend::{Common, DEFAULT_IMAGE};
 use machines::{
     CreateConfig, CreateRequest, Guest, Init, Machine, Machines, RestartPolicy, Rootfs, Waited,
 };
@@ -58,7 +60,7 @@ const LEASE_GC_PERIOD: Duration = Duration::from_secs(600);
 /// holder whose renewal is merely late is not robbed.
 const LEASE_GRACE_SECS: u64 = 60;
 
-/// The reference tool text for the default image (docs/decisions.md, "Tool descriptions", T-FLY).
+/// The reference tool text for the default image (docs/decisions.md, "Tool descriptions").
 const T_FLY: &str = "Execute shell commands in an isolated Debian Fly Machine. Pass a computer_id to reconnect to a named Machine, or omit it to create a readable random ID. Temporary Machines are destroyed with their MCP session; permanent Machines persist on Fly and can be reattached later.";
 
 pub struct FlyBackend {
@@ -66,7 +68,7 @@ pub struct FlyBackend {
 }
 
 /// Shared with the lease task, which holds it weakly.
-pub(super) struct FlyInner {
+pub(crate) struct FlyInner {
     config: FlyConfig,
     shell: String,
     default_timeout_secs: u64,
@@ -81,14 +83,14 @@ pub(super) struct FlyInner {
 }
 
 impl FlyBackend {
-    pub fn new(config: &Config) -> Result<Self, BackendError> {
-        let fly = config.fly.clone();
+    pub fn new(config: &FlyConfig, common: &Common) -> Result<Self, BackendError> {
+        let fly = config.clone();
         if fly.cli_notice {
             eprintln!(
                 "kilntainers: --fly-cli is accepted for compatibility and ignored; this server uses the Fly Machines REST API, not flyctl."
             );
         }
-        if !config.network {
+        if !common.network {
             eprintln!(
                 "kilntainers: --no-network is not supported by the fly backend; Machines keep network access."
             );
@@ -96,8 +98,8 @@ impl FlyBackend {
         let api = Api::new(&fly.api_url, &fly.graphql_url, fly.tokens.clone())?;
         let inner = Arc::new_cyclic(|me| FlyInner {
             config: fly,
-            shell: config.shell.clone(),
-            default_timeout_secs: config.limits.default_timeout_secs,
+            shell: common.shell.clone(),
+            default_timeout_secs: common.default_timeout_secs,
             api,
             app: OnceCell::new(),
             held: Mutex::new(HashMap::new()),
@@ -652,7 +654,7 @@ impl Backend for FlyBackend {
         if inner.config.image == DEFAULT_IMAGE {
             T_FLY.to_owned()
         } else {
-            super::generic_description(
+            kilntainers_backend::generic_description(
                 &format!(
                     "an isolated Fly Machine (VM) built from image `{}`",
                     inner.config.image

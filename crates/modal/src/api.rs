@@ -11,7 +11,7 @@
 //! Calls carry the metadata Modal's libmodal Go client sends (`x-modal-client-type: 9`,
 //! `x-modal-client-version: 1.0.0`, the token pair, `x-modal-libmodal-version`) plus the
 //! short-lived `x-modal-auth-token` from `AuthTokenGet`, refreshed five minutes before its JWT
-//! `exp`. tonic, prost and the generated stubs appear only under `backends/modal/`.
+//! `exp`. tonic, prost and the generated stubs appear only under `crates/modal/src/`.
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 

@@ -11,8 +11,8 @@ use std::path::Path;
 use serde::Deserialize;
 
 use crate::config::ModalConfig;
-use crate::config::modal::{DEFAULT_IMAGE_BUILDER_VERSION, DEFAULT_SERVER_URL};
-use crate::secret::Secret;
+use crate::config::{DEFAULT_IMAGE_BUILDER_VERSION, DEFAULT_SERVER_URL};
+use kilntainers_backend::secret::Secret;
 
 /// What a connection needs. `Debug` never shows the secret (it is a [`Secret`]).
 #[derive(Debug, Clone)]
@@ -115,19 +115,45 @@ pub fn resolve(config: &ModalConfig) -> Result<Credentials, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::TokenSources;
 
-    fn config(args: &[&str], env: &[(&str, &str)], file: Option<&Path>) -> ModalConfig {
-        let cli = crate::config::test_cli(args);
-        let env: Vec<(String, String)> = env
-            .iter()
-            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
-            .collect();
-        let mut config = ModalConfig::from_cli(&cli, |name| {
-            env.iter().find(|(k, _)| k == name).map(|(_, v)| v.clone())
-        })
-        .unwrap();
-        config.config_file = file.map(Path::to_path_buf);
-        config
+    /// The section as the server's config builds it from `--modal-token-id`/`-secret` (in
+    /// `flags`) and the environment variables this module reads.
+    fn config(flags: &[&str], env: &[(&str, &str)], file: Option<&Path>) -> ModalConfig {
+        let env = |name: &str| {
+            env.iter()
+                .find(|(k, _)| *k == name)
+                .map(|(_, v)| Secret::new(*v))
+        };
+        let flag = |name: &str| {
+            flags
+                .iter()
+                .position(|f| *f == name)
+                .and_then(|i| flags.get(i + 1))
+                .map(|v| Secret::new(*v))
+        };
+        ModalConfig {
+            tokens: TokenSources {
+                flag_id: flag("--modal-token-id"),
+                flag_secret: flag("--modal-token-secret"),
+                env_id: env("MODAL_TOKEN_ID"),
+                env_secret: env("MODAL_TOKEN_SECRET"),
+            },
+            config_file: file.map(Path::to_path_buf),
+            profile: env("MODAL_PROFILE").map(|v| v.expose().to_owned()),
+            server_url_env: env("MODAL_SERVER_URL").map(|v| v.expose().to_owned()),
+            environment_env: env("MODAL_ENVIRONMENT").map(|v| v.expose().to_owned()),
+            image_builder_version_env: None,
+            app_name: "kilntainers".to_owned(),
+            image: kilntainers_backend::DEFAULT_IMAGE.to_owned(),
+            custom_image: false,
+            milli_cpu: 1000,
+            memory_mib: 512,
+            gpu: None,
+            region: None,
+            sandbox_timeout_secs: 3600,
+            ports: Vec::new(),
+        }
     }
 
     fn write(text: &str) -> tempfile_path::TempFile {

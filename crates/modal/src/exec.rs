@@ -17,7 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::ModalInner;
 use super::api::{ApiError, pb};
-use crate::backends::{
+use kilntainers_backend::{
     BackendError, ExecEnd, ExecSpec, OutputSink, SandboxRef, SinkControl, Stream,
 };
 

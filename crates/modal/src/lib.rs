@@ -10,6 +10,7 @@
 
 mod api;
 mod auth;
+pub mod config;
 mod exec;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -21,15 +22,16 @@ use tokio::sync::OnceCell;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::labels::{self, modal as tag};
-use super::posix::{self, KILL_SWEEP_TIMEOUT, SweepReach, shell_basename};
-use super::{
+use crate::config::ModalConfig;
+use api::{Api, ApiError, pb};
+use kilntainers_backend::Common;
+use kilntainers_backend::ids::{ComputerId, ExecId, InstanceId, Principal};
+use kilntainers_backend::labels::{self, modal as tag};
+use kilntainers_backend::posix::{self, KILL_SWEEP_TIMEOUT, SweepReach, shell_basename};
+use kilntainers_backend::{
     Backend, BackendError, ComputerInfo, CreateSpec, ExecEnd, ExecSpec, Found, OutputSink,
     PortRoute, Progress, Restarted, SandboxRef,
 };
-use crate::config::{Config, ModalConfig};
-use crate::ids::{ComputerId, ExecId, InstanceId, Principal};
-use api::{Api, ApiError, pb};
 
 /// Readiness exec after create/attach (docs/decisions.md, "Constants": E2B/Modal 10 s).
 const READINESS_TIMEOUT: Duration = Duration::from_secs(10);
@@ -43,14 +45,14 @@ const IMAGE_POLL_SECS: f32 = 55.0;
 /// Listing pages stop after this many rounds, a guard against a server that never ends a list.
 const MAX_LIST_PAGES: usize = 100;
 
-/// T-MODAL (docs/decisions.md, "Tool descriptions") without the timeout paragraph, which is appended.
+/// The Modal reference text (docs/decisions.md, "Tool descriptions") without the timeout paragraph, which is appended.
 const T_MODAL_FIRST: &str = "Execute a shell command in a remote cloud sandbox (Modal). Commands run in {shell}. Each call is independent — no state (shell variables, working directory) persists between calls. Use the working_directory parameter or chain commands with && to control execution context.";
 
 pub struct ModalBackend {
     inner: Arc<ModalInner>,
 }
 
-pub(super) struct ModalInner {
+pub(crate) struct ModalInner {
     config: ModalConfig,
     shell: String,
     network: bool,
@@ -65,13 +67,13 @@ pub(super) struct ModalInner {
 }
 
 impl ModalBackend {
-    pub fn new(config: &Config) -> Self {
+    pub fn new(config: &ModalConfig, common: &Common) -> Self {
         Self {
             inner: Arc::new(ModalInner {
-                config: config.modal.clone(),
-                shell: config.shell.clone(),
-                network: config.network,
-                default_timeout_secs: config.limits.default_timeout_secs,
+                config: config.clone(),
+                shell: common.shell.clone(),
+                network: common.network,
+                default_timeout_secs: common.default_timeout_secs,
                 api: OnceCell::new(),
                 app_id: OnceCell::new(),
                 images: tokio::sync::Mutex::new(HashMap::new()),
@@ -133,7 +135,8 @@ fn tags_map(tags: &[pb::SandboxTag]) -> BTreeMap<String, String> {
 
 /// `SandboxInfo.created_at` (Unix seconds) as RFC 3339 UTC; `None` when Modal left it unset.
 fn rfc3339(unix: f64) -> Option<String> {
-    (unix.is_finite() && unix > 0.0).then(|| crate::clock::rfc3339_utc(unix.floor() as i64))
+    (unix.is_finite() && unix > 0.0)
+        .then(|| kilntainers_backend::clock::rfc3339_utc(unix.floor() as i64))
 }
 
 /// `--gpu` as Modal's clients parse it: `TYPE` or `TYPE:COUNT`.
@@ -642,7 +645,7 @@ impl Backend for ModalBackend {
         let inner = &self.inner;
         let shell = shell_basename(&inner.shell);
         if inner.config.custom_image {
-            super::generic_description(
+            kilntainers_backend::generic_description(
                 &format!(
                     "an isolated Modal cloud sandbox built from image `{}`",
                     inner.config.image
@@ -654,7 +657,7 @@ impl Backend for ModalBackend {
             format!(
                 "{}\n\n{}",
                 T_MODAL_FIRST.replace("{shell}", shell),
-                super::stdin_and_timeout_paragraph(inner.default_timeout_secs)
+                kilntainers_backend::stdin_and_timeout_paragraph(inner.default_timeout_secs)
             )
         }
     }
@@ -776,7 +779,9 @@ impl Backend for ModalBackend {
             instance: InstanceId::random(),
             owner,
         };
-        let created = inner.create(&spec, instance, &super::NoProgress).await?;
+        let created = inner
+            .create(&spec, instance, &kilntainers_backend::NoProgress)
+            .await?;
         Ok(Restarted {
             sandbox: created,
             state_preserved: false,

@@ -6,8 +6,8 @@ use async_trait::async_trait;
 
 use super::WasmBackend;
 use super::fs::Root;
-use crate::backends::files::{FileError, FileOpError, FileSystem, Listing, ReadAnswer};
-use crate::backends::{BackendError, SandboxRef};
+use kilntainers_backend::files::{FileError, FileOpError, FileSystem, Listing, ReadAnswer};
+use kilntainers_backend::{BackendError, SandboxRef};
 
 impl WasmBackend {
     /// Runs `operation` on the computer's root, off the async threads.

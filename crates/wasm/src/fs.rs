@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use cap_std::ambient_authority;
 use cap_std::fs::{Dir, Metadata, MetadataExt as _, OpenOptions, Permissions, PermissionsExt as _};
 
-use crate::backends::files::{self, Entry, EntryKind, FileError, Listing, ReadAnswer};
+use kilntainers_backend::files::{self, Entry, EntryKind, FileError, Listing, ReadAnswer};
 
 /// The root directory of one computer, opened once per command line.
 pub struct Root {

@@ -3,7 +3,7 @@
 //! interprets `command` strings itself ([`shell`]). Both keep each computer as a directory the
 //! module sees as its root; permanent ones live under the state dir and are found again by id.
 //! Temporary ones live in a per-user private directory under the OS temp dir (0700, owner
-//! checked, see [`crate::state`]), never directly in the shared temp dir, and a computer whose
+//! checked, see [`private_dir`]), never directly in the shared temp dir, and a computer whose
 //! directory or `root` is a symbolic link is never used: another local user must not be able
 //! to plant a computer whose root points into the victim's files.
 //!
@@ -11,9 +11,11 @@
 //! [`files`] (the file tools on the root), [`fetch`] (the pinned go-busybox module), [`shell`]
 //! (the command interpreter).
 
+pub mod config;
 pub mod fetch;
 mod files;
 pub mod fs;
+pub mod private_dir;
 pub mod runtime;
 pub mod shell;
 
@@ -25,14 +27,15 @@ use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
-use super::{
-    Backend, BackendError, ComputerInfo, CreateSpec, ExecEnd, ExecSpec, FileSystem, Found,
-    OutputSink, Progress, Restarted, SandboxRef, SinkControl, Stream,
-};
 use crate::config::{WasmConfig, WasmModule};
-use crate::ids::{ComputerId, ExecId, InstanceId};
 use fetch::FetchOptions;
 use fs::Root;
+use kilntainers_backend::files::FileSystem;
+use kilntainers_backend::ids::{ComputerId, ExecId, InstanceId};
+use kilntainers_backend::{
+    Backend, BackendError, ComputerInfo, CreateSpec, ExecEnd, ExecSpec, Found, OutputSink,
+    Progress, Restarted, SandboxRef, SinkControl, Stream,
+};
 use runtime::{Outputs, RunEnd, Runtime, RuntimeOptions, Stop};
 use shell::{Aborted, Host, Interpreter, Out};
 
@@ -68,7 +71,7 @@ fn provider(message: impl Into<String>) -> BackendError {
 /// Creates `path` 0700, or accepts it when it already is a real directory (a permanent
 /// computer's directory left by an earlier, interrupted create). A symlink is an error.
 fn reuse_or_create_private(path: &Path) -> std::io::Result<()> {
-    match crate::state::create_private_subdir(path) {
+    match crate::private_dir::create_private_subdir(path) {
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
             match std::fs::symlink_metadata(path)?.file_type().is_dir() {
                 true => Ok(()),
@@ -89,19 +92,19 @@ fn random_suffix() -> String {
 }
 
 impl WasmBackend {
-    pub fn new(config: &crate::config::Config) -> Result<Self, BackendError> {
-        let kind = match config.wasm.module {
+    pub fn new(config: &WasmConfig) -> Result<Self, BackendError> {
+        let kind = match config.module {
             WasmModule::Custom(_) => "wasm",
             WasmModule::GoBusybox { .. } => "go_busybox",
         };
-        let private_dir = crate::state::private_temp_dir(&config.wasm.temp_dir)
+        let private_dir = crate::private_dir::private_temp_dir(&config.temp_dir)
             .map_err(|e| BackendError::Unavailable(e.to_string()))?;
         // Refuse at startup a private directory someone else made or opened up.
-        crate::state::check_private_dir(&private_dir)
+        crate::private_dir::check_private_dir(&private_dir)
             .map_err(|e| BackendError::Unavailable(e.to_string()))?;
         Ok(Self {
             kind,
-            config: config.wasm.clone(),
+            config: config.clone(),
             private_dir,
             runtime: tokio::sync::OnceCell::new(),
             applets: OnceLock::new(),
@@ -176,7 +179,8 @@ impl WasmBackend {
 
     /// The private directory, created when missing; refused when it is not ours alone.
     fn ensure_private_dir(&self) -> Result<(), BackendError> {
-        crate::state::ensure_private_dir(&self.private_dir).map_err(|e| provider(e.to_string()))
+        crate::private_dir::ensure_private_dir(&self.private_dir)
+            .map_err(|e| provider(e.to_string()))
     }
 
     /// Removes the private directory once it holds nothing (fails harmlessly otherwise).
@@ -187,7 +191,7 @@ impl WasmBackend {
     /// The computer's directory (holding `meta.json` and `root/`).
     fn dir_of(&self, sandbox: &SandboxRef) -> Result<PathBuf, BackendError> {
         if sandbox.temporary {
-            crate::state::check_private_dir(&self.private_dir)
+            crate::private_dir::check_private_dir(&self.private_dir)
                 .map_err(|e| provider(e.to_string()))?;
             Ok(self.private_dir.join(&sandbox.sandbox_id))
         } else {
@@ -248,7 +252,7 @@ impl WasmBackend {
                 }
             }
         };
-        if crate::state::check_private_dir(&self.private_dir).is_ok() {
+        if crate::private_dir::check_private_dir(&self.private_dir).is_ok() {
             look(&self.private_dir, true);
         }
         if let Some(state) = &self.config.state_dir {
@@ -274,7 +278,7 @@ impl WasmBackend {
         let scratch = self
             .private_dir
             .join(format!("{TEMP_PREFIX}list-{}", random_suffix()));
-        crate::state::create_private_subdir(&scratch).map_err(|e| provider(e.to_string()))?;
+        crate::private_dir::create_private_subdir(&scratch).map_err(|e| provider(e.to_string()))?;
         let outputs = Outputs::new(1 << 20);
         let mut fuel = runtime.fuel();
         let result = runtime
@@ -419,7 +423,7 @@ impl Backend for WasmBackend {
     fn tool_instructions(&self) -> String {
         match &self.config.module {
             WasmModule::GoBusybox { .. } => self.instructions_busybox(),
-            WasmModule::Custom(_) => super::generic_description(
+            WasmModule::Custom(_) => kilntainers_backend::generic_description(
                 &format!(
                     "a WebAssembly (WASI) module `{}`; args run the module with those arguments; there is no shell",
                     self.image()
@@ -471,7 +475,7 @@ impl Backend for WasmBackend {
             backend: self.kind.to_owned(),
             image: image.clone(),
             module_sha256: runtime.sha256.clone(),
-            created_at: crate::clock::now_rfc3339(),
+            created_at: kilntainers_backend::clock::now_rfc3339(),
             instance: spec.temporary.then(|| spec.instance.as_str().to_owned()),
         };
         let write = || -> std::io::Result<()> {
@@ -480,7 +484,7 @@ impl Backend for WasmBackend {
                 let mut attempt = 0;
                 loop {
                     self.ensure_private_dir().map_err(std::io::Error::other)?;
-                    match crate::state::create_private_subdir(&dir) {
+                    match crate::private_dir::create_private_subdir(&dir) {
                         Err(e) if e.kind() == std::io::ErrorKind::NotFound && attempt == 0 => {
                             attempt += 1;
                         }

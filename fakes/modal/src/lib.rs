@@ -1,5 +1,5 @@
 //! A local fake of the Modal gRPC subset the server uses (a test-only workspace crate, never a
-//! dependency of the shipped binary), built from the same `src/backends/modal/modal_api.proto` as
+//! dependency of the shipped binary), built from the same `crates/modal/src/modal_api.proto` as
 //! the client. It is *our reading* of Modal's API, so it catches regressions in our requests and
 //! our handling of answers, never a misreading of Modal.
 //!

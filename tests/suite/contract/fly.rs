@@ -3,7 +3,7 @@
 //! case also checks that the fake saw no request outside its reading of the API.
 //!
 //! Documented difference: Fly's exec endpoint answers once, when the command has ended
-//! (`backends::fly::exec`), so output cannot stop a command that keeps running; its timeout
+//! (`kilntainers_fly::exec`), so output cannot stop a command that keeps running; its timeout
 //! does. Crash GC never takes Machines whose lease the collecting backend holds itself, so the
 //! orphans are collected by a second backend, as a newly started server would.
 

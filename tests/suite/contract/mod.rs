@@ -106,7 +106,7 @@ pub struct Differences {
     /// sandbox: restart terminates and recreates it and says `state_preserved: false`.
     pub restart_keeps_files: bool,
     /// Output reaches the sink while the command runs. False for Fly, whose exec endpoint
-    /// answers once, when the command has ended (`backends::fly::exec`): the limit then applies
+    /// answers once, when the command has ended (`kilntainers_fly::exec`): the limit then applies
     /// to that answer, and a command that floods and keeps running is ended by its timeout.
     pub output_while_running: bool,
     /// A job can take stdin after it started (`keep_stdin_open` and `job_write`). False for

@@ -31,7 +31,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
 use super::untrusted::{StderrLog, printable};
-use crate::backends::{ExecEnd, ExecSpec, OutputSink, SinkControl, Stream};
+use kilntainers_backend::{ExecEnd, ExecSpec, OutputSink, SinkControl, Stream};
 
 /// How long a starting helper may take to answer `Hello`. The real helper answers within
 /// milliseconds of its exec starting (the exec itself is already running when this clock
@@ -630,7 +630,7 @@ mod tests {
     use futures_util::stream;
 
     use super::*;
-    use crate::ids::ExecId;
+    use kilntainers_backend::ids::ExecId;
 
     fn stdout(bytes: Vec<u8>) -> Result<LogOutput, bollard::errors::Error> {
         Ok(LogOutput::StdOut {

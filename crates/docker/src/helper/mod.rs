@@ -28,10 +28,10 @@ use bollard::query_parameters::UploadToContainerOptionsBuilder;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use crate::backends::{ExecEnd, ExecSpec, OutputSink, SandboxRef, SinkControl, Stream};
-use crate::ids::ExecId;
 pub(super) use connection::Lost;
 use connection::{ConnectError, Connection};
+use kilntainers_backend::ids::ExecId;
+use kilntainers_backend::{ExecEnd, ExecSpec, OutputSink, SandboxRef, SinkControl, Stream};
 use untrusted::printable;
 
 /// After this many lost connections in a row (no command finished in between), a computer
