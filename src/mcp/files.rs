@@ -7,15 +7,14 @@
 use base64::Engine as _;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use rmcp::ErrorData;
-use rmcp::model::{
-    CallToolResult, ContentBlock, JsonObject, ReadResourceResult, ResourceContents,
-    ResourceTemplate, Tool, ToolAnnotations,
-};
+use rmcp::model::{ReadResourceResult, ResourceContents, ResourceTemplate, Tool, ToolAnnotations};
 use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::args::Args;
+use super::call::{Call, CallError, Image, Payload};
 use super::format;
+use super::routes::Definitions;
 use crate::backends::SandboxRef;
 use crate::backends::files::{FileError, FileOpError, MAX_DEPTH, ReadAnswer, WRITE_LIMIT};
 use crate::files::{self, Access};
@@ -48,9 +47,10 @@ pub(super) fn computer_id_property() -> Value {
     json!({"type": "string", "title": "Computer Id", "description": "The computer; omit for this session's default computer (created on first use, like terminal_execute)."})
 }
 
-/// The three file tools, in the order they are listed.
-pub fn tools(output_limit: u64) -> Vec<Tool> {
-    let read = Tool::new(
+/// `file_read`; a page is at most the output limit.
+pub(super) fn read_tool(definitions: &Definitions<'_>) -> Tool {
+    let output_limit = definitions.output_limit;
+    Tool::new(
         READ,
         "Read a file from a computer. Returns UTF-8 text as is and anything else as base64 (see `encoding`); PNG, JPEG, GIF and WebP images read whole also come back as an image you can see. Large files: page with `offset` and `length` until `eof` is true.",
         format::object(json!({
@@ -78,8 +78,11 @@ pub fn tools(output_limit: u64) -> Vec<Tool> {
         &["computer_id", "path", "size", "offset", "length", "encoding", "content", "eof"],
         None,
     ))
-    .with_annotations(annotations(true));
-    let write = Tool::new(
+    .with_annotations(annotations(true))
+}
+
+pub(super) fn write_tool(_: &Definitions<'_>) -> Tool {
+    Tool::new(
         WRITE,
         "Write a file in a computer, creating parent directories. Replaces the file atomically unless `append` is true. `content` is UTF-8 text, or base64 with encoding \"base64\" (binary files); up to 16 MiB per call, append for more.",
         format::object(json!({
@@ -105,8 +108,11 @@ pub fn tools(output_limit: u64) -> Vec<Tool> {
         &["computer_id", "path", "size", "bytes_written"],
         None,
     ))
-    .with_annotations(annotations(false));
-    let list = Tool::new(
+    .with_annotations(annotations(false))
+}
+
+pub(super) fn list_tool(_: &Definitions<'_>) -> Tool {
+    Tool::new(
         LIST,
         "List a directory in a computer, to `depth` levels (1-5): each entry's path, type (file, dir, symlink, other), size, mode and modification time, sorted by path, at most 1,000.",
         format::object(json!({
@@ -134,8 +140,7 @@ pub fn tools(output_limit: u64) -> Vec<Tool> {
         &["entries", "count", "truncated"],
         None,
     ))
-    .with_annotations(annotations(true));
-    vec![read, write, list]
+    .with_annotations(annotations(true))
 }
 
 pub fn resource_template() -> ResourceTemplate {
@@ -144,49 +149,15 @@ pub fn resource_template() -> ResourceTemplate {
         .with_description("A file in an existing computer, e.g. computer://dev-box/root/report.png. Text files come back as text, others as a blob. Reading never creates a computer.")
 }
 
-/// Why a file tool call did not answer: an argument, the computer or the file.
-#[derive(Debug, thiserror::Error)]
-pub(super) enum CallError {
-    #[error("{0}")]
-    Invalid(String),
-    #[error(transparent)]
-    File(#[from] FileError),
-    #[error("{0}")]
-    Registry(String),
-    #[error("cancelled")]
-    Cancelled,
-}
-
-impl From<RegistryError> for CallError {
-    fn from(error: RegistryError) -> Self {
-        match error {
-            RegistryError::Cancelled => Self::Cancelled,
-            other => Self::Registry(format::user_message(&other)),
-        }
-    }
-}
-
-pub(super) fn finish(result: Result<CallToolResult, CallError>) -> Option<CallToolResult> {
-    match result {
-        Ok(result) => Some(result),
-        Err(CallError::Cancelled) => None,
-        Err(error) => Some(format::error(error.to_string())),
-    }
-}
-
 fn decode_path(args: &Args<'_>) -> Result<String, CallError> {
-    let path = args
-        .required_string("path")
-        .map_err(|e| CallError::Invalid(e.to_string()))?;
+    let path = args.required_string("path")?;
     if !path.starts_with('/') {
-        return Err(CallError::Invalid(format!(
+        return Err(CallError::invalid(format!(
             "path must be an absolute path, got: {path}"
         )));
     }
     if path.contains('\0') {
-        return Err(CallError::Invalid(
-            "path must not contain a NUL character.".to_owned(),
-        ));
+        return Err(CallError::invalid("path must not contain a NUL character."));
     }
     Ok(path)
 }
@@ -196,27 +167,10 @@ pub(super) fn decode_computer(
     args: &Args<'_>,
     session: &Session,
 ) -> Result<Option<ComputerId>, CallError> {
-    args.string("computer_id")
-        .map_err(|e| CallError::Invalid(e.to_string()))?
-        .filter(|raw| !raw.is_empty())
-        .map(|raw| ComputerId::parse(&raw).map(|id| id.owned_by(session.principal())))
-        .transpose()
-        .map_err(|e| CallError::Invalid(e.to_string()))
-}
-
-pub(super) fn invalid(e: impl ToString) -> CallError {
-    CallError::Invalid(e.to_string())
-}
-
-impl From<FileOpError> for CallError {
-    fn from(error: FileOpError) -> Self {
-        match error {
-            FileOpError::File(error) => Self::File(error),
-            FileOpError::Backend(error) => Self::Registry(format::user_message(&error.into())),
-            FileOpError::Cancelled => Self::Cancelled,
-            other => Self::Registry(other.to_string()),
-        }
-    }
+    let Some(raw) = args.string("computer_id")?.filter(|raw| !raw.is_empty()) else {
+        return Ok(None);
+    };
+    Ok(Some(ComputerId::parse(&raw)?.owned_by(session.principal())))
 }
 
 /// Runs one file operation on a computer in its exec turn: `computer` (the session's default
@@ -316,36 +270,33 @@ async fn read_page(
     Ok((id, Page::new(answer, offset)))
 }
 
-pub async fn read(
-    registry: &Registry,
-    session: &Session,
-    arguments: Option<&JsonObject>,
-    cancel: &CancellationToken,
-) -> Option<CallToolResult> {
-    finish(read_call(registry, session, arguments, cancel).await)
-}
-
-async fn read_call(
-    registry: &Registry,
-    session: &Session,
-    arguments: Option<&JsonObject>,
-    cancel: &CancellationToken,
-) -> Result<CallToolResult, CallError> {
-    let args = Args::new(READ, arguments);
+/// `file_read`.
+pub(super) async fn read(call: &Call<'_>) -> Result<Payload, CallError> {
+    let (registry, session) = (call.registry(), call.session);
+    let args = call.args();
     let path = decode_path(&args)?;
     let computer = decode_computer(&args, session)?;
     let limit = registry.limits().output_limit.max(1);
-    let offset = match args.integer("offset").map_err(invalid)? {
-        Some(o) if o < 0 => return Err(invalid("offset must be 0 or more.")),
+    let offset = match args.integer("offset")? {
+        Some(o) if o < 0 => return Err(CallError::invalid("offset must be 0 or more.")),
         Some(o) => o.unsigned_abs(),
         None => 0,
     };
-    let length = match args.integer("length").map_err(invalid)? {
-        Some(l) if l < 1 => return Err(invalid("length must be at least 1.")),
+    let length = match args.integer("length")? {
+        Some(l) if l < 1 => return Err(CallError::invalid("length must be at least 1.")),
         Some(l) => l.unsigned_abs().min(limit),
         None => limit,
     };
-    let (id, page) = read_page(registry, session, computer, &path, offset, length, cancel).await?;
+    let read = read_page(
+        registry,
+        session,
+        computer,
+        &path,
+        offset,
+        length,
+        call.cancel,
+    );
+    let (id, page) = read.await?;
     let image = (page.offset == 0 && page.eof() && page.size <= limit)
         .then(|| files::image_type(&page.bytes))
         .flatten();
@@ -362,119 +313,81 @@ async fn read_call(
     payload.insert("encoding".into(), json!(encoding));
     payload.insert("content".into(), json!(content));
     payload.insert("eof".into(), json!(page.eof()));
-    let image_data = image.map(|mime| (mime, BASE64.encode(&page.bytes)));
-    let mut result = format::success(payload);
-    if let Some((mime, data)) = image_data {
-        result.content.push(ContentBlock::image(data, mime));
-    }
-    Ok(result)
+    let image = image.map(|mime| Image {
+        base64: BASE64.encode(&page.bytes),
+        mime,
+    });
+    Ok(Payload::from(payload).with_image(image))
 }
 
-pub async fn write(
-    registry: &Registry,
-    session: &Session,
-    arguments: Option<&JsonObject>,
-    cancel: &CancellationToken,
-) -> Option<CallToolResult> {
-    finish(write_call(registry, session, arguments, cancel).await)
-}
-
-async fn write_call(
-    registry: &Registry,
-    session: &Session,
-    arguments: Option<&JsonObject>,
-    cancel: &CancellationToken,
-) -> Result<CallToolResult, CallError> {
-    let args = Args::new(WRITE, arguments);
+/// `file_write`.
+pub(super) async fn write(call: &Call<'_>) -> Result<Payload, CallError> {
+    let args = call.args();
     let path = decode_path(&args)?;
-    let content = args.required_string("content").map_err(invalid)?;
-    let computer = decode_computer(&args, session)?;
-    let append = args.boolean("append").map_err(invalid)?.unwrap_or(false);
-    let mode = args
-        .string("mode")
-        .map_err(invalid)?
-        .filter(|m| !m.is_empty());
+    let content = args.required_string("content")?;
+    let computer = decode_computer(&args, call.session)?;
+    let append = args.boolean("append")?.unwrap_or(false);
+    let mode = args.string("mode")?.filter(|m| !m.is_empty());
     let mode = match mode {
         None => None,
         Some(mode) => Some(files::parse_mode(&mode).ok_or_else(|| {
-            invalid(format!(
+            CallError::invalid(format!(
                 "mode must be an octal string like \"0755\", got: {mode}"
             ))
         })?),
     };
-    let bytes = match args.string("encoding").map_err(invalid)?.as_deref() {
+    let bytes = match args.string("encoding")?.as_deref() {
         None | Some("" | "utf-8" | "utf8") => content.into_bytes(),
         Some("base64") => {
             let compact: String = content.split_ascii_whitespace().collect();
             BASE64
                 .decode(compact.as_bytes())
-                .map_err(|_| invalid("content is not valid base64."))?
+                .map_err(|_| CallError::invalid("content is not valid base64."))?
         }
         Some(other) => {
-            return Err(invalid(format!(
+            return Err(CallError::invalid(format!(
                 "encoding must be \"utf-8\" or \"base64\", got: {other}"
             )));
         }
     };
     if bytes.len() > WRITE_LIMIT {
-        return Err(invalid(format!(
+        return Err(CallError::invalid(format!(
             "content is larger than 16 MiB ({} bytes); write the file in several calls with append: true.",
             bytes.len()
         )));
     }
-    let (computer, size) = in_turn(
-        registry,
-        session,
-        computer,
-        cancel,
-        async |access, sandbox| access.write(sandbox, &path, &bytes, append, mode).await,
-    )
-    .await?;
+    let write = async |access: &Access<'_>, sandbox: &SandboxRef| {
+        access.write(sandbox, &path, &bytes, append, mode).await
+    };
+    let (computer, size) =
+        in_turn(call.registry(), call.session, computer, call.cancel, write).await?;
     let mut payload = Map::new();
     payload.insert("computer_id".into(), json!(computer.as_str()));
     payload.insert("path".into(), json!(path));
     payload.insert("size".into(), json!(size));
     payload.insert("bytes_written".into(), json!(bytes.len()));
-    Ok(format::success(payload))
+    Ok(payload.into())
 }
 
-pub async fn list(
-    registry: &Registry,
-    session: &Session,
-    arguments: Option<&JsonObject>,
-    cancel: &CancellationToken,
-) -> Option<CallToolResult> {
-    finish(list_call(registry, session, arguments, cancel).await)
-}
-
-async fn list_call(
-    registry: &Registry,
-    session: &Session,
-    arguments: Option<&JsonObject>,
-    cancel: &CancellationToken,
-) -> Result<CallToolResult, CallError> {
-    let args = Args::new(LIST, arguments);
+/// `file_list`.
+pub(super) async fn list(call: &Call<'_>) -> Result<Payload, CallError> {
+    let args = call.args();
     let path = decode_path(&args)?;
-    let computer = decode_computer(&args, session)?;
-    let depth = match args.integer("depth").map_err(invalid)? {
+    let computer = decode_computer(&args, call.session)?;
+    let depth = match args.integer("depth")? {
         None => 1,
         Some(d) if (1..=i64::from(MAX_DEPTH)).contains(&d) => d,
         Some(d) => {
-            return Err(invalid(format!(
+            return Err(CallError::invalid(format!(
                 "depth must be between 1 and {}, got: {d}",
                 MAX_DEPTH
             )));
         }
     };
     let depth = u8::try_from(depth).unwrap_or(MAX_DEPTH);
-    let (_, listing) = in_turn(
-        registry,
-        session,
-        computer,
-        cancel,
-        async |access, sandbox| access.list(sandbox, &path, depth).await,
-    )
-    .await?;
+    let list =
+        async |access: &Access<'_>, sandbox: &SandboxRef| access.list(sandbox, &path, depth).await;
+    let (_, listing) = in_turn(call.registry(), call.session, computer, call.cancel, list).await?;
     let entries: Vec<Value> = listing
         .entries
         .iter()
@@ -492,7 +405,7 @@ async fn list_call(
     payload.insert("count".into(), json!(entries.len()));
     payload.insert("entries".into(), Value::Array(entries));
     payload.insert("truncated".into(), json!(listing.truncated));
-    Ok(format::success(payload))
+    Ok(payload.into())
 }
 
 /// The computer and path a `computer://` URI names, or `None` when it is not one.

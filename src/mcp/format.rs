@@ -2,14 +2,17 @@
 //! `json.dumps` defaults so text output is byte-identical to the reference, plus the same
 //! object as `structuredContent` (docs/decisions.md, "Result formatting").
 //!
-//! This is the only place that turns a payload or an error message into a `CallToolResult`.
+//! This is the only place that turns a payload or an error message into a `CallToolResult`:
+//! [`respond`] does it for every tool call, at the edge.
 
 use std::fmt::Write as _;
 use std::sync::Arc;
 
+use rmcp::ErrorData;
 use rmcp::model::{CallToolResult, ContentBlock, JsonObject};
 use serde_json::{Map, Value, json};
 
+use super::call::{CallError, Payload};
 use crate::registry::RegistryError;
 
 /// Serialises `value` exactly like Python's `json.dumps(value)`: `", "` and `": "` separators,
@@ -75,18 +78,48 @@ fn write_string(out: &mut String, s: &str) {
     out.push('"');
 }
 
-/// A successful tool result: text JSON + identical `structuredContent`.
-pub fn success(payload: Map<String, Value>) -> CallToolResult {
-    let value = Value::Object(payload);
-    let mut result = CallToolResult::success(vec![ContentBlock::text(python_json(&value))]);
+/// How a tool's error result reads as text.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum ErrorText {
+    /// The bare message (the reference's words).
+    Message,
+    /// The `{"error": …}` object as JSON text: the reference's lifecycle tools answered so.
+    Json,
+}
+
+/// The answer to one `tools/call`: a success or an error result, or (cancelled, or no such
+/// tool) a JSON-RPC error.
+pub(super) fn respond(
+    answer: Result<Payload, CallError>,
+    errors: ErrorText,
+) -> Result<CallToolResult, ErrorData> {
+    match answer {
+        Ok(payload) => Ok(success(payload)),
+        // rmcp sends no response for a request the client cancelled.
+        Err(CallError::Cancelled) => Err(ErrorData::internal_error("request cancelled", None)),
+        Err(CallError::NotListed) => Err(ErrorData::invalid_params("tool not found", None)),
+        Err(error) => Ok(match errors {
+            ErrorText::Message => error_message(error.to_string()),
+            ErrorText::Json => error_json(error.to_string()),
+        }),
+    }
+}
+
+/// A successful tool result: text JSON + identical `structuredContent`, then the image if any.
+fn success(payload: Payload) -> CallToolResult {
+    let value = Value::Object(payload.fields);
+    let mut content = vec![ContentBlock::text(python_json(&value))];
+    if let Some(image) = payload.image {
+        content.push(ContentBlock::image(image.base64, image.mime));
+    }
+    let mut result = CallToolResult::success(content);
     result.structured_content = Some(value);
     result
 }
 
 /// A tool error: the bare message as text (the reference's words) and `{"error": msg}` as
 /// structured content (docs/decisions.md, "Result formatting").
-pub fn error(message: impl Into<String>) -> CallToolResult {
-    let message = message.into();
+fn error_message(message: String) -> CallToolResult {
     let mut structured = Map::new();
     structured.insert("error".to_owned(), Value::String(message.clone()));
     let mut result = CallToolResult::error(vec![ContentBlock::text(message)]);
@@ -95,9 +128,9 @@ pub fn error(message: impl Into<String>) -> CallToolResult {
 }
 
 /// A lifecycle-tool error: the reference returned the JSON object as text for these.
-pub fn error_json(message: impl Into<String>) -> CallToolResult {
+fn error_json(message: String) -> CallToolResult {
     let mut structured = Map::new();
-    structured.insert("error".to_owned(), Value::String(message.into()));
+    structured.insert("error".to_owned(), Value::String(message));
     let value = Value::Object(structured);
     let mut result = CallToolResult::error(vec![ContentBlock::text(python_json(&value))]);
     result.structured_content = Some(value);
@@ -158,7 +191,7 @@ mod tests {
 
     #[test]
     fn error_results_carry_structured_error() {
-        let result = error("boom");
+        let result = error_message("boom".to_owned());
         assert_eq!(result.is_error, Some(true));
         assert_eq!(result.structured_content, Some(json!({"error": "boom"})));
     }

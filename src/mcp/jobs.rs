@@ -5,18 +5,19 @@
 
 use std::time::{Duration, Instant};
 
-use rmcp::model::{CallToolResult, JsonObject, Tool, ToolAnnotations};
+use rmcp::model::{Tool, ToolAnnotations};
 use serde_json::{Map, Value, json};
-use tokio_util::sync::CancellationToken;
 
 use super::args::Args;
+use super::call::{Call, CallError, Payload};
 use super::format;
-use crate::backends::{BackendError, Progress, SandboxRef};
+use super::routes::Definitions;
+use crate::backends::{BackendError, SandboxRef};
 use crate::ids::{ComputerId, JobId};
 use crate::jobs::{
     JobError, Jobs, Listing, MAX_WAIT_SECS, MORE_WAITING, Signal, Snapshot, StartRequest, WaitFor,
 };
-use crate::registry::{Registry, RegistryError, Session, Unnamed};
+use crate::registry::Unnamed;
 
 pub const OUTPUT: &str = "job_output";
 pub const WRITE: &str = "job_write";
@@ -83,10 +84,9 @@ fn wait_property(default: i64) -> Value {
     json!({"type": "integer", "minimum": 0, "maximum": MAX_WAIT_SECS, "default": default, "title": "Wait", "description": "Seconds to wait for new output or the job's end before answering (0-60)."})
 }
 
-/// The four job tools, in the order they are listed; `in_server` backends keep jobs in the
-/// server process, which `job_list` says.
-pub fn tools(in_server: bool) -> Vec<Tool> {
-    let output = Tool::new(
+/// `job_output`.
+pub(super) fn output_tool(_: &Definitions<'_>) -> Tool {
+    Tool::new(
         OUTPUT,
         "Read a job's new output: what it printed since this session's last read of it (or since byte offset `since` of its combined output), whether it still runs, and its exit code once it ended. `wait` blocks up to that many seconds for new output or the end.",
         format::object(json!({
@@ -100,8 +100,12 @@ pub fn tools(in_server: bool) -> Vec<Tool> {
         })),
     )
     .with_raw_output_schema(format::output_schema(job_output_properties(), &JOB_OUTPUT_FIELDS, None))
-    .with_annotations(annotations(true, false));
-    let write = Tool::new(
+    .with_annotations(annotations(true, false))
+}
+
+/// `job_write`.
+pub(super) fn write_tool(_: &Definitions<'_>) -> Tool {
+    Tool::new(
         WRITE,
         "Send text to a running job's stdin (a job started with keep_stdin_open), then return its new output like job_output, after waiting `wait` seconds (default 1) for the reaction. close_stdin ends its input.",
         format::object(json!({
@@ -116,8 +120,12 @@ pub fn tools(in_server: bool) -> Vec<Tool> {
         })),
     )
     .with_raw_output_schema(format::output_schema(job_output_properties(), &JOB_OUTPUT_FIELDS, None))
-    .with_annotations(annotations(false, false));
-    let kill = Tool::new(
+    .with_annotations(annotations(false, false))
+}
+
+/// `job_kill`.
+pub(super) fn kill_tool(_: &Definitions<'_>) -> Tool {
+    Tool::new(
         KILL,
         "Stop a job: send `signal` (default TERM) to its whole process tree, then KILL whatever is left after 5 seconds. Returns the job's final state; killing an ended job just returns it.",
         format::object(json!({
@@ -130,13 +138,17 @@ pub fn tools(in_server: bool) -> Vec<Tool> {
         })),
     )
     .with_raw_output_schema(format::output_schema(job_output_properties(), &JOB_OUTPUT_FIELDS, None))
-    .with_annotations(annotations(false, true));
-    let durability = if in_server {
+    .with_annotations(annotations(false, true))
+}
+
+/// `job_list`; backends that keep jobs in the server process say so.
+pub(super) fn list_tool(definitions: &Definitions<'_>) -> Tool {
+    let durability = if definitions.jobs_in_server {
         " On this backend jobs run inside the server and end when it stops."
     } else {
         " Jobs are kept inside the computer: a permanent computer's jobs are listed here after the server restarts."
     };
-    let list = Tool::new(
+    Tool::new(
         LIST,
         format!("List a computer's jobs, newest first (default: this session's default computer).{durability}"),
         format::object(json!({
@@ -163,8 +175,7 @@ pub fn tools(in_server: bool) -> Vec<Tool> {
         &["jobs", "count"],
         None,
     ))
-    .with_annotations(annotations(true, false));
-    vec![output, write, kill, list]
+    .with_annotations(annotations(true, false))
 }
 
 /// `yield_after` and `keep_stdin_open` of a `terminal_execute` call, validated.
@@ -173,25 +184,22 @@ pub struct YieldArgs {
     pub keep_stdin_open: bool,
 }
 
-pub fn decode_yield(args: &Args<'_>) -> Result<YieldArgs, String> {
-    let yield_after = args.integer("yield_after").map_err(|e| e.to_string())?;
-    let keep_stdin_open = args
-        .boolean("keep_stdin_open")
-        .map_err(|e| e.to_string())?
-        .unwrap_or(false);
+pub(super) fn decode_yield(args: &Args<'_>) -> Result<YieldArgs, CallError> {
+    let yield_after = args.integer("yield_after")?;
+    let keep_stdin_open = args.boolean("keep_stdin_open")?.unwrap_or(false);
     let yield_after = match yield_after {
         Some(secs) if !(0..=MAX_YIELD_AFTER).contains(&secs) => {
-            return Err(format!(
+            return Err(CallError::invalid(format!(
                 "yield_after must be between 0 and {MAX_YIELD_AFTER} seconds."
-            ));
+            )));
         }
         Some(secs) => Some(secs.unsigned_abs()),
         None => None,
     };
     if keep_stdin_open && yield_after.is_none() {
-        return Err(
-            "keep_stdin_open needs yield_after: only a job keeps its stdin open.".to_owned(),
-        );
+        return Err(CallError::invalid(
+            "keep_stdin_open needs yield_after: only a job keeps its stdin open.",
+        ));
     }
     Ok(YieldArgs {
         yield_after,
@@ -199,6 +207,7 @@ pub fn decode_yield(args: &Args<'_>) -> Result<YieldArgs, String> {
     })
 }
 
+/// Job output as text: the scripts send bytes, a result carries a string.
 fn text(bytes: &[u8]) -> String {
     String::from_utf8_lossy(bytes).into_owned()
 }
@@ -214,7 +223,7 @@ fn stdout_text(snapshot: &Snapshot) -> String {
     stdout
 }
 
-fn job_payload(job: &JobId, computer: &ComputerId, snapshot: &Snapshot) -> CallToolResult {
+fn job_payload(job: &JobId, computer: &ComputerId, snapshot: &Snapshot) -> Payload {
     let mut payload = Map::new();
     payload.insert("job_id".into(), json!(job.as_str()));
     payload.insert("computer_id".into(), json!(computer.slug()));
@@ -224,53 +233,14 @@ fn job_payload(job: &JobId, computer: &ComputerId, snapshot: &Snapshot) -> CallT
     payload.insert("stderr".into(), json!(text(&snapshot.stderr)));
     payload.insert("next_since".into(), json!(snapshot.next_since));
     payload.insert("elapsed_ms".into(), json!(snapshot.elapsed_ms));
-    format::success(payload)
-}
-
-fn job_error(error: &JobError) -> Option<CallToolResult> {
-    match error {
-        JobError::Cancelled => None,
-        JobError::Backend(backend) => Some(format::error(format::user_message(
-            &RegistryError::Backend(backend.clone()),
-        ))),
-        other => Some(format::error(other.to_string())),
-    }
-}
-
-/// Why a job tool call failed: the job, or the computer it needed (found, attached, started).
-#[derive(Debug)]
-enum CallError {
-    Job(JobError),
-    Computer(RegistryError),
-}
-
-impl From<JobError> for CallError {
-    fn from(error: JobError) -> Self {
-        Self::Job(error)
-    }
-}
-
-impl From<RegistryError> for CallError {
-    fn from(error: RegistryError) -> Self {
-        Self::Computer(error)
-    }
-}
-
-/// The result a failed call answers with; `None` when the client cancelled it.
-fn call_error(error: &CallError) -> Option<CallToolResult> {
-    match error {
-        CallError::Job(error) => job_error(error),
-        CallError::Computer(RegistryError::Cancelled) => None,
-        CallError::Computer(error) => Some(format::error(format::user_message(error))),
-    }
+    payload.into()
 }
 
 /// Runs `op` (job scripts) on the computer. When it finds the computer stopped, the registry
 /// starts it — the one start path, admitted against the running limit like a command's
 /// restart-once — and `op` runs once more on the started computer.
 async fn on_running<T, F, Fut>(
-    registry: &Registry,
-    session: &Session,
+    call: &Call<'_>,
     sandbox: SandboxRef,
     op: F,
 ) -> Result<(SandboxRef, T), CallError>
@@ -280,7 +250,10 @@ where
 {
     match op(sandbox.clone()).await {
         Err(JobError::Backend(BackendError::NotRunning(_))) => {
-            let started = registry.start_stopped(session, &sandbox).await?;
+            let started = call
+                .registry()
+                .start_stopped(call.session, &sandbox)
+                .await?;
             let value = op(started.clone()).await?;
             Ok((started, value))
         }
@@ -288,60 +261,39 @@ where
     }
 }
 
-/// `terminal_execute` with `yield_after`: the command runs as a job; the call returns when it
-/// ends or after `yield_after` seconds, whichever comes first.
-#[allow(clippy::too_many_arguments)]
-pub async fn execute(
-    registry: &Registry,
+/// `terminal_execute` with `yield_after`: the command runs as a job on `computer` (its id and
+/// `temporary`); the call returns when it ends or after `yield_after` seconds, whichever comes
+/// first.
+pub(super) async fn execute(
+    call: &Call<'_>,
     jobs: &Jobs,
-    session: &Session,
-    computer_id: Option<ComputerId>,
-    temporary: bool,
+    computer: (Option<ComputerId>, bool),
     request: StartRequest,
     yield_after: u64,
-    progress: &dyn Progress,
-    cancel: &CancellationToken,
-) -> Option<CallToolResult> {
+) -> Result<Payload, CallError> {
     let started = Instant::now();
-    let sandbox = match registry
+    let (computer_id, temporary) = computer;
+    let sandbox = call
+        .registry()
         .acquire(
-            session,
+            call.session,
             computer_id,
             temporary,
             Unnamed::SessionDefault,
-            progress,
+            call.progress,
         )
-        .await
-    {
-        Ok(sandbox) => sandbox,
-        Err(RegistryError::Cancelled) => return None,
-        Err(error) => return Some(format::error(format::user_message(&error))),
-    };
-    let request = &request;
-    let followed = async {
-        let (sandbox, job) = on_running(registry, session, sandbox, |sandbox| async move {
-            jobs.start(&sandbox, request, cancel).await
-        })
         .await?;
-        let snapshot = jobs
-            .read(
-                &sandbox,
-                &job,
-                0,
-                Duration::from_secs(yield_after),
-                WaitFor::End,
-                cancel,
-            )
-            .await?;
-        Ok::<_, CallError>((sandbox, job, snapshot))
-    }
-    .await;
-    let (sandbox, job, snapshot) = match followed {
-        Ok(followed) => followed,
-        Err(error) => return call_error(&error),
-    };
+    let (cancel, request) = (call.cancel, &request);
+    let (sandbox, job) = on_running(call, sandbox, |sandbox| async move {
+        jobs.start(&sandbox, request, cancel).await
+    })
+    .await?;
+    let wait = Duration::from_secs(yield_after);
+    let snapshot = jobs
+        .read(&sandbox, &job, 0, wait, WaitFor::End, cancel)
+        .await?;
     jobs.set_cursor(
-        session.id(),
+        call.session.id(),
         &sandbox.computer_id,
         &job,
         snapshot.next_since,
@@ -360,20 +312,15 @@ pub async fn execute(
     if snapshot.running {
         payload.insert("running".into(), json!(true));
     }
-    Some(format::success(payload))
+    Ok(payload.into())
 }
 
 /// The computer holding `job`: one of the caller's computers this process knows to hold it,
 /// else the computers this session holds, else any running computer of the caller (a job
 /// started by an earlier server process). Probing starts no computer, and a job found by
 /// probing is remembered.
-async fn locate(
-    registry: &Registry,
-    jobs: &Jobs,
-    session: &Session,
-    job: &JobId,
-    cancel: &CancellationToken,
-) -> Result<SandboxRef, JobError> {
+async fn locate(call: &Call<'_>, jobs: &Jobs, job: &JobId) -> Result<SandboxRef, JobError> {
+    let (registry, session) = (call.registry(), call.session);
     let not_found = || JobError::NotFound(job.clone());
     for computer in jobs.computers_of(job) {
         if computer.belongs_to(session.principal())
@@ -404,7 +351,11 @@ async fn locate(
         }
     }
     for sandbox in candidates.into_iter().take(PROBE_LIMIT) {
-        if jobs.exists(&sandbox, job, cancel).await.unwrap_or(false) {
+        if jobs
+            .exists(&sandbox, job, call.cancel)
+            .await
+            .unwrap_or(false)
+        {
             jobs.remember(&sandbox.computer_id, job);
             return registry
                 .attach_existing(session, &sandbox.computer_id)
@@ -415,16 +366,19 @@ async fn locate(
     Err(not_found())
 }
 
-fn job_id(args: &Args<'_>) -> Result<JobId, String> {
-    let raw = args.required_string("job_id").map_err(|e| e.to_string())?;
-    JobId::parse(&raw).ok_or_else(|| format!("Job {} not found.", raw.trim()))
+/// The required `job_id`; one that is not a job id names no job.
+fn job_id(args: &Args<'_>) -> Result<JobId, CallError> {
+    let raw = args.required_string("job_id")?;
+    JobId::parse(&raw).ok_or_else(|| CallError::invalid(format!("Job {} not found.", raw.trim())))
 }
 
-fn wait_secs(args: &Args<'_>, default: i64) -> Result<Duration, String> {
-    match args.integer("wait").map_err(|e| e.to_string())? {
-        Some(secs) if !(0..=i64::try_from(MAX_WAIT_SECS).unwrap_or(60)).contains(&secs) => Err(
-            format!("wait must be between 0 and {MAX_WAIT_SECS} seconds."),
-        ),
+fn wait_secs(args: &Args<'_>, default: i64) -> Result<Duration, CallError> {
+    match args.integer("wait")? {
+        Some(secs) if !(0..=i64::try_from(MAX_WAIT_SECS).unwrap_or(60)).contains(&secs) => {
+            Err(CallError::invalid(format!(
+                "wait must be between 0 and {MAX_WAIT_SECS} seconds."
+            )))
+        }
         Some(secs) => Ok(Duration::from_secs(secs.unsigned_abs())),
         None => Ok(Duration::from_secs(default.unsigned_abs())),
     }
@@ -440,98 +394,62 @@ struct ReadFrom {
 /// Finds the job's computer, runs `act` on it (a write, a kill, or nothing), then answers with
 /// the job's output from `from`. The session's place moves to what was returned unless the
 /// caller read from an explicit offset (a dashboard sharing the model's session must not move
-/// the model's place). Errors become results.
+/// the model's place).
 async fn act_then_read<F, Fut>(
-    registry: &Registry,
+    call: &Call<'_>,
     jobs: &Jobs,
-    session: &Session,
     job: JobId,
     from: ReadFrom,
-    cancel: &CancellationToken,
     act: F,
-) -> Option<CallToolResult>
+) -> Result<Payload, CallError>
 where
     F: Fn(SandboxRef) -> Fut,
     Fut: std::future::Future<Output = Result<(), JobError>>,
 {
-    let sandbox = match locate(registry, jobs, session, &job, cancel).await {
-        Ok(sandbox) => sandbox,
-        Err(error) => return job_error(&error),
-    };
+    let sandbox = locate(call, jobs, &job).await?;
+    let session = call.session.id();
     let since = from
         .since
-        .unwrap_or_else(|| jobs.cursor(session.id(), &sandbox.computer_id, &job));
-    let (job, act) = (&job, &act);
-    let read = on_running(registry, session, sandbox, |sandbox| async move {
+        .unwrap_or_else(|| jobs.cursor(session, &sandbox.computer_id, &job));
+    let (job, act, cancel) = (&job, &act, call.cancel);
+    let (sandbox, snapshot) = on_running(call, sandbox, |sandbox| async move {
         act(sandbox.clone()).await?;
         jobs.read(&sandbox, job, since, from.wait, WaitFor::Output, cancel)
             .await
-    });
-    match read.await {
-        Ok((sandbox, snapshot)) => {
-            if from.since.is_none() {
-                jobs.set_cursor(session.id(), &sandbox.computer_id, job, snapshot.next_since);
-            }
-            Some(job_payload(job, &sandbox.computer_id, &snapshot))
-        }
-        Err(error) => call_error(&error),
+    })
+    .await?;
+    if from.since.is_none() {
+        jobs.set_cursor(session, &sandbox.computer_id, job, snapshot.next_since);
     }
+    Ok(job_payload(job, &sandbox.computer_id, &snapshot))
 }
 
-pub async fn output(
-    registry: &Registry,
-    jobs: &Jobs,
-    session: &Session,
-    arguments: Option<&JsonObject>,
-    cancel: &CancellationToken,
-) -> Option<CallToolResult> {
-    let args = Args::new(OUTPUT, arguments);
-    let decoded: Result<_, String> = (|| {
-        let job = job_id(&args)?;
-        let wait = wait_secs(&args, 0)?;
-        let since = match args.integer("since").map_err(|e| e.to_string())? {
-            Some(offset) if offset < 0 => return Err("since must be at least 0.".to_owned()),
-            offset => offset.map(i64::unsigned_abs),
-        };
-        Ok((job, wait, since))
-    })();
-    let (job, wait, since) = match decoded {
-        Ok(decoded) => decoded,
-        Err(message) => return Some(format::error(message)),
+/// `job_output`.
+pub(super) async fn output(call: &Call<'_>) -> Result<Payload, CallError> {
+    let jobs = call.jobs()?;
+    let args = call.args();
+    let job = job_id(&args)?;
+    let wait = wait_secs(&args, 0)?;
+    let since = match args.integer("since")? {
+        Some(offset) if offset < 0 => return Err(CallError::invalid("since must be at least 0.")),
+        offset => offset.map(i64::unsigned_abs),
     };
     let from = ReadFrom { since, wait };
-    act_then_read(registry, jobs, session, job, from, cancel, |_| async {
-        Ok(())
-    })
-    .await
+    act_then_read(call, jobs, job, from, |_| async { Ok(()) }).await
 }
 
-pub async fn write(
-    registry: &Registry,
-    jobs: &Jobs,
-    session: &Session,
-    arguments: Option<&JsonObject>,
-    cancel: &CancellationToken,
-) -> Option<CallToolResult> {
-    let args = Args::new(WRITE, arguments);
-    let decoded: Result<_, String> = (|| {
-        let job = job_id(&args)?;
-        let stdin = args.required_string("stdin").map_err(|e| e.to_string())?;
-        let close = args
-            .boolean("close_stdin")
-            .map_err(|e| e.to_string())?
-            .unwrap_or(false);
-        let wait = wait_secs(&args, WRITE_WAIT_SECS)?;
-        Ok((job, stdin, close, wait))
-    })();
-    let (job, stdin, close, wait) = match decoded {
-        Ok(decoded) => decoded,
-        Err(message) => return Some(format::error(message)),
-    };
+/// `job_write`.
+pub(super) async fn write(call: &Call<'_>) -> Result<Payload, CallError> {
+    let jobs = call.jobs()?;
+    let args = call.args();
+    let job = job_id(&args)?;
+    let stdin = args.required_string("stdin")?;
+    let close = args.boolean("close_stdin")?.unwrap_or(false);
+    let wait = wait_secs(&args, WRITE_WAIT_SECS)?;
     let data = (!stdin.is_empty()).then_some(stdin);
     let from = ReadFrom { since: None, wait };
-    let target = job.clone();
-    act_then_read(registry, jobs, session, job, from, cancel, |sandbox| {
+    let (target, cancel) = (job.clone(), call.cancel);
+    act_then_read(call, jobs, job, from, |sandbox| {
         let data = data.clone();
         let target = &target;
         async move { jobs.write(&sandbox, target, data, close, cancel).await }
@@ -539,75 +457,42 @@ pub async fn write(
     .await
 }
 
-pub async fn kill(
-    registry: &Registry,
-    jobs: &Jobs,
-    session: &Session,
-    arguments: Option<&JsonObject>,
-    cancel: &CancellationToken,
-) -> Option<CallToolResult> {
-    let args = Args::new(KILL, arguments);
-    let decoded: Result<_, String> = (|| {
-        let job = job_id(&args)?;
-        let signal = match args.string("signal").map_err(|e| e.to_string())? {
-            None => Signal::Term,
-            Some(raw) => Signal::parse(&raw)
-                .ok_or_else(|| "signal must be one of TERM, INT, KILL, HUP.".to_owned())?,
-        };
-        Ok((job, signal))
-    })();
-    let (job, signal) = match decoded {
-        Ok(decoded) => decoded,
-        Err(message) => return Some(format::error(message)),
+/// `job_kill`.
+pub(super) async fn kill(call: &Call<'_>) -> Result<Payload, CallError> {
+    let jobs = call.jobs()?;
+    let args = call.args();
+    let job = job_id(&args)?;
+    let signal = match args.string("signal")? {
+        None => Signal::Term,
+        Some(raw) => Signal::parse(&raw)
+            .ok_or_else(|| CallError::invalid("signal must be one of TERM, INT, KILL, HUP."))?,
     };
     let from = ReadFrom {
         since: None,
         wait: Duration::ZERO,
     };
-    let target = job.clone();
-    act_then_read(registry, jobs, session, job, from, cancel, |sandbox| {
+    let (target, cancel) = (job.clone(), call.cancel);
+    act_then_read(call, jobs, job, from, |sandbox| {
         let target = &target;
         async move { jobs.kill(&sandbox, target, signal, cancel).await }
     })
     .await
 }
 
-pub async fn list(
-    registry: &Registry,
-    jobs: &Jobs,
-    session: &Session,
-    arguments: Option<&JsonObject>,
-    cancel: &CancellationToken,
-) -> Option<CallToolResult> {
-    let args = Args::new(LIST, arguments);
-    let computer = match args.string("computer_id") {
-        Err(error) => return Some(format::error(error.to_string())),
-        Ok(Some(raw)) => match ComputerId::parse(&raw) {
-            Ok(id) => Some(id.owned_by(session.principal())),
-            Err(error) => return Some(format::error(error.to_string())),
-        },
-        Ok(None) => session.default_id(),
+/// `job_list`.
+pub(super) async fn list(call: &Call<'_>) -> Result<Payload, CallError> {
+    let jobs = call.jobs()?;
+    let computer = match call.args().string("computer_id")? {
+        Some(raw) => Some(ComputerId::parse(&raw)?.owned_by(call.principal())),
+        None => call.session.default_id(),
     };
     let listing = match computer {
+        Some(id) => jobs_of(call, jobs, &id).await?,
         // No default computer yet: nothing has run, so no job either (and none is created).
         None => Listing {
             jobs: Vec::new(),
             truncated: false,
         },
-        Some(id) => {
-            let listed = async {
-                let sandbox = registry.attach_existing(session, &id).await?;
-                let (_, listing) = on_running(registry, session, sandbox, |sandbox| async move {
-                    jobs.list(&sandbox, cancel).await
-                })
-                .await?;
-                Ok::<_, CallError>(listing)
-            };
-            match listed.await {
-                Ok(listing) => listing,
-                Err(error) => return call_error(&error),
-            }
-        }
     };
     let rows: Vec<Value> = listing
         .jobs
@@ -631,5 +516,16 @@ pub async fn list(
     if listing.truncated {
         payload.insert("truncated".into(), json!(true));
     }
-    Some(format::success(payload))
+    Ok(payload.into())
+}
+
+/// The jobs of an existing computer (started if it stopped); never creates one.
+async fn jobs_of(call: &Call<'_>, jobs: &Jobs, id: &ComputerId) -> Result<Listing, CallError> {
+    let sandbox = call.registry().attach_existing(call.session, id).await?;
+    let cancel = call.cancel;
+    let (_, listing) = on_running(call, sandbox, |sandbox| async move {
+        jobs.list(&sandbox, cancel).await
+    })
+    .await?;
+    Ok(listing)
 }

@@ -1,18 +1,20 @@
 //! The six lifecycle tools (docs/decisions.md, "Lifecycle tools", "Lifecycle operations"): definitions with their
-//! output schemas, and one thin function each that decodes arguments, calls the registry and
-//! formats the payload. Errors use the reference's `{"error": …}` shape in text and structure.
+//! output schemas, and one thin handler each that decodes arguments, calls the registry and
+//! builds the payload; each action is audited. Their errors read as the reference's
+//! `{"error": …}` JSON text (the route table says so).
 
 use std::sync::Arc;
 
-use rmcp::model::{CallToolResult, JsonObject, MetaObject, Tool, ToolAnnotations};
+use rmcp::model::{JsonObject, MetaObject, Tool, ToolAnnotations};
 use serde_json::{Map, Value, json};
 
-use super::args::Args;
+use super::call::{Call, CallError, Payload};
 use super::format;
-use crate::backends::{ComputerInfo, Progress};
+use super::routes::Definitions;
+use crate::backends::ComputerInfo;
 use crate::dashboard;
 use crate::ids::ComputerId;
-use crate::registry::{Registry, Session, Unnamed};
+use crate::registry::Unnamed;
 
 pub const DASHBOARD: &str = "computer_dashboard";
 pub const LIST: &str = "computer_list";
@@ -56,82 +58,106 @@ fn id_input(description: &str) -> Arc<JsonObject> {
     }))
 }
 
-/// The six tools in registration order (after `terminal_execute`).
-pub fn tools() -> Vec<Tool> {
-    let visibility = json!({"visibility": ["model", "app"]});
-    let plain_meta = || meta(json!({"ui": visibility.clone()}));
-    let list_output = || {
-        format::output_schema(
-            json!({"computers": {"type": "array", "items": {"$ref": "#/$defs/ComputerInfo"}}, "count": {"type": "integer"}, "warning": {"type": "string"}}),
-            &["computers", "count"],
-            Some(computer_info_defs()),
-        )
-    };
-    let empty_input = || format::object(json!({"type": "object", "properties": {}}));
-    vec![
-        Tool::new(
-            DASHBOARD,
-            "Open the interactive MCP App dashboard for listing computers, running terminal commands, restarting, factory-resetting, and deleting.",
-            empty_input(),
-        )
-        .with_title("Sandbox Computer Dashboard")
-        .with_raw_output_schema(list_output())
-        .with_annotations(annotations(Some(true), None))
-        .with_meta(meta(json!({
-            "ui": {"visibility": ["model", "app"], "resourceUri": dashboard::RESOURCE_URI},
-            "ui/resourceUri": dashboard::RESOURCE_URI
-        }))),
-        Tool::new(LIST, "List all sandbox computers managed by the selected backend.", empty_input())
-            .with_raw_output_schema(list_output())
-            .with_annotations(annotations(Some(true), None))
-            .with_meta(plain_meta()),
-        Tool::new(
-            CREATE,
-            "Create a temporary or permanent sandbox computer. If computer_id is omitted, a readable random slug is returned.",
-            format::object(json!({
-                "type": "object",
-                "properties": {
-                    "computer_id": {"type": "string", "title": "Computer Id", "description": "Optional lowercase slug. Omit to generate a readable random ID."},
-                    "temporary": {"type": "boolean", "default": true, "title": "Temporary", "description": "Remove on MCP session shutdown when true; persist and allow reattachment by ID when false."}
-                }
-            })),
-        )
+fn plain_meta() -> MetaObject {
+    meta(json!({"ui": {"visibility": ["model", "app"]}}))
+}
+
+fn empty_input() -> Arc<JsonObject> {
+    format::object(json!({"type": "object", "properties": {}}))
+}
+
+/// The output of `computer_list` and `computer_dashboard`.
+fn list_output() -> Arc<JsonObject> {
+    format::output_schema(
+        json!({"computers": {"type": "array", "items": {"$ref": "#/$defs/ComputerInfo"}}, "count": {"type": "integer"}, "warning": {"type": "string"}}),
+        &["computers", "count"],
+        Some(computer_info_defs()),
+    )
+}
+
+/// `computer_dashboard`: the MCP App.
+pub(super) fn dashboard_tool(_: &Definitions<'_>) -> Tool {
+    Tool::new(
+        DASHBOARD,
+        "Open the interactive MCP App dashboard for listing computers, running terminal commands, restarting, factory-resetting, and deleting.",
+        empty_input(),
+    )
+    .with_title("Sandbox Computer Dashboard")
+    .with_raw_output_schema(list_output())
+    .with_annotations(annotations(Some(true), None))
+    .with_meta(meta(json!({
+        "ui": {"visibility": ["model", "app"], "resourceUri": dashboard::RESOURCE_URI},
+        "ui/resourceUri": dashboard::RESOURCE_URI
+    })))
+}
+
+pub(super) fn list_tool(_: &Definitions<'_>) -> Tool {
+    Tool::new(
+        LIST,
+        "List all sandbox computers managed by the selected backend.",
+        empty_input(),
+    )
+    .with_raw_output_schema(list_output())
+    .with_annotations(annotations(Some(true), None))
+    .with_meta(plain_meta())
+}
+
+pub(super) fn create_tool(_: &Definitions<'_>) -> Tool {
+    Tool::new(
+        CREATE,
+        "Create a temporary or permanent sandbox computer. If computer_id is omitted, a readable random slug is returned.",
+        format::object(json!({
+            "type": "object",
+            "properties": {
+                "computer_id": {"type": "string", "title": "Computer Id", "description": "Optional lowercase slug. Omit to generate a readable random ID."},
+                "temporary": {"type": "boolean", "default": true, "title": "Temporary", "description": "Remove on MCP session shutdown when true; persist and allow reattachment by ID when false."}
+            }
+        })),
+    )
+    .with_raw_output_schema(format::output_schema(
+        json!({"ok": {"type": "boolean"}, "computer_id": {"type": "string"}, "sandbox_id": {"type": "string"}, "temporary": {"type": "boolean"}}),
+        &["ok", "computer_id", "sandbox_id", "temporary"],
+        None,
+    ))
+    .with_annotations(annotations(None, Some(false)))
+    .with_meta(plain_meta())
+}
+
+pub(super) fn restart_tool(_: &Definitions<'_>) -> Tool {
+    Tool::new(RESTART, "Restart a computer without erasing its writable filesystem.", id_input("Computer slug to restart"))
         .with_raw_output_schema(format::output_schema(
-            json!({"ok": {"type": "boolean"}, "computer_id": {"type": "string"}, "sandbox_id": {"type": "string"}, "temporary": {"type": "boolean"}}),
-            &["ok", "computer_id", "sandbox_id", "temporary"],
+            json!({"ok": {"type": "boolean"}, "computer_id": {"type": "string"}, "sandbox_id": {"type": "string"}, "temporary": {"type": "boolean"}, "state_preserved": {"type": "boolean"}, "warning": {"type": "string"}}),
+            &["ok", "computer_id", "sandbox_id", "temporary", "state_preserved"],
             None,
         ))
         .with_annotations(annotations(None, Some(false)))
-        .with_meta(plain_meta()),
-        Tool::new(RESTART, "Restart a computer without erasing its writable filesystem.", id_input("Computer slug to restart"))
-            .with_raw_output_schema(format::output_schema(
-                json!({"ok": {"type": "boolean"}, "computer_id": {"type": "string"}, "sandbox_id": {"type": "string"}, "temporary": {"type": "boolean"}, "state_preserved": {"type": "boolean"}, "warning": {"type": "string"}}),
-                &["ok", "computer_id", "sandbox_id", "temporary", "state_preserved"],
-                None,
-            ))
-            .with_annotations(annotations(None, Some(false)))
-            .with_meta(plain_meta()),
-        Tool::new(
-            FACTORY_RESET,
-            "Erase a computer's writable filesystem and recreate it from the base image.",
-            id_input("Computer slug whose writable state will be erased"),
-        )
+        .with_meta(plain_meta())
+}
+
+pub(super) fn factory_reset_tool(_: &Definitions<'_>) -> Tool {
+    Tool::new(
+        FACTORY_RESET,
+        "Erase a computer's writable filesystem and recreate it from the base image.",
+        id_input("Computer slug whose writable state will be erased"),
+    )
+    .with_raw_output_schema(format::output_schema(
+        json!({"ok": {"type": "boolean"}, "computer_id": {"type": "string"}, "sandbox_id": {"type": "string"}, "temporary": {"type": "boolean"}}),
+        &["ok", "computer_id", "sandbox_id", "temporary"],
+        None,
+    ))
+    .with_annotations(annotations(None, Some(true)))
+    .with_meta(plain_meta())
+}
+
+pub(super) fn delete_tool(_: &Definitions<'_>) -> Tool {
+    Tool::new(DELETE, "Permanently delete a computer and all of its writable state.", id_input("Computer slug to permanently delete"))
         .with_raw_output_schema(format::output_schema(
-            json!({"ok": {"type": "boolean"}, "computer_id": {"type": "string"}, "sandbox_id": {"type": "string"}, "temporary": {"type": "boolean"}}),
-            &["ok", "computer_id", "sandbox_id", "temporary"],
+            json!({"ok": {"type": "boolean"}, "computer_id": {"type": "string"}, "deleted": {"type": "boolean"}}),
+            &["ok", "computer_id", "deleted"],
             None,
         ))
         .with_annotations(annotations(None, Some(true)))
-        .with_meta(plain_meta()),
-        Tool::new(DELETE, "Permanently delete a computer and all of its writable state.", id_input("Computer slug to permanently delete"))
-            .with_raw_output_schema(format::output_schema(
-                json!({"ok": {"type": "boolean"}, "computer_id": {"type": "string"}, "deleted": {"type": "boolean"}}),
-                &["ok", "computer_id", "deleted"],
-                None,
-            ))
-            .with_annotations(annotations(None, Some(true)))
-            .with_meta(plain_meta()),
-    ]
+        .with_meta(plain_meta())
 }
 
 fn info_json(row: &ComputerInfo, backend: &str) -> Value {
@@ -147,8 +173,9 @@ fn info_json(row: &ComputerInfo, backend: &str) -> Value {
 }
 
 /// `computer_list` and `computer_dashboard` (the same payload; docs/warm-pool.md for `warm_pool`).
-pub async fn list(registry: &Registry, session: &Session) -> CallToolResult {
-    let (rows, warning) = registry.list(session.principal()).await;
+pub(super) async fn list(call: &Call<'_>) -> Result<Payload, CallError> {
+    let registry = call.registry();
+    let (rows, warning) = registry.list(call.principal()).await;
     let backend = registry.backend().kind();
     let mut payload = Map::new();
     payload.insert(
@@ -167,37 +194,35 @@ pub async fn list(registry: &Registry, session: &Session) -> CallToolResult {
     if let Some(warning) = warning {
         payload.insert("warning".into(), json!(warning));
     }
-    format::success(payload)
+    Ok(payload.into())
 }
 
-/// A client's id, as `session`'s principal's computer.
-fn parse_id(raw: &str, session: &Session) -> Result<ComputerId, String> {
-    ComputerId::parse(raw)
-        .map(|id| id.owned_by(session.principal()))
-        .map_err(|e| e.to_string())
+/// A client's id, as the caller's computer.
+fn parse_id(raw: &str, call: &Call<'_>) -> Result<ComputerId, CallError> {
+    Ok(ComputerId::parse(raw)?.owned_by(call.principal()))
 }
 
-/// The audit line of a lifecycle action (docs/auth.md, "Audit"): who, on what, and how it
-/// ended.
-fn audit(
+/// Writes the audit line of a lifecycle action (docs/auth.md, "Audit": who, on what, and how
+/// it ended) and passes its answer on.
+fn audited(
     action: &'static str,
-    session: &Session,
-    arguments: Option<&JsonObject>,
-    result: &Result<Map<String, Value>, String>,
-) {
-    let requested = arguments
+    call: &Call<'_>,
+    answer: Result<Payload, CallError>,
+) -> Result<Payload, CallError> {
+    let requested = call
+        .arguments
         .and_then(|a| a.get("computer_id"))
         .and_then(Value::as_str)
         .map(str::trim);
-    let computer_id = match result {
+    let computer_id = match &answer {
         Ok(payload) => payload.get("computer_id").and_then(Value::as_str),
         Err(_) => requested,
     }
     .unwrap_or("");
-    match result {
+    match &answer {
         Ok(_) => tracing::info!(
             target: "kilntainers::audit",
-            principal = %session.principal(),
+            principal = %call.principal(),
             action,
             computer_id,
             result = "ok",
@@ -205,145 +230,112 @@ fn audit(
         ),
         Err(error) => tracing::info!(
             target: "kilntainers::audit",
-            principal = %session.principal(),
+            principal = %call.principal(),
             action,
             computer_id,
             result = "error",
-            error = error.as_str(),
+            error = error.to_string().as_str(),
             "lifecycle"
         ),
     }
+    answer
 }
 
-/// A lifecycle payload or message, in the reference's result shapes.
-fn respond(result: Result<Map<String, Value>, String>) -> CallToolResult {
-    match result {
-        Ok(payload) => format::success(payload),
-        Err(message) => format::error_json(message),
+/// `computer_create`.
+pub(super) async fn create(call: &Call<'_>) -> Result<Payload, CallError> {
+    audited("create", call, create_computer(call).await)
+}
+
+async fn create_computer(call: &Call<'_>) -> Result<Payload, CallError> {
+    let args = call.args();
+    let raw_id = args.string("computer_id")?;
+    let temporary = args.boolean("temporary")?;
+    let computer_id = raw_id
+        .filter(|id| !id.is_empty())
+        .map(|raw| parse_id(&raw, call))
+        .transpose()?;
+    let sandbox = call
+        .registry()
+        .acquire(
+            call.session,
+            computer_id,
+            temporary.unwrap_or(true),
+            Unnamed::Fresh,
+            call.progress,
+        )
+        .await?;
+    let mut payload = Map::new();
+    payload.insert("ok".into(), json!(true));
+    payload.insert("computer_id".into(), json!(sandbox.computer_id.slug()));
+    payload.insert("sandbox_id".into(), json!(sandbox.sandbox_id));
+    payload.insert("temporary".into(), json!(sandbox.temporary));
+    Ok(payload.into())
+}
+
+/// The required `computer_id` of restart, reset and delete.
+fn required_id(call: &Call<'_>) -> Result<ComputerId, CallError> {
+    let raw = call.args().required_string("computer_id")?;
+    parse_id(&raw, call)
+}
+
+/// `computer_restart`.
+pub(super) async fn restart(call: &Call<'_>) -> Result<Payload, CallError> {
+    audited("restart", call, restart_computer(call).await)
+}
+
+async fn restart_computer(call: &Call<'_>) -> Result<Payload, CallError> {
+    let id = required_id(call)?;
+    let registry = call.registry();
+    let restarted = registry.restart(&id, call.principal()).await?;
+    let mut payload = Map::new();
+    payload.insert("ok".into(), json!(true));
+    payload.insert("computer_id".into(), json!(id.slug()));
+    payload.insert("sandbox_id".into(), json!(restarted.sandbox.sandbox_id));
+    payload.insert("temporary".into(), json!(restarted.sandbox.temporary));
+    payload.insert("state_preserved".into(), json!(restarted.state_preserved));
+    if !restarted.state_preserved {
+        let backend = registry.backend().kind();
+        payload.insert(
+            "warning".into(),
+            json!(format!(
+                "{backend} cannot restart a computer and keep its files; '{id}' was recreated from its base image and its previous files are gone.",
+                id = id.slug()
+            )),
+        );
     }
+    Ok(payload.into())
 }
 
-pub async fn create(
-    registry: &Registry,
-    session: &Session,
-    arguments: Option<&JsonObject>,
-    progress: &dyn Progress,
-) -> CallToolResult {
-    let result = async {
-        let args = Args::new(CREATE, arguments);
-        let raw_id = args.string("computer_id").map_err(|e| e.to_string())?;
-        let temporary = args.boolean("temporary").map_err(|e| e.to_string())?;
-        let computer_id = raw_id
-            .filter(|id| !id.is_empty())
-            .map(|raw| parse_id(&raw, session))
-            .transpose()?;
-        let sandbox = registry
-            .acquire(
-                session,
-                computer_id,
-                temporary.unwrap_or(true),
-                Unnamed::Fresh,
-                progress,
-            )
-            .await
-            .map_err(|e| format::user_message(&e))?;
-        let mut payload = Map::new();
-        payload.insert("ok".into(), json!(true));
-        payload.insert("computer_id".into(), json!(sandbox.computer_id.slug()));
-        payload.insert("sandbox_id".into(), json!(sandbox.sandbox_id));
-        payload.insert("temporary".into(), json!(sandbox.temporary));
-        Ok(payload)
-    }
-    .await;
-    audit("create", session, arguments, &result);
-    respond(result)
+/// `computer_factory_reset`.
+pub(super) async fn factory_reset(call: &Call<'_>) -> Result<Payload, CallError> {
+    audited("factory_reset", call, reset_computer(call).await)
 }
 
-/// Decodes the required `computer_id` of restart, reset and delete.
-fn required_id(
-    tool: &'static str,
-    session: &Session,
-    arguments: Option<&JsonObject>,
-) -> Result<ComputerId, String> {
-    let raw = Args::new(tool, arguments)
-        .required_string("computer_id")
-        .map_err(|e| e.to_string())?;
-    parse_id(&raw, session)
+async fn reset_computer(call: &Call<'_>) -> Result<Payload, CallError> {
+    let id = required_id(call)?;
+    let sandbox = call
+        .registry()
+        .factory_reset(&id, call.principal(), call.progress)
+        .await?;
+    let mut payload = Map::new();
+    payload.insert("ok".into(), json!(true));
+    payload.insert("computer_id".into(), json!(id.slug()));
+    payload.insert("sandbox_id".into(), json!(sandbox.sandbox_id));
+    payload.insert("temporary".into(), json!(sandbox.temporary));
+    Ok(payload.into())
 }
 
-pub async fn restart(
-    registry: &Registry,
-    session: &Session,
-    arguments: Option<&JsonObject>,
-) -> CallToolResult {
-    let result = async {
-            let id = required_id(RESTART, session, arguments)?;
-            let restarted = registry.restart(&id, session.principal()).await.map_err(|e| format::user_message(&e))?;
-            let mut payload = Map::new();
-            payload.insert("ok".into(), json!(true));
-            payload.insert("computer_id".into(), json!(id.slug()));
-            payload.insert("sandbox_id".into(), json!(restarted.sandbox.sandbox_id));
-            payload.insert("temporary".into(), json!(restarted.sandbox.temporary));
-            payload.insert("state_preserved".into(), json!(restarted.state_preserved));
-            if !restarted.state_preserved {
-                let backend = registry.backend().kind();
-                payload.insert(
-                    "warning".into(),
-                    json!(format!(
-                        "{backend} cannot restart a computer and keep its files; '{id}' was recreated from its base image and its previous files are gone.",
-                        id = id.slug()
-                    )),
-                );
-            }
-            Ok(payload)
-        }
-        .await;
-    audit("restart", session, arguments, &result);
-    respond(result)
+/// `computer_delete`.
+pub(super) async fn delete(call: &Call<'_>) -> Result<Payload, CallError> {
+    audited("delete", call, delete_computer(call).await)
 }
 
-pub async fn factory_reset(
-    registry: &Registry,
-    session: &Session,
-    arguments: Option<&JsonObject>,
-    progress: &dyn Progress,
-) -> CallToolResult {
-    let result = async {
-        let id = required_id(FACTORY_RESET, session, arguments)?;
-        let sandbox = registry
-            .factory_reset(&id, session.principal(), progress)
-            .await
-            .map_err(|e| format::user_message(&e))?;
-        let mut payload = Map::new();
-        payload.insert("ok".into(), json!(true));
-        payload.insert("computer_id".into(), json!(id.slug()));
-        payload.insert("sandbox_id".into(), json!(sandbox.sandbox_id));
-        payload.insert("temporary".into(), json!(sandbox.temporary));
-        Ok(payload)
-    }
-    .await;
-    audit("factory_reset", session, arguments, &result);
-    respond(result)
-}
-
-pub async fn delete(
-    registry: &Registry,
-    session: &Session,
-    arguments: Option<&JsonObject>,
-) -> CallToolResult {
-    let result = async {
-        let id = required_id(DELETE, session, arguments)?;
-        registry
-            .delete(&id)
-            .await
-            .map_err(|e| format::user_message(&e))?;
-        let mut payload = Map::new();
-        payload.insert("ok".into(), json!(true));
-        payload.insert("computer_id".into(), json!(id.slug()));
-        payload.insert("deleted".into(), json!(true));
-        Ok(payload)
-    }
-    .await;
-    audit("delete", session, arguments, &result);
-    respond(result)
+async fn delete_computer(call: &Call<'_>) -> Result<Payload, CallError> {
+    let id = required_id(call)?;
+    call.registry().delete(&id).await?;
+    let mut payload = Map::new();
+    payload.insert("ok".into(), json!(true));
+    payload.insert("computer_id".into(), json!(id.slug()));
+    payload.insert("deleted".into(), json!(true));
+    Ok(payload.into())
 }

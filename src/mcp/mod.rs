@@ -1,11 +1,15 @@
 //! The MCP layer: the rmcp `ServerHandler` for one session, capabilities, tool listing and
 //! dispatch (docs/decisions.md, "MCP surface"). The only module besides `transport` that knows rmcp, and the
-//! only one that knows result JSON.
+//! only one that knows result JSON. Both `tools/list` and `tools/call` read the route table
+//! ([`routes`]); a call is one [`call::Call`] to its handler, answered at the edge by
+//! [`format::respond`].
 //!
 //! **API boundary:** everything a client can observe is produced here or in [`format`].
 
 pub mod args;
+mod call;
 pub mod description;
+mod execute;
 mod files;
 pub mod format;
 #[cfg(test)]
@@ -14,21 +18,25 @@ mod jobs;
 mod lifecycle;
 pub mod ports;
 mod progress;
-pub mod tools;
+mod routes;
 
 use std::sync::Arc;
 
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, Implementation, JsonObject, ListPromptsResult,
-    ListResourceTemplatesResult, ListResourcesResult, ListToolsResult, MetaObject,
-    PaginatedRequestParams, PromptsCapability, ReadResourceRequestParams, ReadResourceResponse,
-    ReadResourceResult, Resource, ResourceContents, ResourcesCapability, ServerCapabilities,
-    ServerConfig, Tool, ToolsCapability,
+    CallToolRequestParams, CallToolResponse, CallToolResult, Implementation, JsonObject,
+    ListPromptsResult, ListResourceTemplatesResult, ListResourcesResult, ListToolsResult,
+    MetaObject, PaginatedRequestParams, PromptsCapability, ReadResourceRequestParams,
+    ReadResourceResponse, ReadResourceResult, Resource, ResourceContents, ResourcesCapability,
+    ServerCapabilities, ServerConfig, Tool, ToolsCapability,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde_json::json;
+use tokio_util::sync::CancellationToken;
 
+use self::call::{Call, CallError};
+use self::routes::{Definitions, Switches};
+use crate::backends::Progress;
 use crate::dashboard;
 use crate::ids::Principal;
 use crate::jobs::Jobs;
@@ -43,15 +51,16 @@ pub struct Surface {
     pub registry: Arc<Registry>,
     /// The job service, when the job switch is on (docs/jobs.md, "Switch").
     pub jobs: Option<Arc<Jobs>>,
+    /// What `tools/list` answers: the routes the switches turn on, defined once at startup.
     tools: Vec<Tool>,
-    /// The file tools and the `computer://` resource template (docs/files.md).
-    file_tools: bool,
+    /// Which tools are on. The file switch also brings the `computer://` resource template
+    /// (docs/files.md); the lifecycle switch the dashboard resource and the UI extension
+    /// (docs/decisions.md, "Tool list").
+    switches: Switches,
     /// `port_url`'s forwarders; present with the file tools.
     pub ports: Option<Arc<Ports>>,
     /// The HTTP transport's base URL, for `port_url`'s `proxy_url` (unset in stdio mode).
     proxy_base: std::sync::OnceLock<String>,
-    /// Lifecycle tools, the dashboard resource and the UI extension (docs/decisions.md, "Tool list").
-    lifecycle_tools: bool,
     instructions: String,
 }
 
@@ -63,10 +72,18 @@ impl Surface {
         jobs: Option<Arc<Jobs>>,
         file_tools: bool,
     ) -> Arc<Self> {
-        let mut tools = vec![tools::terminal_execute_tool(
-            tool_description,
-            jobs.is_some(),
-        )];
+        let switches = Switches {
+            jobs: jobs.is_some(),
+            files: file_tools,
+            lifecycle: lifecycle_tools,
+        };
+        let definitions = Definitions {
+            description: tool_description,
+            job_tools: jobs.is_some(),
+            jobs_in_server: registry.backend().runs_jobs_in_server(),
+            output_limit: registry.limits().output_limit,
+        };
+        let tools = routes::tools(switches, &definitions);
         let mut instructions = INSTRUCTIONS.to_owned();
         if let Some(jobs) = &jobs {
             // A deleted or reset computer's jobs went with its processes (docs/jobs.md).
@@ -76,27 +93,20 @@ impl Surface {
                     jobs.forget_computer(id);
                 }
             }));
-            tools.extend(jobs::tools(registry.backend().runs_jobs_in_server()));
             instructions.push_str(jobs::INSTRUCTIONS);
         }
         let mut ports = None;
         if file_tools {
-            tools.extend(files::tools(registry.limits().output_limit));
-            tools.push(ports::tool());
             instructions.push_str(files::INSTRUCTIONS);
             ports = Some(Ports::new(registry.clone()));
-        }
-        if lifecycle_tools {
-            tools.extend(lifecycle::tools());
         }
         Arc::new(Self {
             registry,
             jobs,
             tools,
-            file_tools,
+            switches,
             ports,
             proxy_base: std::sync::OnceLock::new(),
-            lifecycle_tools,
             instructions,
         })
     }
@@ -104,6 +114,11 @@ impl Surface {
     /// Tells `port_url` where the HTTP transport serves `/computers/<id>/ports/<port>/`.
     pub fn set_proxy_base(&self, base: String) {
         let _ = self.proxy_base.set(base);
+    }
+
+    /// The HTTP transport's base URL, once it serves (never in stdio mode).
+    fn proxy_base(&self) -> Option<&str> {
+        self.proxy_base.get().map(String::as_str)
     }
 
     fn dashboard_meta() -> MetaObject {
@@ -136,6 +151,28 @@ impl SessionHandler {
     pub fn new(surface: Arc<Surface>, principal: Principal) -> Self {
         let session = surface.registry.open_session(principal);
         Self::with_session(surface, session)
+    }
+
+    /// One `tools/call`: the tool's route, its handler, and the answer as the wire has it.
+    async fn call(
+        &self,
+        name: &str,
+        arguments: Option<&JsonObject>,
+        progress: &dyn Progress,
+        cancel: &CancellationToken,
+    ) -> Result<CallToolResult, ErrorData> {
+        let Some(route) = routes::find(self.surface.switches, name) else {
+            return format::respond(Err(CallError::NotListed), format::ErrorText::Message);
+        };
+        let call = Call {
+            tool: route.name,
+            surface: &self.surface,
+            session: &self.session,
+            arguments,
+            progress,
+            cancel,
+        };
+        format::respond((route.handler)(&call).await, route.errors)
     }
 
     /// A handler for one sessionless request, holding computers by lease.
@@ -197,7 +234,7 @@ impl ServerHandler for SessionHandler {
         let mut prompts = PromptsCapability::default();
         prompts.list_changed = Some(false);
         capabilities.prompts = Some(prompts);
-        if self.surface.lifecycle_tools {
+        if self.surface.switches.lifecycle {
             let mut ui = JsonObject::new();
             ui.insert("mimeTypes".to_owned(), json!([dashboard::MIME_TYPE]));
             capabilities.extensions = Some(
@@ -231,7 +268,7 @@ impl ServerHandler for SessionHandler {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListResourcesResult, ErrorData> {
-        let resources = if self.surface.lifecycle_tools {
+        let resources = if self.surface.switches.lifecycle {
             vec![Surface::dashboard_resource()]
         } else {
             Vec::new()
@@ -244,7 +281,7 @@ impl ServerHandler for SessionHandler {
         request: ReadResourceRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<ReadResourceResponse, ErrorData> {
-        if self.surface.file_tools
+        if self.surface.switches.files
             && let Some(target) = files::parse_uri(&request.uri)
         {
             let (id, path) = target.map_err(|message| ErrorData::invalid_params(message, None))?;
@@ -260,7 +297,7 @@ impl ServerHandler for SessionHandler {
             .await
             .map(Into::into);
         }
-        if !self.surface.lifecycle_tools || request.uri != dashboard::RESOURCE_URI {
+        if !self.surface.switches.lifecycle || request.uri != dashboard::RESOURCE_URI {
             return Err(ErrorData::resource_not_found(
                 format!("Resource not found: {}", request.uri),
                 None,
@@ -280,7 +317,7 @@ impl ServerHandler for SessionHandler {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListResourceTemplatesResult, ErrorData> {
-        let templates = if self.surface.file_tools {
+        let templates = if self.surface.switches.files {
             vec![files::resource_template()]
         } else {
             Vec::new()
@@ -301,84 +338,13 @@ impl ServerHandler for SessionHandler {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        let registry = &self.surface.registry;
         let progress = progress::McpProgress::start(&context);
-        let jobs = self.surface.jobs.as_deref();
-        let session = &self.session;
         let arguments = request.arguments.as_ref();
-        let result = match (request.name.as_ref(), jobs) {
-            (tools::TERMINAL_EXECUTE, _) => {
-                tools::terminal_execute(registry, jobs, session, arguments, &progress, &context.ct)
-                    .await
-            }
-            (jobs::OUTPUT, Some(jobs)) => {
-                jobs::output(registry, jobs, session, arguments, &context.ct).await
-            }
-            (jobs::WRITE, Some(jobs)) => {
-                jobs::write(registry, jobs, session, arguments, &context.ct).await
-            }
-            (jobs::KILL, Some(jobs)) => {
-                jobs::kill(registry, jobs, session, arguments, &context.ct).await
-            }
-            (jobs::LIST, Some(jobs)) => {
-                jobs::list(registry, jobs, session, arguments, &context.ct).await
-            }
-            (files::READ | files::WRITE | files::LIST, _) if self.surface.file_tools => {
-                match request.name.as_ref() {
-                    files::READ => files::read(registry, session, arguments, &context.ct).await,
-                    files::WRITE => files::write(registry, session, arguments, &context.ct).await,
-                    _ => files::list(registry, session, arguments, &context.ct).await,
-                }
-            }
-            (ports::PORT_URL, _) if self.surface.ports.is_some() => {
-                let forwarders = self.surface.ports.as_deref();
-                let base = self.surface.proxy_base.get().map(String::as_str);
-                match forwarders {
-                    Some(forwarders) => {
-                        ports::port_url(registry, forwarders, base, session, arguments).await
-                    }
-                    None => None,
-                }
-            }
-            (name, _) if !self.surface.lifecycle_tools || self.get_tool(name).is_none() => {
-                return Err(ErrorData::invalid_params("tool not found", None));
-            }
-            (name, _) => match name {
-                lifecycle::DASHBOARD | lifecycle::LIST => {
-                    Some(lifecycle::list(registry, &self.session).await)
-                }
-                lifecycle::CREATE => Some(
-                    lifecycle::create(
-                        registry,
-                        &self.session,
-                        request.arguments.as_ref(),
-                        &progress,
-                    )
-                    .await,
-                ),
-                lifecycle::RESTART => Some(
-                    lifecycle::restart(registry, &self.session, request.arguments.as_ref()).await,
-                ),
-                lifecycle::FACTORY_RESET => Some(
-                    lifecycle::factory_reset(
-                        registry,
-                        &self.session,
-                        request.arguments.as_ref(),
-                        &progress,
-                    )
-                    .await,
-                ),
-                lifecycle::DELETE => Some(
-                    lifecycle::delete(registry, &self.session, request.arguments.as_ref()).await,
-                ),
-                _ => return Err(ErrorData::invalid_params("tool not found", None)),
-            },
-        };
+        let answer = self
+            .call(request.name.as_ref(), arguments, &progress, &context.ct)
+            .await;
+        // Pending progress notifications go out before the result.
         progress.finish().await;
-        match result {
-            Some(result) => Ok(result.into()),
-            // Cancelled by the client: rmcp does not send a response for a cancelled request.
-            None => Err(ErrorData::internal_error("request cancelled", None)),
-        }
+        answer.map(Into::into)
     }
 }

@@ -4,16 +4,15 @@
 //! the same port under the server's `/computers/<id>/ports/<port>/`, for HTTP clients that send
 //! the token.
 
-use rmcp::model::{CallToolResult, JsonObject, Tool};
+use rmcp::model::Tool;
 use serde_json::{Map, Value, json};
 
-use super::args::Args;
-use super::files::{
-    CallError, annotations, computer_id_property, decode_computer, invalid, mode_of,
-};
+use super::call::{Call, CallError, Payload};
+use super::files::{annotations, computer_id_property, decode_computer, mode_of};
 use super::format;
-use crate::ports::{PortError, PortUrl, Ports};
-use crate::registry::{Registry, Session, Unnamed};
+use super::routes::Definitions;
+use crate::ports::{PortError, PortUrl};
+use crate::registry::{Registry, Unnamed};
 
 pub const PORT_URL: &str = "port_url";
 
@@ -22,7 +21,7 @@ pub fn proxy_path(computer_id: &str, port: u16) -> String {
     format!("/computers/{computer_id}/ports/{port}/")
 }
 
-pub fn tool() -> Tool {
+pub(super) fn tool(_: &Definitions<'_>) -> Tool {
     Tool::new(
         PORT_URL,
         "Get a URL for a TCP port in a computer, e.g. a dev server started as a job, so a browser can open it. The server must already listen on that port (any address in the computer, 127.0.0.1 included).",
@@ -49,38 +48,23 @@ pub fn tool() -> Tool {
     .with_annotations(annotations(true))
 }
 
-pub async fn port_url(
-    registry: &Registry,
-    ports: &Ports,
-    proxy_base: Option<&str>,
-    session: &Session,
-    arguments: Option<&JsonObject>,
-) -> Option<CallToolResult> {
-    super::files::finish(call(registry, ports, proxy_base, session, arguments).await)
-}
-
-async fn call(
-    registry: &Registry,
-    ports: &Ports,
-    proxy_base: Option<&str>,
-    session: &Session,
-    arguments: Option<&JsonObject>,
-) -> Result<CallToolResult, CallError> {
-    let args = Args::new(PORT_URL, arguments);
-    let port = match args.integer("port").map_err(invalid)? {
+/// `port_url`.
+pub(super) async fn port_url(call: &Call<'_>) -> Result<Payload, CallError> {
+    let ports = call.ports()?;
+    let (registry, session) = (call.registry(), call.session);
+    let args = call.args();
+    let port = match args.integer("port")? {
         Some(port) if (1..=65535).contains(&port) => port as u16,
         Some(port) => {
-            return Err(invalid(format!(
+            return Err(CallError::invalid(format!(
                 "port must be between 1 and 65535, got: {port}"
             )));
         }
-        None => return Err(invalid("port is required.")),
+        None => return Err(CallError::invalid("port is required.")),
     };
     let computer = decode_computer(&args, session)?;
     if !registry.backend().has_ports() {
-        return Err(CallError::Registry(
-            registry.backend().no_ports().to_string(),
-        ));
+        return Err(registry.backend().no_ports().into());
     }
     let temporary = mode_of(registry, session, computer.as_ref()).await?;
     let sandbox = registry
@@ -93,10 +77,7 @@ async fn call(
         )
         .await?;
     let id = sandbox.computer_id.slug().to_owned();
-    let url = ports
-        .url(&sandbox, port)
-        .await
-        .map_err(|error| CallError::Registry(message(&error)))?;
+    let url = ports.url(&sandbox, port).await?;
     let mut payload = Map::new();
     payload.insert("computer_id".into(), Value::String(id.clone()));
     payload.insert("port".into(), json!(port));
@@ -106,7 +87,7 @@ async fn call(
         }
         PortUrl::Origin(url) => {
             payload.insert("url".into(), Value::String(url));
-            if let Some(base) = proxy_base {
+            if let Some(base) = call.surface.proxy_base() {
                 payload.insert(
                     "proxy_url".into(),
                     Value::String(format!("{base}{}", proxy_path(&id, port))),
@@ -125,7 +106,7 @@ async fn call(
             }
         }
     }
-    Ok(format::success(payload))
+    Ok(payload.into())
 }
 
 /// The user-facing text of a port failure.

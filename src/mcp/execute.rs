@@ -1,19 +1,19 @@
-//! Tool definitions (names, schemas, descriptions, annotations exactly as docs/decisions.md, "Tool list"
-//! and "terminal_execute validation") and one thin function per tool that decodes arguments, calls the registry and formats
-//! the result. No provider logic and no lifecycle rules live here.
+//! `terminal_execute` (docs/decisions.md, "Tool list" and "terminal_execute validation"): its
+//! definition, the arguments checked before anything is created, and the six result fields of
+//! a finished command. With `yield_after` the command runs as a job (`jobs.rs`). No provider
+//! logic and no lifecycle rules live here.
 
-use rmcp::model::{CallToolResult, JsonObject, MetaObject, Tool, ToolAnnotations};
+use rmcp::model::{MetaObject, Tool, ToolAnnotations};
 use serde_json::{Map, Value, json};
-use tokio_util::sync::CancellationToken;
 
-use super::args::{ArgError, Args};
+use super::args::Args;
+use super::call::{Call, CallError, Payload};
 use super::format;
-use crate::backends::Progress;
+use super::routes::Definitions;
 use crate::config::MAX_TIMEOUT_SECS;
 use crate::exec::{ExecOutcome, ExecRequest, Program, STDIN_LIMIT};
 use crate::ids::ComputerId;
-use crate::jobs::{Jobs, StartRequest};
-use crate::registry::{Registry, RegistryError, Session};
+use crate::jobs::StartRequest;
 
 pub const TERMINAL_EXECUTE: &str = "terminal_execute";
 
@@ -26,7 +26,7 @@ fn ui_meta() -> MetaObject {
 
 /// `terminal_execute` with the description assembled at startup; with the job switch on it
 /// gains `yield_after` and `keep_stdin_open`, and its result may be a running job.
-pub fn terminal_execute_tool(description: &str, job_tools: bool) -> Tool {
+pub(super) fn tool(definitions: &Definitions<'_>) -> Tool {
     let mut input = json!({
         "type": "object",
         "properties": {
@@ -55,7 +55,7 @@ pub fn terminal_execute_tool(description: &str, job_tools: bool) -> Tool {
             {"required": ["error"]}
         ]
     });
-    if job_tools {
+    if definitions.job_tools {
         if let (Some(properties), Value::Object(extra)) = (
             input["properties"].as_object_mut(),
             super::jobs::execute_properties(),
@@ -72,7 +72,7 @@ pub fn terminal_execute_tool(description: &str, job_tools: bool) -> Tool {
     annotations.open_world_hint = Some(true);
     Tool::new(
         TERMINAL_EXECUTE,
-        description.to_owned(),
+        definitions.description.to_owned(),
         format::object(input),
     )
     .with_raw_output_schema(format::object(output))
@@ -109,25 +109,20 @@ fn is_under_proc(dir: &str) -> bool {
     parts.first() == Some(&"proc")
 }
 
+/// The checks in the documented order: the first offending property in schema order, then
+/// the rules between them.
 fn decode_execute(
-    arguments: Option<&JsonObject>,
+    args: &Args<'_>,
     default_timeout: u64,
     job_tools: bool,
-) -> Result<ExecuteCall, String> {
-    let args = Args::new(TERMINAL_EXECUTE, arguments);
-    let decode = || -> Result<_, ArgError> {
-        Ok((
-            args.string("command")?,
-            args.string_list("args")?,
-            args.string("stdin")?,
-            args.string("working_directory")?,
-            args.integer("timeout")?,
-            args.string("computer_id")?,
-            args.boolean("temporary")?,
-        ))
-    };
-    let (command, argv, stdin, working_dir, timeout, computer_id, temporary) =
-        decode().map_err(|e| e.to_string())?;
+) -> Result<ExecuteCall, CallError> {
+    let command = args.string("command")?;
+    let argv = args.string_list("args")?;
+    let stdin = args.string("stdin")?;
+    let working_dir = args.string("working_directory")?;
+    let timeout = args.integer("timeout")?;
+    let computer_id = args.string("computer_id")?;
+    let temporary = args.boolean("temporary")?;
     // Empty values mean "absent" (docs/decisions.md, "terminal_execute validation").
     let command = command.filter(|c| !c.is_empty());
     let argv = argv.filter(|a| !a.is_empty());
@@ -135,37 +130,43 @@ fn decode_execute(
     let working_dir = working_dir.filter(|w| !w.is_empty());
     let program = match (command, argv) {
         (Some(_), Some(_)) => {
-            return Err("Cannot provide both 'command' and 'args'. Use 'command' for shell commands or 'args' for direct execution.".to_owned());
+            return Err(CallError::invalid(
+                "Cannot provide both 'command' and 'args'. Use 'command' for shell commands or 'args' for direct execution.",
+            ));
         }
-        (None, None) => return Err("Must provide either 'command' or 'args'.".to_owned()),
+        (None, None) => {
+            return Err(CallError::invalid(
+                "Must provide either 'command' or 'args'.",
+            ));
+        }
         (Some(command), None) => Program::Shell(command),
         (None, Some(argv)) => Program::Args(argv),
     };
     if let Some(dir) = &working_dir
         && !dir.starts_with('/')
     {
-        return Err(format!(
+        return Err(CallError::invalid(format!(
             "working_directory must be an absolute path, got: {dir}"
-        ));
+        )));
     }
     if let Some(dir) = &working_dir
         && is_under_proc(dir)
     {
-        return Err(format!(
+        return Err(CallError::invalid(format!(
             "working_directory must not be under /proc, got: {dir}"
-        ));
+        )));
     }
     let job = if job_tools {
-        Some(super::jobs::decode_yield(&args)?)
+        Some(super::jobs::decode_yield(args)?)
     } else {
         None
     };
     let timeout_secs = match timeout {
-        Some(t) if t < 1 => return Err("timeout must be at least 1 second.".to_owned()),
+        Some(t) if t < 1 => return Err(CallError::invalid("timeout must be at least 1 second.")),
         Some(t) if t.unsigned_abs() > MAX_TIMEOUT_SECS => {
-            return Err(format!(
+            return Err(CallError::invalid(format!(
                 "timeout must be at most {MAX_TIMEOUT_SECS} seconds (one week)."
-            ));
+            )));
         }
         Some(t) => t.unsigned_abs(),
         None => default_timeout,
@@ -173,15 +174,12 @@ fn decode_execute(
     if let Some(stdin) = &stdin
         && stdin.len() > STDIN_LIMIT
     {
-        return Err(format!(
+        return Err(CallError::invalid(format!(
             "stdin content exceeds the 2 MiB limit ({} bytes). Split into smaller chunks or use a different approach.",
             stdin.len()
-        ));
+        )));
     }
-    let computer_id = computer_id
-        .map(|raw| ComputerId::parse(&raw))
-        .transpose()
-        .map_err(|e| e.to_string())?;
+    let computer_id = computer_id.map(|raw| ComputerId::parse(&raw)).transpose()?;
     Ok(ExecuteCall {
         request: ExecRequest {
             program,
@@ -196,63 +194,42 @@ fn decode_execute(
     })
 }
 
-/// `terminal_execute`: `Ok(None)` when the client cancelled (no result is sent).
-pub async fn terminal_execute(
-    registry: &Registry,
-    jobs: Option<&Jobs>,
-    session: &Session,
-    arguments: Option<&JsonObject>,
-    progress: &dyn Progress,
-    cancel: &CancellationToken,
-) -> Option<CallToolResult> {
-    let mut call = match decode_execute(
-        arguments,
+/// `terminal_execute`: the command's six fields once it ended, or with `yield_after` the job's.
+pub(super) async fn terminal_execute(call: &Call<'_>) -> Result<Payload, CallError> {
+    let registry = call.registry();
+    let jobs = call.surface.jobs.as_deref();
+    let mut execute = decode_execute(
+        &call.args(),
         registry.limits().default_timeout_secs,
         jobs.is_some(),
-    ) {
-        Ok(call) => call,
-        Err(message) => return Some(format::error(message)),
-    };
-    call.computer_id = call.computer_id.map(|id| id.owned_by(session.principal()));
-    if let (Some(jobs), Some(job)) = (jobs, &call.job)
+    )?;
+    execute.computer_id = execute.computer_id.map(|id| id.owned_by(call.principal()));
+    if let (Some(jobs), Some(job)) = (jobs, &execute.job)
         && let Some(yield_after) = job.yield_after
     {
         let request = StartRequest {
             // A job's limit is its own: `timeout` only when given (docs/jobs.md).
-            timeout_secs: call.timeout_given.then_some(call.request.timeout_secs),
-            program: call.request.program,
-            stdin: call.request.stdin,
-            working_dir: call.request.working_dir,
+            timeout_secs: execute
+                .timeout_given
+                .then_some(execute.request.timeout_secs),
+            program: execute.request.program,
+            stdin: execute.request.stdin,
+            working_dir: execute.request.working_dir,
             keep_stdin_open: job.keep_stdin_open,
         };
-        return super::jobs::execute(
-            registry,
-            jobs,
-            session,
-            call.computer_id,
-            call.temporary,
-            request,
-            yield_after,
-            progress,
-            cancel,
-        )
-        .await;
+        let computer = (execute.computer_id, execute.temporary);
+        return super::jobs::execute(call, jobs, computer, request, yield_after).await;
     }
     let executed = registry
         .execute(
-            session,
-            call.computer_id,
-            call.temporary,
-            &call.request,
-            progress,
-            cancel,
+            call.session,
+            execute.computer_id,
+            execute.temporary,
+            &execute.request,
+            call.progress,
+            call.cancel,
         )
-        .await;
-    let executed = match executed {
-        Ok(executed) => executed,
-        Err(RegistryError::Cancelled) => return None,
-        Err(error) => return Some(format::error(format::user_message(&error))),
-    };
+        .await?;
     let (stdout, stderr, exit_code, duration) = match executed.outcome {
         ExecOutcome::Completed {
             stdout,
@@ -300,7 +277,7 @@ pub async fn terminal_execute(
         "exec_duration_ms".into(),
         json!(u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)),
     );
-    Some(format::success(payload))
+    Ok(payload.into())
 }
 
 #[cfg(test)]
@@ -308,7 +285,9 @@ mod tests {
     use super::*;
 
     fn decode(value: Value) -> Result<ExecuteCall, String> {
-        decode_execute(value.as_object(), 120, false)
+        let arguments = value.as_object();
+        decode_execute(&Args::new(TERMINAL_EXECUTE, arguments), 120, false)
+            .map_err(|error| error.to_string())
     }
 
     #[test]
