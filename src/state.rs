@@ -1,12 +1,10 @@
 //! Files under the state dir `~/.mcp-sandbox-computer-vm-for-ai/`: this process's instance
 //! lock, the discovery of other instances' locks for crash GC (docs/decisions.md, "Crash recovery"), and the
-//! access token generated for an HTTP listener started without one. Also the per-user private
-//! directory under the shared temp dir that holds temporary WASM computers: created 0700, and
-//! trusted only while it is a real directory that we own and nobody else can enter (another
-//! local user could otherwise plant a computer there).
+//! access token generated for an HTTP listener started without one. (The WASM backends' private
+//! directory under the shared temp dir is their crate's, `kilntainers_wasm::private_dir`.)
 //!
-//! A leaf module: it knows neither providers nor MCP. The OS releases an advisory lock when its
-//! process dies however it dies, so "lockable" means "dead".
+//! Uses only the backend API's ids and `Secret`: it knows neither providers nor MCP. The OS
+//! releases an advisory lock when its process dies however it dies, so "lockable" means "dead".
 
 use std::fs::{self, File, TryLockError};
 use std::io::{self, Read, Write};

@@ -1,7 +1,8 @@
 //! The validated configuration. [`Config::from_cli`] applies docs/decisions.md, "Startup validation" in order and produces
 //! one section per concern, so nothing downstream re-checks a flag (ripgrep's HiArgs).
 //!
-//! A leaf module: it knows neither MCP nor any provider API.
+//! Below every service: it uses `cli`, `state` and the section types of the provider crates,
+//! and knows neither MCP nor any provider API.
 
 #[cfg(feature = "e2b")]
 pub mod e2b;
