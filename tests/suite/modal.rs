@@ -241,7 +241,7 @@ async fn contract_create_exec_rediscover_and_terminate_against_fake() {
         })
         .unwrap();
     assert!(task.wait_until_ready);
-    assert_eq!(task.sandbox_id, sandbox.sandbox_id);
+    assert_eq!(task.sandbox_id, sandbox.sandbox_id.as_str());
     let tags = log
         .iter()
         .find_map(|r| match r {
@@ -613,7 +613,7 @@ async fn contract_port_route_is_the_tunnel_opened_at_creation_against_fake() {
     let route = backend.port_route(&sandbox, 8080).await.unwrap();
     let expected = format!(
         "https://{}-8080.fake-modal.test/",
-        sandbox.sandbox_id.to_ascii_lowercase()
+        sandbox.sandbox_id.as_str().to_ascii_lowercase()
     );
     match route {
         backends::PortRoute::Provider { url, public } => {
@@ -629,11 +629,9 @@ async fn contract_port_route_is_the_tunnel_opened_at_creation_against_fake() {
             "Port 9090 is not open on Modal computer '{id}': Modal opens ports only when it creates a sandbox, for the ports in --modal-ports. Start the server with --modal-ports 9090 and use a new computer (or factory-reset this one)."
         )
     );
-    assert!(
-        requests(&fake)
-            .iter()
-            .any(|r| matches!(r, Req::SandboxGetTunnels(t) if t.sandbox_id == sandbox.sandbox_id))
-    );
+    assert!(requests(&fake).iter().any(
+        |r| matches!(r, Req::SandboxGetTunnels(t) if t.sandbox_id == sandbox.sandbox_id.as_str())
+    ));
     backend.remove(&sandbox).await.unwrap();
 
     // Without --modal-ports nothing is opened and every port is refused.

@@ -211,7 +211,7 @@ async fn busybox_escapes_stay_inside_the_root() {
     let place = Place::new();
     let b = place.busybox(&[]);
     let s = create(b.as_ref(), "escape", true).await;
-    let root = private_dir(&place).join(&s.sandbox_id).join("root");
+    let root = private_dir(&place).join(s.sandbox_id.as_str()).join("root");
     // `..` in working_directory is clamped at the root.
     let r = run(b.as_ref(), &s, args(&["pwd"]), None, Some("/../../x"), 30)
         .await
@@ -339,7 +339,7 @@ async fn busybox_permanent_computers_survive_and_lifecycle_works() {
     let place = Place::new();
     let b = place.busybox(&[]);
     let s = create(b.as_ref(), "keeper", false).await;
-    assert_eq!(s.sandbox_id, "kilntainers-wasm-keeper");
+    assert_eq!(s.sandbox_id.as_str(), "kilntainers-wasm-keeper");
     sh(b.as_ref(), &s, "echo kept > k").await;
     drop(b);
     // A new server finds it by id.
@@ -639,7 +639,7 @@ async fn issue_15_planted_computers_with_symlinked_roots_are_never_used() {
             .code,
         7
     );
-    let dir = private_dir(&place).join(&ours.sandbox_id);
+    let dir = private_dir(&place).join(ours.sandbox_id.as_str());
     for path in [private_dir(&place), dir.clone(), dir.join("root")] {
         let meta = std::fs::symlink_metadata(&path).unwrap();
         assert_eq!(meta.mode() & 0o7777, 0o700, "{}", path.display());

@@ -24,7 +24,7 @@ use super::{
     Backend, BackendError, ComputerInfo, CreateSpec, ExecEnd, ExecSpec, Found, OutputSink,
     PortRoute, PortStream, Progress, Restarted, SandboxRef, SinkControl, Stream,
 };
-use crate::ids::{ComputerId, ExecId, InstanceId};
+use crate::ids::{ComputerId, ExecId, InstanceId, SandboxId};
 
 /// How long [`FakeBackend::wait_until`] and [`within`] wait, in tokio time, before they fail the
 /// test: long
@@ -59,7 +59,7 @@ pub enum Call {
     Removed(ComputerId),
     ExecStart {
         computer: ComputerId,
-        sandbox_id: String,
+        sandbox_id: SandboxId,
         command: String,
         exec_id: ExecId,
     },
@@ -183,9 +183,9 @@ struct State {
 }
 
 impl State {
-    fn new_sandbox_id(&mut self) -> String {
+    fn new_sandbox_id(&mut self) -> SandboxId {
         self.next_incarnation += 1;
-        format!("sb{}", self.next_incarnation)
+        SandboxId::new(format!("sb{}", self.next_incarnation))
     }
 }
 

@@ -296,6 +296,30 @@ impl fmt::Display for InstanceId {
     }
 }
 
+/// The provider's handle of one incarnation of a computer: a container id (12 hex digits) on
+/// Docker, a Machine id on Fly, a sandbox id on E2B and Modal, a directory name for WASM. It
+/// changes on factory reset while the [`ComputerId`] stays, so the two must never be confused:
+/// backends take this type where they talk to the provider about an incarnation.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+pub struct SandboxId(String);
+
+impl SandboxId {
+    /// Whatever the provider calls the incarnation; the provider's answer is the only source.
+    pub fn new(id: impl Into<String>) -> Self {
+        Self(id.into())
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for SandboxId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 /// The exec tag: a UUID v4 set as `KILNTAINERS_EXEC_ID` on a command so its whole process tree
 /// can be found and killed (docs/decisions.md, "Killing a command").
 #[derive(Debug, Clone, PartialEq, Eq)]

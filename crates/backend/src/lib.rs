@@ -25,7 +25,7 @@ use std::collections::HashSet;
 use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
-use crate::ids::{ComputerId, ExecId, InstanceId, Principal};
+use crate::ids::{ComputerId, ExecId, InstanceId, Principal, SandboxId};
 use files::FileSystem;
 
 /// The image every default configuration uses, and the one the exact reference tool text
@@ -48,7 +48,7 @@ pub struct Common {
 pub struct SandboxRef {
     pub computer_id: ComputerId,
     /// Provider handle (12-char container id on Docker); changes on factory reset.
-    pub sandbox_id: String,
+    pub sandbox_id: SandboxId,
     pub temporary: bool,
     /// The base image recorded on the computer (label), used again by factory reset.
     pub image: String,
@@ -179,10 +179,10 @@ pub enum BackendError {
     Vanished(ComputerId),
     /// The computer exists but is not running (stopped or died); starting it may help.
     #[error("Sandbox {0} is not running")]
-    NotRunning(String),
+    NotRunning(SandboxId),
     /// The computer died while a command ran.
     #[error("Sandbox {0} died during command execution")]
-    DiedDuringExec(String),
+    DiedDuringExec(SandboxId),
     /// Any other provider failure, already phrased for the user (names the computer and call).
     #[error("{0}")]
     Provider(String),

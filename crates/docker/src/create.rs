@@ -14,7 +14,7 @@ use futures_util::StreamExt;
 use tracing::{info, warn};
 
 use super::{DockerBackend, describe, is_running, status_of};
-use kilntainers_backend::ids::{ComputerId, InstanceId, Principal};
+use kilntainers_backend::ids::{ComputerId, InstanceId, Principal, SandboxId};
 use kilntainers_backend::labels::{docker as label, format_bool};
 use kilntainers_backend::posix::keep_alive_argv;
 use kilntainers_backend::{Backend, BackendError, CreateSpec, NoProgress, Progress, SandboxRef};
@@ -221,7 +221,7 @@ async fn new_container(backend: &DockerBackend, wanted: Wanted<'_>) -> Result<Ma
     };
     let sandbox = SandboxRef {
         computer_id: wanted.computer_id.clone(),
-        sandbox_id: created.id.chars().take(12).collect(),
+        sandbox_id: SandboxId::new(created.id.chars().take(12).collect::<String>()),
         temporary: wanted.temporary,
         image: wanted.image,
     };
@@ -233,7 +233,7 @@ async fn new_container(backend: &DockerBackend, wanted: Wanted<'_>) -> Result<Ma
         }),
         Err(error) => {
             // Never leave a half-made computer behind, permanent ones included.
-            backend.helpers.forget(&sandbox.sandbox_id);
+            backend.helpers.forget(sandbox.sandbox_id.as_str());
             let _ = backend.remove_container(&created.id).await;
             Err(Refused::Failed(error))
         }
@@ -249,7 +249,7 @@ async fn start(
     // The exec helper's upload (~1.5 MB) overlaps the start: readiness needs both, and neither
     // needs the other.
     let (started, ()) = tokio::join!(
-        docker.start_container(&sandbox.sandbox_id, None::<StartContainerOptions>),
+        docker.start_container(sandbox.sandbox_id.as_str(), None::<StartContainerOptions>),
         backend.helpers.install(docker, sandbox),
     );
     started.map_err(|e| {
@@ -259,12 +259,12 @@ async fn start(
             describe(&e)
         ))
     })?;
-    match backend.inspect(&sandbox.sandbox_id).await? {
+    match backend.inspect(sandbox.sandbox_id.as_str()).await? {
         Some(inspect) if is_running(&inspect) => {
             backend.readiness(sandbox).await?;
             Ok(inspect.state.and_then(|s| s.started_at))
         }
-        _ => Err(backend.exited_immediately(&sandbox.sandbox_id)),
+        _ => Err(backend.exited_immediately(sandbox.sandbox_id.as_str())),
     }
 }
 

@@ -118,7 +118,7 @@ async fn engine_exec(
         ..Default::default()
     };
     let created = docker
-        .create_exec(&sandbox.sandbox_id, options)
+        .create_exec(sandbox.sandbox_id.as_str(), options)
         .await
         .map_err(|e| create_error(sandbox, &e))?;
     let start = StartExecOptions {
@@ -212,7 +212,7 @@ async fn container_died(
 }
 
 async fn backend_running(backend: &DockerBackend, sandbox: &SandboxRef) -> bool {
-    matches!(backend.inspect(&sandbox.sandbox_id).await, Ok(Some(inspect)) if super::is_running(&inspect))
+    matches!(backend.inspect(sandbox.sandbox_id.as_str()).await, Ok(Some(inspect)) if super::is_running(&inspect))
 }
 
 async fn died_or(backend: &DockerBackend, sandbox: &SandboxRef, message: String) -> BackendError {

@@ -33,7 +33,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::config::{DockerConfig, Engine, EngineAddress, scheme};
-use kilntainers_backend::ids::{ComputerId, ExecId, InstanceId};
+use kilntainers_backend::ids::{ComputerId, ExecId, InstanceId, SandboxId};
 use kilntainers_backend::labels::{self, docker as label};
 use kilntainers_backend::posix::{self, SweepReach, shell_basename};
 use kilntainers_backend::{
@@ -208,7 +208,7 @@ impl DockerBackend {
         }
         Ok(SandboxRef {
             computer_id: id.clone(),
-            sandbox_id: full_id[..12].to_owned(),
+            sandbox_id: SandboxId::new(full_id[..12].to_owned()),
             temporary: labels::parse_temporary(labels.get(label::TEMPORARY).map(String::as_str)),
             image: labels
                 .get(label::IMAGE)
@@ -245,7 +245,7 @@ impl DockerBackend {
         self.networks.adopt_legacy(docker, &inspect).await?;
         if !is_running(&inspect) {
             // Whatever helper connection there was died with the container.
-            self.helpers.forget(&sandbox.sandbox_id);
+            self.helpers.forget(sandbox.sandbox_id.as_str());
             if let Err(e) = docker
                 .start_container(&name, None::<StartContainerOptions>)
                 .await
@@ -268,7 +268,7 @@ impl DockerBackend {
                 ))
             })?;
             if !is_running(&inspect) {
-                return Err(self.exited_immediately(&sandbox.sandbox_id));
+                return Err(self.exited_immediately(sandbox.sandbox_id.as_str()));
             }
         }
         self.readiness(sandbox).await
@@ -330,7 +330,9 @@ impl DockerBackend {
             .await
         {
             Some(outcome) => outcome,
-            None => exec::run_simple(docker, &sandbox.sandbox_id, argv, READINESS_TIMEOUT).await,
+            None => {
+                exec::run_simple(docker, sandbox.sandbox_id.as_str(), argv, READINESS_TIMEOUT).await
+            }
         };
         match outcome {
             Ok((0, stdout)) if posix::shows_ready(&stdout) => Ok(()),
@@ -500,7 +502,7 @@ impl Backend for DockerBackend {
         let docker = self.client().await?;
         let name = Self::container_name(&sandbox.computer_id);
         // The restart kills the helper; the next command connects a new one.
-        self.helpers.forget(&sandbox.sandbox_id);
+        self.helpers.forget(sandbox.sandbox_id.as_str());
         let old_pid = self.main_pid(sandbox).await?;
         // Restart, not stop + start: stopping a temporary (auto-removed) container removes it.
         let options = RestartContainerOptionsBuilder::default()
@@ -531,7 +533,7 @@ impl Backend for DockerBackend {
     }
 
     async fn remove(&self, sandbox: &SandboxRef) -> Result<(), BackendError> {
-        self.helpers.forget(&sandbox.sandbox_id);
+        self.helpers.forget(sandbox.sandbox_id.as_str());
         let name = Self::container_name(&sandbox.computer_id);
         // The networks it was on, to remove those it was the last computer on.
         let networks = match self.inspect(&name).await? {
@@ -581,12 +583,17 @@ impl Backend for DockerBackend {
         }
         let argv = posix::kill_sweep_argv(&self.shell, exec_id, SweepReach::TaggedAndOrphans);
         let docker = self.client().await?;
-        exec::run_simple(docker, &sandbox.sandbox_id, argv, posix::KILL_SWEEP_TIMEOUT)
-            .await
-            .map(drop)
-            .map_err(|e| {
-                BackendError::Provider(format!("kill sweep in {} failed: {e}", sandbox.sandbox_id))
-            })
+        exec::run_simple(
+            docker,
+            sandbox.sandbox_id.as_str(),
+            argv,
+            posix::KILL_SWEEP_TIMEOUT,
+        )
+        .await
+        .map(drop)
+        .map_err(|e| {
+            BackendError::Provider(format!("kill sweep in {} failed: {e}", sandbox.sandbox_id))
+        })
     }
 
     async fn collect_orphans(

@@ -238,7 +238,7 @@ async fn adopt(
     owner: &Principal,
 ) -> Adoption {
     let container = &spare.sandbox.sandbox_id;
-    let inspect = match backend.inspect(container).await {
+    let inspect = match backend.inspect(container.as_str()).await {
         Ok(Some(inspect)) => inspect,
         Ok(None) => return Adoption::Unfit("it no longer exists".to_owned()),
         Err(error) => {
@@ -252,13 +252,17 @@ async fn adopt(
     let Ok(docker) = backend.client().await else {
         return Adoption::EngineTrouble;
     };
-    if let Err(error) = backend.networks.hand_over(docker, container, owner).await {
+    if let Err(error) = backend
+        .networks
+        .hand_over(docker, container.as_str(), owner)
+        .await
+    {
         return Adoption::Unfit(error.to_string());
     }
     let options = RenameContainerOptionsBuilder::default()
         .name(&DockerBackend::container_name(id))
         .build();
-    match docker.rename_container(container, options).await {
+    match docker.rename_container(container.as_str(), options).await {
         Ok(()) => Adoption::Adopted(SandboxRef {
             computer_id: id.clone(),
             sandbox_id: container.clone(),
@@ -299,8 +303,10 @@ fn still_as_made(inspect: &ContainerInspectResponse, spare: &Made) -> Result<(),
 
 /// Removes a spare; a failure is logged and returned (shutdown reports it).
 async fn discard(backend: &DockerBackend, spare: &Made) -> Result<(), BackendError> {
-    backend.helpers.forget(&spare.sandbox.sandbox_id);
-    let removed = backend.remove_container(&spare.sandbox.sandbox_id).await;
+    backend.helpers.forget(spare.sandbox.sandbox_id.as_str());
+    let removed = backend
+        .remove_container(spare.sandbox.sandbox_id.as_str())
+        .await;
     if let Err(error) = &removed {
         warn!(container = %spare.sandbox.sandbox_id, %error, "could not remove a warm-pool spare");
     }

@@ -34,7 +34,7 @@ pub(super) async fn connect(
     sandbox: &SandboxRef,
     port: u16,
 ) -> Result<Box<dyn PortStream>, BackendError> {
-    let Some(inspected) = backend.inspect(&sandbox.sandbox_id).await? else {
+    let Some(inspected) = backend.inspect(sandbox.sandbox_id.as_str()).await? else {
         return Err(BackendError::Vanished(sandbox.computer_id.clone()));
     };
     let running = inspected
@@ -156,7 +156,7 @@ async fn through_helper(
         ))
     };
     let created = docker
-        .create_exec(&sandbox.sandbox_id, options)
+        .create_exec(sandbox.sandbox_id.as_str(), options)
         .await
         .map_err(engine_error)?;
     let start = StartExecOptions {

@@ -553,8 +553,8 @@ impl E2bBackend {
             http: self.envd_http.clone(),
             base: self
                 .config
-                .envd_base(&sandbox.sandbox_id, conn.domain.as_deref()),
-            sandbox_id: sandbox.sandbox_id.clone(),
+                .envd_base(sandbox.sandbox_id.as_str(), conn.domain.as_deref()),
+            sandbox_id: sandbox.sandbox_id.as_str().to_owned(),
             token: conn.token,
         })
     }

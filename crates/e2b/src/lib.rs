@@ -31,7 +31,7 @@ use crate::config::E2bConfig;
 use api::{Api, ApiError, Connected, KEY_HINT, NewSandbox};
 use kilntainers_backend::Common;
 use kilntainers_backend::files::FileSystem;
-use kilntainers_backend::ids::{ComputerId, ExecId, InstanceId, Principal};
+use kilntainers_backend::ids::{ComputerId, ExecId, InstanceId, Principal, SandboxId};
 use kilntainers_backend::labels::{self, e2b as meta};
 use kilntainers_backend::posix::{self, KILL_SWEEP_TIMEOUT, SweepReach, shell_basename};
 use kilntainers_backend::{
@@ -157,7 +157,7 @@ impl E2bBackend {
     fn sandbox_from(&self, id: &ComputerId, row: &api::Listed) -> SandboxRef {
         SandboxRef {
             computer_id: id.clone(),
-            sandbox_id: row.sandbox_id.clone(),
+            sandbox_id: SandboxId::new(row.sandbox_id.clone()),
             temporary: labels::parse_temporary(row.meta(meta::TEMPORARY)),
             image: row
                 .meta(meta::IMAGE)
@@ -183,7 +183,10 @@ impl E2bBackend {
     async fn connect(&self, sandbox: &SandboxRef) -> Result<(), BackendError> {
         match self
             .api
-            .connect(&sandbox.sandbox_id, self.config.sandbox_timeout_secs)
+            .connect(
+                sandbox.sandbox_id.as_str(),
+                self.config.sandbox_timeout_secs,
+            )
             .await
         {
             Ok(Connected::Running(found) | Connected::Resumed(found)) => {
@@ -191,7 +194,7 @@ impl E2bBackend {
                 Ok(())
             }
             Err(e) if e.status() == Some(404) => {
-                self.conns().remove(&sandbox.sandbox_id);
+                self.conns().remove(sandbox.sandbox_id.as_str());
                 Err(BackendError::Vanished(sandbox.computer_id.clone()))
             }
             Err(e) => Err(e.into_backend(format!(
@@ -204,12 +207,12 @@ impl E2bBackend {
     /// The envd connection for `sandbox`, connecting first if this process has none yet, and
     /// extending the lifetime when a quarter of it has passed since the last extension.
     async fn conn(&self, sandbox: &SandboxRef) -> Result<Conn, BackendError> {
-        let known = self.conns().get(&sandbox.sandbox_id).cloned();
+        let known = self.conns().get(sandbox.sandbox_id.as_str()).cloned();
         let Some(conn) = known else {
             self.connect(sandbox).await?;
             return self
                 .conns()
-                .get(&sandbox.sandbox_id)
+                .get(sandbox.sandbox_id.as_str())
                 .cloned()
                 .ok_or_else(|| BackendError::Vanished(sandbox.computer_id.clone()));
         };
@@ -217,11 +220,14 @@ impl E2bBackend {
         if conn.extended_at.elapsed() >= every {
             match self
                 .api
-                .set_timeout(&sandbox.sandbox_id, self.config.sandbox_timeout_secs)
+                .set_timeout(
+                    sandbox.sandbox_id.as_str(),
+                    self.config.sandbox_timeout_secs,
+                )
                 .await
             {
                 Ok(()) => {
-                    if let Some(c) = self.conns().get_mut(&sandbox.sandbox_id) {
+                    if let Some(c) = self.conns().get_mut(sandbox.sandbox_id.as_str()) {
                         c.extended_at = Instant::now();
                     }
                 }
@@ -263,11 +269,14 @@ impl E2bBackend {
             }
             RunError::Unreachable { started, detail } => (started, detail),
         };
-        match self.api.get(&sandbox.sandbox_id).await {
+        match self.api.get(sandbox.sandbox_id.as_str()).await {
             Ok(None) => {
-                let expired = self.conns().remove(&sandbox.sandbox_id).is_some_and(|c| {
-                    c.extended_at.elapsed() + Duration::from_secs(2) >= self.lifetime()
-                });
+                let expired = self
+                    .conns()
+                    .remove(sandbox.sandbox_id.as_str())
+                    .is_some_and(|c| {
+                        c.extended_at.elapsed() + Duration::from_secs(2) >= self.lifetime()
+                    });
                 if expired {
                     BackendError::Provider(format!(
                         "Sandbox {} lifetime timeout expired",
@@ -300,7 +309,7 @@ impl E2bBackend {
         limit: Duration,
     ) -> Result<Collected, BackendError> {
         let conn = self.conn(sandbox).await?;
-        let envd = self.envd(&sandbox.sandbox_id, &conn);
+        let envd = self.envd(sandbox.sandbox_id.as_str(), &conn);
         let envs = BTreeMap::new();
         let command = Command {
             argv,
@@ -409,7 +418,7 @@ impl E2bBackend {
         self.remember(&created);
         let sandbox = SandboxRef {
             computer_id: id.clone(),
-            sandbox_id: created.sandbox_id.clone(),
+            sandbox_id: SandboxId::new(created.sandbox_id.clone()),
             temporary: spec.temporary,
             image: template,
         };
@@ -417,10 +426,10 @@ impl E2bBackend {
         progress.report(2.0, None, format!("Waiting for {id} to start…"));
         if let Err(error) = self.readiness(&sandbox).await {
             // Never leave a half-made computer behind, permanent ones included.
-            if let Err(e) = self.api.kill(&sandbox.sandbox_id).await {
+            if let Err(e) = self.api.kill(sandbox.sandbox_id.as_str()).await {
                 warn!(sandbox_id = %sandbox.sandbox_id, error = %e.detail(), "could not kill a sandbox that failed readiness");
             }
-            self.conns().remove(&sandbox.sandbox_id);
+            self.conns().remove(sandbox.sandbox_id.as_str());
             return Err(error);
         }
         Ok(sandbox)
@@ -465,13 +474,16 @@ impl E2bBackend {
     }
 
     async fn remove_sandbox(&self, sandbox: &SandboxRef) -> Result<(), BackendError> {
-        self.api.kill(&sandbox.sandbox_id).await.map_err(|e| {
-            e.into_backend(format!(
-                "E2B kill of sandbox {} (computer '{}') failed",
-                sandbox.sandbox_id, sandbox.computer_id
-            ))
-        })?;
-        self.conns().remove(&sandbox.sandbox_id);
+        self.api
+            .kill(sandbox.sandbox_id.as_str())
+            .await
+            .map_err(|e| {
+                e.into_backend(format!(
+                    "E2B kill of sandbox {} (computer '{}') failed",
+                    sandbox.sandbox_id, sandbox.computer_id
+                ))
+            })?;
+        self.conns().remove(sandbox.sandbox_id.as_str());
         Ok(())
     }
 }
@@ -576,7 +588,7 @@ impl Backend for E2bBackend {
 
     async fn restart(&self, sandbox: &SandboxRef) -> Result<Restarted, BackendError> {
         self.validated().await?;
-        match self.api.pause(&sandbox.sandbox_id).await {
+        match self.api.pause(sandbox.sandbox_id.as_str()).await {
             Ok(()) => {
                 // Resume: the memory snapshot brings every process back, so kill the ones our
                 // commands started; the filesystem is kept.
@@ -617,7 +629,7 @@ impl Backend for E2bBackend {
         cancel: &CancellationToken,
     ) -> Result<ExecEnd, BackendError> {
         let conn = self.conn(sandbox).await?;
-        let envd = self.envd(&sandbox.sandbox_id, &conn);
+        let envd = self.envd(sandbox.sandbox_id.as_str(), &conn);
         let envs = BTreeMap::from([(
             "KILNTAINERS_EXEC_ID".to_owned(),
             spec.exec_id.as_str().to_owned(),
@@ -635,7 +647,7 @@ impl Backend for E2bBackend {
         let mut on_pid = |pid: u32| {
             pids.lock()
                 .unwrap_or_else(|p| p.into_inner())
-                .insert(key.clone(), (sandbox_id.clone(), pid));
+                .insert(key.clone(), (sandbox_id.as_str().to_owned(), pid));
         };
         let result = envd.run(&command, sink, cancel, &mut on_pid).await;
         match result {
@@ -659,7 +671,7 @@ impl Backend for E2bBackend {
         let conn = self.conn(sandbox).await?;
         let url = self
             .config
-            .port_base(&sandbox.sandbox_id, port, conn.domain.as_deref());
+            .port_base(sandbox.sandbox_id.as_str(), port, conn.domain.as_deref());
         Ok(PortRoute::Provider {
             url: format!("{}/", url.trim_end_matches('/')),
             public: true,
@@ -670,11 +682,14 @@ impl Backend for E2bBackend {
         // The native signal first (docs/decisions.md, "Killing a command"), then the sweep for its descendants.
         let known = self.pids().remove(exec_id.as_str());
         if let Some((sandbox_id, pid)) = known
-            && sandbox_id == sandbox.sandbox_id
+            && sandbox_id == sandbox.sandbox_id.as_str()
         {
-            let conn = self.conns().get(&sandbox.sandbox_id).cloned();
+            let conn = self.conns().get(sandbox.sandbox_id.as_str()).cloned();
             if let Some(conn) = conn
-                && let Err(error) = self.envd(&sandbox.sandbox_id, &conn).kill(pid).await
+                && let Err(error) = self
+                    .envd(sandbox.sandbox_id.as_str(), &conn)
+                    .kill(pid)
+                    .await
             {
                 warn!(sandbox_id = %sandbox.sandbox_id, pid, ?error, "SendSignal failed");
             }

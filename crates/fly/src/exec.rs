@@ -156,7 +156,7 @@ async fn run(
         app: &app,
     };
     let sent = tokio::select! {
-        sent = machines.exec(&sandbox.sandbox_id, body, timeout) => sent,
+        sent = machines.exec(sandbox.sandbox_id.as_str(), body, timeout) => sent,
         // The caller stopped listening (timeout or cancel); it runs the kill sweep itself.
         () = cancel.cancelled() => return Ok(ExecEnd::StoppedBySink),
     };
@@ -220,7 +220,7 @@ async fn classify(
     if let ApiError::Auth(text) = error {
         return BackendError::Unavailable(text);
     }
-    match machines.get(&sandbox.sandbox_id).await {
+    match machines.get(sandbox.sandbox_id.as_str()).await {
         Ok(None) => BackendError::Vanished(sandbox.computer_id.clone()),
         Ok(Some(machine)) if machine.is_gone() => {
             BackendError::Vanished(sandbox.computer_id.clone())

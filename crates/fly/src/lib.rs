@@ -27,7 +27,7 @@ use tracing::{debug, info, warn};
 
 use crate::config::FlyConfig;
 use api::Api;
-use kilntainers_backend::ids::{ComputerId, ExecId, InstanceId};
+use kilntainers_backend::ids::{ComputerId, ExecId, InstanceId, SandboxId};
 use kilntainers_backend::labels::{self, fly as meta};
 use kilntainers_backend::posix::{self, KILL_SWEEP_TIMEOUT, SweepReach, shell_basename};
 use kilntainers_backend::{
@@ -202,7 +202,7 @@ impl FlyInner {
     fn sandbox_from(&self, id: &ComputerId, machine: &Machine) -> SandboxRef {
         SandboxRef {
             computer_id: id.clone(),
-            sandbox_id: machine.id.clone(),
+            sandbox_id: SandboxId::new(machine.id.clone()),
             temporary: labels::parse_temporary(machine.metadata(meta::TEMPORARY)),
             image: machine
                 .metadata(meta::IMAGE)
@@ -225,7 +225,7 @@ impl FlyInner {
             }
             let secs = left.as_secs().clamp(1, machines::MAX_WAIT_SECS);
             match machines
-                .wait(&sandbox.sandbox_id, "started", None, secs)
+                .wait(sandbox.sandbox_id.as_str(), "started", None, secs)
                 .await
             {
                 Ok(Waited::Reached) => return Ok(true),
@@ -295,8 +295,10 @@ impl FlyInner {
     /// Remembers a held temporary Machine (its lease is renewed from now on).
     fn hold(&self, sandbox: &SandboxRef) {
         if sandbox.temporary {
-            self.held()
-                .insert(sandbox.sandbox_id.clone(), sandbox.computer_id.clone());
+            self.held().insert(
+                sandbox.sandbox_id.as_str().to_owned(),
+                sandbox.computer_id.clone(),
+            );
         }
     }
 
@@ -365,7 +367,7 @@ impl FlyInner {
         })?;
         let sandbox = SandboxRef {
             computer_id: id.clone(),
-            sandbox_id: machine.id.clone(),
+            sandbox_id: SandboxId::new(machine.id.clone()),
             temporary: spec.temporary,
             image,
         };
@@ -386,10 +388,10 @@ impl FlyInner {
             Ok(()) => Ok(sandbox),
             Err(error) => {
                 // Never leave a half-made computer behind, permanent ones included.
-                if let Err(e) = machines.destroy(&sandbox.sandbox_id).await {
+                if let Err(e) = machines.destroy(sandbox.sandbox_id.as_str()).await {
                     warn!(machine = %sandbox.sandbox_id, error = %e.detail(), "could not destroy a Machine that failed to start");
                 }
-                self.held().remove(&sandbox.sandbox_id);
+                self.held().remove(sandbox.sandbox_id.as_str());
                 Err(error)
             }
         }
@@ -415,20 +417,20 @@ impl FlyInner {
             "stopping" => {
                 let _ = machines
                     .wait(
-                        &current.sandbox_id,
+                        current.sandbox_id.as_str(),
                         "stopped",
                         machine.instance_id.as_deref(),
                         machines::MAX_WAIT_SECS,
                     )
                     .await;
                 machines
-                    .start(&current.sandbox_id)
+                    .start(current.sandbox_id.as_str())
                     .await
                     .map_err(start_failed)?;
             }
             "starting" | "replacing" | "updating" => {}
             _ => machines
-                .start(&current.sandbox_id)
+                .start(current.sandbox_id.as_str())
                 .await
                 .map_err(start_failed)?,
         }
@@ -443,7 +445,11 @@ impl FlyInner {
         if current.temporary {
             self.hold(&current);
             if let Err(e) = machines
-                .set_metadata(&current.sandbox_id, meta::LEASE_UNTIL, &Self::lease_value())
+                .set_metadata(
+                    current.sandbox_id.as_str(),
+                    meta::LEASE_UNTIL,
+                    &Self::lease_value(),
+                )
                 .await
             {
                 warn!(machine = %current.sandbox_id, error = %e.detail(), "could not renew the lease");
@@ -462,9 +468,9 @@ impl FlyInner {
             .ok_or_else(|| BackendError::Vanished(id.clone()))?;
         let current = self.sandbox_from(id, &machine);
         let result = if machine.state == "started" {
-            machines.restart(&current.sandbox_id).await
+            machines.restart(current.sandbox_id.as_str()).await
         } else {
-            machines.start(&current.sandbox_id).await
+            machines.start(current.sandbox_id.as_str()).await
         };
         result.map_err(|e| match e.status() {
             Some(404) => BackendError::Vanished(id.clone()),
@@ -492,13 +498,16 @@ impl FlyInner {
     async fn remove(&self, sandbox: &SandboxRef) -> Result<(), BackendError> {
         let app = self.app().await?;
         let machines = self.machines(&app);
-        machines.destroy(&sandbox.sandbox_id).await.map_err(|e| {
-            e.into_backend(format!(
-                "Fly destroy of Machine {} (computer '{}') failed",
-                sandbox.sandbox_id, sandbox.computer_id
-            ))
-        })?;
-        self.held().remove(&sandbox.sandbox_id);
+        machines
+            .destroy(sandbox.sandbox_id.as_str())
+            .await
+            .map_err(|e| {
+                e.into_backend(format!(
+                    "Fly destroy of Machine {} (computer '{}') failed",
+                    sandbox.sandbox_id, sandbox.computer_id
+                ))
+            })?;
+        self.held().remove(sandbox.sandbox_id.as_str());
         Ok(())
     }
 

@@ -25,7 +25,7 @@ use tracing::{info, warn};
 use crate::config::ModalConfig;
 use api::{Api, ApiError, pb};
 use kilntainers_backend::Common;
-use kilntainers_backend::ids::{ComputerId, ExecId, InstanceId, Principal};
+use kilntainers_backend::ids::{ComputerId, ExecId, InstanceId, Principal, SandboxId};
 use kilntainers_backend::labels::{self, modal as tag};
 use kilntainers_backend::posix::{self, KILL_SWEEP_TIMEOUT, SweepReach, shell_basename};
 use kilntainers_backend::{
@@ -292,7 +292,7 @@ impl ModalInner {
 
     /// The error for a sandbox whose task has ended: lifetime expiry has its own text.
     fn ended(&self, sandbox: &SandboxRef, result: &pb::GenericResult) -> BackendError {
-        self.forget_task(&sandbox.sandbox_id);
+        self.forget_task(sandbox.sandbox_id.as_str());
         if result.status == pb::generic_result::GenericStatus::Timeout as i32 {
             BackendError::Provider(format!(
                 "Sandbox {} lifetime timeout expired",
@@ -305,7 +305,7 @@ impl ModalInner {
 
     /// `SandboxGetTaskId` until the sandbox's container runs (`wait_until_ready`).
     async fn task_id(&self, sandbox: &SandboxRef) -> Result<String, BackendError> {
-        if let Some(task) = self.cached_task(&sandbox.sandbox_id) {
+        if let Some(task) = self.cached_task(sandbox.sandbox_id.as_str()) {
             return Ok(task);
         }
         let api = self.api().await?;
@@ -313,7 +313,7 @@ impl ModalInner {
         loop {
             let answer = api
                 .sandbox_get_task_id(pb::SandboxGetTaskIdRequest {
-                    sandbox_id: sandbox.sandbox_id.clone(),
+                    sandbox_id: sandbox.sandbox_id.as_str().to_owned(),
                     timeout: Some(TASK_POLL_SECS),
                     wait_until_ready: true,
                 })
@@ -335,7 +335,7 @@ impl ModalInner {
                 self.tasks
                     .lock()
                     .unwrap_or_else(|p| p.into_inner())
-                    .insert(sandbox.sandbox_id.clone(), task.clone());
+                    .insert(sandbox.sandbox_id.as_str().to_owned(), task.clone());
                 return Ok(task);
             }
             if Instant::now() >= deadline {
@@ -358,14 +358,14 @@ impl ModalInner {
         if let Ok(api) = self.api().await
             && let Ok(answer) = api
                 .sandbox_get_task_id(pb::SandboxGetTaskIdRequest {
-                    sandbox_id: sandbox.sandbox_id.clone(),
+                    sandbox_id: sandbox.sandbox_id.as_str().to_owned(),
                     timeout: Some(0.0),
                     wait_until_ready: false,
                 })
                 .await
             && let Some(result) = &answer.task_result
         {
-            self.forget_task(&sandbox.sandbox_id);
+            self.forget_task(sandbox.sandbox_id.as_str());
             return match self.ended(sandbox, result) {
                 BackendError::Vanished(_) => {
                     BackendError::DiedDuringExec(sandbox.sandbox_id.clone())
@@ -453,7 +453,7 @@ impl ModalInner {
     ) -> SandboxRef {
         SandboxRef {
             computer_id: id.clone(),
-            sandbox_id: sandbox_id.to_owned(),
+            sandbox_id: SandboxId::new(sandbox_id.to_owned()),
             temporary: labels::parse_temporary(tags.get(tag::TEMPORARY).map(String::as_str)),
             image: tags
                 .get(tag::IMAGE)
@@ -554,7 +554,7 @@ impl ModalInner {
             })?;
         let sandbox = SandboxRef {
             computer_id: id.clone(),
-            sandbox_id: created.sandbox_id.clone(),
+            sandbox_id: SandboxId::new(created.sandbox_id.clone()),
             temporary: spec.temporary,
             image: image.clone(),
         };
@@ -579,7 +579,7 @@ impl ModalInner {
             self.task_id(&sandbox).await?;
             api.sandbox_tags_set(pb::SandboxTagsSetRequest {
                 environment_name: api.environment().to_owned(),
-                sandbox_id: sandbox.sandbox_id.clone(),
+                sandbox_id: sandbox.sandbox_id.as_str().to_owned(),
                 tags: tags
                     .iter()
                     .map(|(k, v)| pb::SandboxTag {
@@ -615,10 +615,10 @@ impl ModalInner {
 
     async fn terminate(&self, sandbox: &SandboxRef) -> Result<(), BackendError> {
         let api = self.api().await?;
-        self.forget_task(&sandbox.sandbox_id);
+        self.forget_task(sandbox.sandbox_id.as_str());
         match api
             .sandbox_terminate(pb::SandboxTerminateRequest {
-                sandbox_id: sandbox.sandbox_id.clone(),
+                sandbox_id: sandbox.sandbox_id.as_str().to_owned(),
             })
             .await
         {
@@ -679,7 +679,7 @@ impl Backend for ModalBackend {
         let api = inner.api().await?;
         let answer = api
             .sandbox_get_tunnels(pb::SandboxGetTunnelsRequest {
-                sandbox_id: sandbox.sandbox_id.clone(),
+                sandbox_id: sandbox.sandbox_id.as_str().to_owned(),
                 timeout: TUNNELS_WAIT.as_secs_f32(),
             })
             .await
@@ -762,7 +762,7 @@ impl Backend for ModalBackend {
         let inner = &self.inner;
         // Keep the creating instance of a temporary computer, so crash GC still applies, and
         // the owner.
-        let old_tags = inner.tags(&sandbox.sandbox_id).await.ok();
+        let old_tags = inner.tags(sandbox.sandbox_id.as_str()).await.ok();
         let instance = old_tags
             .as_ref()
             .and_then(|t| t.get(tag::INSTANCE).cloned());

@@ -31,7 +31,7 @@ use crate::config::{WasmConfig, WasmModule};
 use fetch::FetchOptions;
 use fs::Root;
 use kilntainers_backend::files::FileSystem;
-use kilntainers_backend::ids::{ComputerId, ExecId, InstanceId};
+use kilntainers_backend::ids::{ComputerId, ExecId, InstanceId, SandboxId};
 use kilntainers_backend::{
     Backend, BackendError, ComputerInfo, CreateSpec, ExecEnd, ExecSpec, Found, OutputSink,
     Progress, Restarted, SandboxRef, SinkControl, Stream,
@@ -193,7 +193,7 @@ impl WasmBackend {
         if sandbox.temporary {
             crate::private_dir::check_private_dir(&self.private_dir)
                 .map_err(|e| provider(e.to_string()))?;
-            Ok(self.private_dir.join(&sandbox.sandbox_id))
+            Ok(self.private_dir.join(sandbox.sandbox_id.as_str()))
         } else {
             self.permanent_dir(&sandbox.computer_id).ok_or_else(|| {
                 provider("Permanent WASM computers need a home directory (HOME is unset).")
@@ -225,7 +225,7 @@ impl WasmBackend {
         };
         Some(SandboxRef {
             computer_id,
-            sandbox_id,
+            sandbox_id: SandboxId::new(sandbox_id),
             temporary: meta.temporary,
             image: meta.image.clone(),
         })
@@ -513,7 +513,7 @@ impl Backend for WasmBackend {
         }
         Ok(SandboxRef {
             computer_id: spec.computer_id.clone(),
-            sandbox_id,
+            sandbox_id: SandboxId::new(sandbox_id),
             temporary: spec.temporary,
             image,
         })

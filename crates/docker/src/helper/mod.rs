@@ -112,9 +112,9 @@ impl Helpers {
         if self.enabled.is_err() {
             return;
         }
-        let slot = self.slot(&sandbox.sandbox_id);
+        let slot = self.slot(sandbox.sandbox_id.as_str());
         let mut state = slot.lock().await;
-        *state = match upload(docker, &sandbox.sandbox_id).await {
+        *state = match upload(docker, sandbox.sandbox_id.as_str()).await {
             Ok(()) => State::Idle {
                 losses: 0,
                 uploaded: true,
@@ -127,7 +127,7 @@ impl Helpers {
     /// `None` = use Docker exec.
     async fn connection(&self, docker: &Docker, sandbox: &SandboxRef) -> Option<Arc<Connection>> {
         self.enabled.as_ref().ok()?;
-        let slot = self.slot(&sandbox.sandbox_id);
+        let slot = self.slot(sandbox.sandbox_id.as_str());
         let mut state = slot.lock().await;
         let (losses, uploaded) = match &*state {
             State::Ready { connection, .. } if !connection.is_lost() => {
@@ -158,12 +158,12 @@ impl Helpers {
                 // replaced by a root user in the computer, and ours is put back (the engine
                 // unlinks the old file first, so a copy another connection runs is not
                 // disturbed).
-                if let Err(reason) = upload(docker, &sandbox.sandbox_id).await {
+                if let Err(reason) = upload(docker, sandbox.sandbox_id.as_str()).await {
                     *state = fall_back(sandbox, &reason);
                     return None;
                 }
             }
-            match Connection::open(docker, &sandbox.sandbox_id, &binary::PATH).await {
+            match Connection::open(docker, sandbox.sandbox_id.as_str(), &binary::PATH).await {
                 Ok(connection) => {
                     *state = State::Ready {
                         connection: connection.clone(),
@@ -240,7 +240,7 @@ impl Helpers {
             return None;
         }
         let Some(connection) = self.connection(docker, sandbox).await else {
-            if let Some(notice) = self.take_notice(&sandbox.sandbox_id).await {
+            if let Some(notice) = self.take_notice(sandbox.sandbox_id.as_str()).await {
                 // The caller runs the command through Docker exec into the same sink.
                 let _ = sink.push(Stream::Stderr, notice.as_bytes());
             }
@@ -248,7 +248,8 @@ impl Helpers {
         };
         let outcome = connection.run(spec, sink, cancel).await;
         if matches!(outcome, Ok(ExecEnd::Exited(_))) {
-            self.finished(&sandbox.sandbox_id, &connection).await;
+            self.finished(sandbox.sandbox_id.as_str(), &connection)
+                .await;
         }
         Some(outcome)
     }
@@ -277,7 +278,8 @@ impl Helpers {
             let cancel = CancellationToken::new();
             match connection.run(&spec, &mut collected, &cancel).await {
                 Ok(ExecEnd::Exited(code)) => {
-                    self.finished(&sandbox.sandbox_id, &connection).await;
+                    self.finished(sandbox.sandbox_id.as_str(), &connection)
+                        .await;
                     Some(Ok((code, collected.stdout)))
                 }
                 Ok(_) if collected.overflowed => {
@@ -319,7 +321,7 @@ impl Helpers {
                 .containers
                 .lock()
                 .unwrap_or_else(|poisoned| poisoned.into_inner());
-            containers.get(&sandbox.sandbox_id)?.clone()
+            containers.get(sandbox.sandbox_id.as_str())?.clone()
         };
         let connection = match &*slot.lock().await {
             State::Ready { connection, .. } if !connection.is_lost() => connection.clone(),
