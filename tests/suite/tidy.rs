@@ -206,8 +206,9 @@ const CONFINED: &[(&str, &[&str])] = &[
     ("hyper::", &["src/transport/"]),
     ("hyper_util::", &["src/transport/"]),
     ("subtle::", &["src/transport/"]),
-    ("reqwest::", &["src/transport/http/auth/oauth.rs"]),
-    ("jsonwebtoken::", &["src/transport/http/auth/oauth.rs"]),
+    // The OAuth module is `oauth.rs` and its tests `oauth/tests.rs`.
+    ("reqwest::", &["src/transport/http/auth/oauth"]),
+    ("jsonwebtoken::", &["src/transport/http/auth/oauth"]),
     ("percent_encoding::", &["src/mcp/files.rs"]),
     ("base64::", &["src/files/", "src/mcp/files.rs"]),
     ("rmcp::", &["src/mcp/", "src/transport/"]),
