@@ -5,6 +5,13 @@ use std::process::ExitCode;
 
 use tracing_subscriber::EnvFilter;
 
+/// The log filter without `RUST_LOG`: warnings from everything, and this program's own
+/// information lines, which come from the server crate, the backend crates (their targets are
+/// their crate names) and the audit target (docs/decisions.md, "Environment variables").
+const DEFAULT_LOG: &str = "warn,mcp_sandbox_computer_vm_for_ai=info,kilntainers_backend=info,\
+kilntainers_docker=info,kilntainers_fly=info,kilntainers_e2b=info,kilntainers_modal=info,\
+kilntainers_wasm=info,kilntainers::audit=info";
+
 use mcp_sandbox_computer_vm_for_ai::cli::Cli;
 use mcp_sandbox_computer_vm_for_ai::config::{self, Config, Transport};
 use mcp_sandbox_computer_vm_for_ai::ids::InstanceId;
@@ -29,9 +36,7 @@ fn main() -> ExitCode {
         Ok(config) => config,
         Err(error) => return fail(error),
     };
-    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| {
-        EnvFilter::new("warn,mcp_sandbox_computer_vm_for_ai=info,kilntainers::audit=info")
-    });
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(DEFAULT_LOG));
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_env_filter(filter)
