@@ -128,10 +128,8 @@ async fn contract_validate_sends_libmodal_metadata_and_auth_token_against_fake()
         ("x-modal-client-version", "1.0.0"),
         ("x-modal-token-id", "ak-fake"),
         ("x-modal-token-secret", "as-fake"),
-        (
-            "x-modal-libmodal-version",
-            concat!("mcp-sandbox-computer-vm-for-ai/", env!("CARGO_PKG_VERSION")),
-        ),
+        // See: issue 32 (item 7): the official Go client's form.
+        ("x-modal-libmodal-version", "modal-go/0.7.4"),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v.to_owned()))

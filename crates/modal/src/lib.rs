@@ -533,6 +533,7 @@ impl ModalInner {
                 },
                 allowed_cidrs: Vec::new(),
             }),
+            verbose: false,
             name: Some(id.to_string()),
         };
         let created = api

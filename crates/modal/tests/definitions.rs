@@ -8,10 +8,21 @@
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use protox::prost_reflect::{
     Cardinality, DescriptorPool, EnumDescriptor, FieldDescriptor, Kind, MessageDescriptor,
 };
+
+/// A scratch directory of its own for each caller (tests run in parallel in one process).
+fn scratch(what: &str) -> PathBuf {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    std::env::temp_dir().join(format!(
+        "kilntainers-modal-{what}-{}-{n}",
+        std::process::id()
+    ))
+}
 
 fn repository_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -34,10 +45,7 @@ fn pool(files: &[&str], includes: &[PathBuf]) -> DescriptorPool {
 /// laid out under a scratch directory the way the upstream repository has them.
 fn official() -> DescriptorPool {
     let source = repository_root().join("tests/provider-definitions/modal");
-    let scratch = std::env::temp_dir().join(format!(
-        "kilntainers-modal-definitions-{}",
-        std::process::id()
-    ));
+    let scratch = scratch("definitions");
     let nested = scratch.join("modal_proto");
     std::fs::create_dir_all(&nested).unwrap_or_else(|e| panic!("mkdir {nested:?}: {e}"));
     for name in ["api.proto", "task_command_router.proto"] {
@@ -240,10 +248,7 @@ fn issue_32_modal_proto_matches_the_official_definitions_field_by_field() {
 #[test]
 fn the_comparison_sees_a_renumbered_field() {
     // The check itself must be able to fail: a file with one field renumbered is caught.
-    let scratch = std::env::temp_dir().join(format!(
-        "kilntainers-modal-renumbered-{}",
-        std::process::id()
-    ));
+    let scratch = scratch("renumbered");
     std::fs::create_dir_all(&scratch).unwrap_or_else(|e| panic!("mkdir: {e}"));
     std::fs::write(
         scratch.join("x.proto"),

@@ -4,7 +4,8 @@
 //! our handling of answers, never a misreading of Modal.
 //!
 //! Strict by design: every call must carry the libmodal metadata (client type 9, version
-//! 1.0.0, the expected token pair, a libmodal version) and, except `AuthTokenGet`, the auth token
+//! 1.0.0, the expected token pair, a libmodal version in the Go client's `modal-go/<x.y.z>`
+//! form) and, except `AuthTokenGet`, the auth token
 //! it issued; stdin indexes must be consecutive. Every call is recorded (method, `x-modal-*`
 //! metadata, typed request) for the tests to inspect. Sandboxes are real local Docker
 //! containers (`docker` CLI, label `fake-modal=<label>`), so execs have real semantics: stdin,
@@ -191,6 +192,17 @@ async fn docker(args: &[&str]) -> Result<String, String> {
     }
 }
 
+/// The official Go client's form of `x-modal-libmodal-version`: `modal-go/` and a release.
+fn is_libmodal_go_version(value: &str) -> bool {
+    value.strip_prefix("modal-go/").is_some_and(|release| {
+        let parts: Vec<&str> = release.split('.').collect();
+        parts.len() == 3
+            && parts
+                .iter()
+                .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+    })
+}
+
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
 impl Service {
@@ -231,9 +243,9 @@ impl Service {
                 "unsupported client type or version",
             ));
         }
-        if get("x-modal-libmodal-version").is_none_or(str::is_empty) {
+        if !get("x-modal-libmodal-version").is_some_and(is_libmodal_go_version) {
             return Err(Status::failed_precondition(
-                "missing x-modal-libmodal-version",
+                "x-modal-libmodal-version must be modal-go/<major>.<minor>.<patch> for client type 9",
             ));
         }
         if get("x-modal-token-id") != Some(&self.config.token_id)
