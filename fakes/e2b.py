@@ -56,7 +56,13 @@ import time
 from http.server import ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from fakes import definitions
 from fakes.child import QuietHandler, arguments, serve
+
+# E2B's official definitions (tests/provider-definitions/e2b/): every control-plane request and
+# answer is checked against the OpenAPI document, and envd's `/files` against envd.yaml.
+API_DEFINITION = "e2b/openapi.yml"
+ENVD_DEFINITION = "e2b/envd/envd.yaml"
 
 ENVD_PORT = 49983
 NEW_SANDBOX_FIELDS = {"templateID", "timeout", "autoPause", "secure", "allow_internet_access", "network",
@@ -278,6 +284,13 @@ class FakeE2B:
                 if sandbox.state == "running" and sandbox.end <= now:
                     self.destroy(sandbox)
 
+    def record_violations(self, found: list[str]) -> None:
+        """Violations of the official definitions; recorded, and the request still served, so
+        one test run reports all of them."""
+        if found:
+            with self.lock:
+                self.violations.extend(f"official definition: {v}" for v in found)
+
     def violation(self, message: str) -> Reject:
         return Reject(400, message, violation=True)
 
@@ -293,6 +306,8 @@ class FakeE2B:
                 parsed = json.loads(body)
             except ValueError:
                 raise self.violation("request body is not JSON")
+        self.record_violations(definitions.load(API_DEFINITION).check_request(
+            method, path, {k: v[-1] for k, v in query.items()}, parsed))
         with self.lock:
             self.requests.append({"plane": "api", "method": method, "path": path,
                                   "query": {k: v[-1] for k, v in query.items()},
@@ -300,6 +315,7 @@ class FakeE2B:
             for rule in self.injections:
                 if rule["times"] > 0 and rule["method"] in (method, "*") and re.fullmatch(rule["path"], path):
                     rule["times"] -= 1
+                    _INJECTED.flag = True
                     return rule["status"], rule["headers"], rule["body"]
         if "authorization" in headers:
             raise self.violation("bearer access tokens are deprecated; use X-API-Key")
@@ -678,6 +694,8 @@ class FakeE2B:
         """envd.yaml `/files`: GET downloads (http.ServeContent, so one `Range` is honoured), POST
         uploads `multipart/form-data` with a `file` part, creating the parent directories."""
         sandbox = self.envd_sandbox(headers, connect=False)
+        self.record_violations(definitions.load(ENVD_DEFINITION).check_request(
+            method, "/files", {k: v[-1] for k, v in query.items()}, None))
         path = self.files_query(query)
         record = {"plane": "envd", "method": method, "path": "/files", "sandbox": sandbox.id,
                   "query": {k: v[-1] for k, v in query.items()}, "headers": {"range": headers.get("range")}}
@@ -910,6 +928,11 @@ class _Stream:
         self.send(b"")
 
 
+# Set while a request is answered by an injected fault: such answers are the test's own words,
+# not the fake's, and are not checked against the definition.
+_INJECTED = threading.local()
+
+
 class _Handler(QuietHandler):
     fake: FakeE2B
     plane: str
@@ -921,6 +944,7 @@ class _Handler(QuietHandler):
         headers = {k.lower(): v for k, v in self.headers.items()}
         fake = self.fake
         connect_error = False
+        _INJECTED.flag = False
         try:
             if self.plane == "api":
                 status, extra, payload = fake.handle_api(method, split.path, parse_qs(split.query), headers, body)
@@ -954,6 +978,10 @@ class _Handler(QuietHandler):
             status, extra, payload = 500, {}, {"code": 500, "message": f"fake failure: {error!r}"}
             with fake.lock:
                 fake.violations.append(f"fake failure on {method} {split.path}: {error!r}")
+        if self.plane == "api" and not split.path.startswith("/_fake/") and not _INJECTED.flag:
+            fake.record_violations(definitions.load(API_DEFINITION).check_answer(method, split.path, status, payload))
+        elif self.plane == "envd" and split.path == "/files" and not isinstance(payload, bytes):
+            fake.record_violations(definitions.load(ENVD_DEFINITION).check_answer(method, split.path, status, payload))
         raw = isinstance(payload, bytes)
         data = b"" if payload is None else payload if raw else json.dumps(payload).encode()
         try:

@@ -48,7 +48,12 @@ import time
 from http.server import ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from fakes import definitions
 from fakes.child import QuietHandler, arguments, serve
+
+# Fly's official Machines API document (tests/provider-definitions/fly/openapi.json): every
+# request body and query, and every answer of this fake, is checked against it.
+DEFINITION = "fly/openapi.json"
 
 ORG_QUERY_FIELDS = ("viewer", "organizations", "nodes", "slug", "type")
 
@@ -283,6 +288,9 @@ class FakeFly:
                 parsed = json.loads(body)
             except ValueError:
                 raise self.violation("request body is not JSON")
+        if path != "/graphql":
+            self.record_violations(definitions.load(DEFINITION).check_request(
+                method, path, {k: v[-1] for k, v in query.items()}, parsed))
         with self.lock:
             self.requests.append({
                 "method": method, "path": path, "query": {k: v[-1] for k, v in query.items()},
@@ -291,6 +299,7 @@ class FakeFly:
             for rule in self.injections:
                 if rule["times"] > 0 and rule["method"] in (method, "*") and re.fullmatch(rule["path"], path):
                     rule["times"] -= 1
+                    _INJECTED.flag = True
                     return rule["status"], rule["headers"], rule["body"]
         auth = headers.get("authorization")
         if auth is None:
@@ -343,6 +352,13 @@ class FakeFly:
             self.halt(machine, destroy=False)
             return 200, {}, {"ok": True, "state": machine.state}
         raise Reject(404, "no such control")
+
+    def record_violations(self, found: list[str]) -> None:
+        """Violations of the official definition; recorded, and the request still served, so
+        one test run reports all of them."""
+        if found:
+            with self.lock:
+                self.violations.extend(f"official definition: {v}" for v in found)
 
     def violation(self, message: str) -> Reject:
         """A request our client should never send; recorded by the handler."""
@@ -582,6 +598,11 @@ class FakeFly:
         }
 
 
+# Set while a request is answered by an injected fault: such answers are the test's own words,
+# not the fake's, and are not checked against the definition.
+_INJECTED = threading.local()
+
+
 class _Handler(QuietHandler):
     fake: FakeFly
 
@@ -590,6 +611,7 @@ class _Handler(QuietHandler):
         length = int(self.headers.get("content-length") or 0)
         body = self.rfile.read(length) if length else b""
         headers = {k.lower(): v for k, v in self.headers.items()}
+        _INJECTED.flag = False
         try:
             status, extra, payload = self.fake.handle(method, split.path, parse_qs(split.query), headers, body)
         except Reject as reject:
@@ -601,6 +623,9 @@ class _Handler(QuietHandler):
             status, extra, payload = 500, {}, {"error": f"fake failure: {error!r}"}
             with self.fake.lock:
                 self.fake.violations.append(f"fake failure on {method} {split.path}: {error!r}")
+        if not split.path.startswith("/_fake/") and split.path != "/graphql" and not _INJECTED.flag:
+            self.fake.record_violations(
+                definitions.load(DEFINITION).check_answer(method, split.path, status, payload))
         data = b"" if payload is None else json.dumps(payload).encode()
         try:
             self.send_response(status)
