@@ -65,6 +65,10 @@ API_DEFINITION = "e2b/openapi.yml"
 ENVD_DEFINITION = "e2b/envd/envd.yaml"
 
 ENVD_PORT = 49983
+# The envd release the fake claims by default: the oldest one with everything it serves
+# (`stdin` on Start: 0.3.0, the default user: 0.4.0, CloseStdin: 0.5.2). `--envd-version`
+# makes it claim, and behave like, an older one.
+ENVD_VERSION = "0.5.2"
 NEW_SANDBOX_FIELDS = {"templateID", "timeout", "autoPause", "secure", "allow_internet_access", "network",
                       "metadata", "envVars", "mcp"}
 START_FIELDS = {"process", "pty", "tag", "stdin"}
@@ -160,8 +164,9 @@ class Process:
 
 
 class Sandbox:
-    def __init__(self, body: dict, image: str, run: str, domain: str | None):
+    def __init__(self, body: dict, image: str, run: str, domain: str | None, envd_version: str):
         self.id = "i" + secrets.token_hex(10)
+        self.envd_version = envd_version
         self.template = body["templateID"]
         self.image = image
         self.metadata = dict(body.get("metadata") or {})
@@ -178,7 +183,7 @@ class Sandbox:
 
     def sandbox_view(self) -> dict:
         view = {"templateID": self.template, "sandboxID": self.id, "clientID": "6532622b",
-                "envdVersion": "0.2.0", "domain": self.domain}
+                "envdVersion": self.envd_version, "domain": self.domain}
         if self.token is not None:
             view["envdAccessToken"] = self.token
         return view
@@ -186,18 +191,22 @@ class Sandbox:
     def listed_view(self) -> dict:
         return {"templateID": self.template, "alias": self.template, "sandboxID": self.id, "clientID": "6532622b",
                 "startedAt": _iso(self.started), "endAt": _iso(self.end), "cpuCount": 2, "memoryMB": 512,
-                "diskSizeMB": 1024, "metadata": dict(self.metadata), "state": self.state, "envdVersion": "0.2.0"}
+                "diskSizeMB": 1024, "metadata": dict(self.metadata), "state": self.state,
+                "envdVersion": self.envd_version}
 
 
 class FakeE2B:
     def __init__(self, api_keys: list[str] | None = None, templates: dict | None = None, page_size: int = 100,
-                 pause: bool = True, domain: str | None = None, keepalive: float = 0.5):
+                 pause: bool = True, domain: str | None = None, keepalive: float = 0.5,
+                 envd_version: str = ENVD_VERSION):
         self.api_keys = set(api_keys if api_keys is not None else ["e2b_test_key"])
         self.templates = templates if templates is not None else {"base": "sandbox-busybox:full"}
         self.page_size = page_size
         self.pause_supported = pause
         self.domain = domain
         self.keepalive = keepalive
+        self.envd_version = envd_version
+        self.envd = tuple(int(p) for p in envd_version.split("."))
         self.run = secrets.token_hex(3)
         self.lock = threading.RLock()
         self.sandboxes: dict[str, Sandbox] = {}
@@ -392,7 +401,7 @@ class FakeE2B:
         image = self.templates.get(body["templateID"])
         if image is None:
             raise Reject(404, f"template '{body['templateID']}' not found")
-        sandbox = Sandbox(body, image, self.run, self.domain)
+        sandbox = Sandbox(body, image, self.run, self.domain, self.envd_version)
         args = ["run", "-d", "--name", sandbox.container, "--label", f"fakee2b={self.run}"]
         for key, value in sandbox.env_vars.items():
             args += ["-e", f"{key}={value}"]
@@ -499,6 +508,10 @@ class FakeE2B:
             raise Reject(400, "Connect-Protocol-Version: 1 is required", violation=True)
         if sandbox.token is not None and headers.get("x-access-token") != sandbox.token:
             raise Reject(401, "invalid access token", connect_code="unauthenticated")
+        auth = headers.get("authorization") or ""
+        if self.envd < (0, 4, 0) and not auth.startswith("Basic "):
+            # envd before 0.4.0 has no default user: the official SDK names one.
+            raise Reject(401, "envd < 0.4.0: name the user in Authorization: Basic <user>:", violation=True)
         return sandbox
 
     def process(self, sandbox: Sandbox, selector) -> Process:
@@ -547,6 +560,9 @@ class FakeE2B:
                 except (BrokenPipeError, ValueError):
                     pass
             return 200, {}, {}
+        if name == "CloseStdin" and self.envd < (0, 5, 2):
+            raise Reject(404, "CloseStdin is not implemented by envd before 0.5.2", violation=True,
+                         connect_code="unimplemented")
         if name == "CloseStdin":
             self.check_fields("CloseStdinRequest", req, {"process"})
             process = self.process(sandbox, req.get("process"))
@@ -777,6 +793,8 @@ class FakeE2B:
         except ValueError:
             raise self.violation("Start envelope is not JSON")
         self.check_fields("StartRequest", req, START_FIELDS)
+        if "stdin" in req and self.envd < (0, 3, 0):
+            raise self.violation("StartRequest.stdin does not exist before envd 0.3.0")
         config = req.get("process")
         self.check_fields("ProcessConfig", config, PROCESS_FIELDS)
         if not isinstance(config.get("cmd"), str) or not config["cmd"]:
@@ -798,7 +816,7 @@ class FakeE2B:
             self.requests.append({"plane": "envd", "method": "POST", "path": "/process.Process/Start",
                                   "sandbox": sandbox.id, "body": req,
                                   "headers": {k: headers.get(k) for k in ("connect-timeout-ms", "keepalive-ping-interval",
-                                                                          "e2b-sandbox-id", "e2b-sandbox-port")}})
+                                                                          "e2b-sandbox-id", "e2b-sandbox-port", "authorization")}})
         argv = ["docker", "exec"] + (["-i"] if has_stdin else [])
         for key, value in envs.items():
             argv += ["-e", f"{key}={value}"]
@@ -1003,10 +1021,12 @@ def main() -> int:
     parser.add_argument("--template", action="append", default=[], help="NAME=IMAGE (repeatable)")
     parser.add_argument("--page-size", type=int, default=100)
     parser.add_argument("--no-pause", action="store_true", help="answer 501 to pause, as some services do")
+    parser.add_argument("--envd-version", default=ENVD_VERSION,
+                        help="the envd release sandboxes claim and behave like (below 0.3.0, 0.4.0, 0.5.2)")
     options = parser.parse_args()
     templates = dict(t.split("=", 1) for t in options.template) or None
     fake = FakeE2B(api_keys=options.api_key, templates=templates, page_size=options.page_size,
-                   pause=not options.no_pause)
+                   pause=not options.no_pause, envd_version=options.envd_version)
     fake.start()
     ports = {"api": fake.servers[0].server_address[1], "envd": fake.servers[1].server_address[1]}
     return serve(fake, options.port_file, json.dumps(ports))
