@@ -57,7 +57,7 @@ fn official() -> DescriptorPool {
             "modal_proto/api.proto",
             "modal_proto/task_command_router.proto",
         ],
-        &[scratch.clone()],
+        std::slice::from_ref(&scratch),
     );
     let _ = std::fs::remove_dir_all(&scratch);
     pool
@@ -255,7 +255,7 @@ fn the_comparison_sees_a_renumbered_field() {
         "syntax = \"proto3\"; package modal.client; message SandboxTerminateRequest { string sandbox_id = 2; }",
     )
     .unwrap_or_else(|e| panic!("write: {e}"));
-    let ours = pool(&["x.proto"], &[scratch.clone()]);
+    let ours = pool(&["x.proto"], std::slice::from_ref(&scratch));
     let _ = std::fs::remove_dir_all(&scratch);
     let official = official();
     let mut problems = Vec::new();
