@@ -69,7 +69,7 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    fn new(call: &'static str, status: &Status) -> Self {
+    pub(super) fn new(call: &'static str, status: &Status) -> Self {
         Self {
             call,
             code: status.code(),
@@ -99,7 +99,7 @@ pub struct Api {
     token: Mutex<Option<CachedToken>>,
 }
 
-fn unix_now() -> i64 {
+pub(super) fn unix_now() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
@@ -107,7 +107,7 @@ fn unix_now() -> i64 {
 }
 
 /// The `exp` claim of a JWT, without verifying it (the server does that).
-fn jwt_expiry(token: &str) -> Option<i64> {
+pub(super) fn jwt_expiry(token: &str) -> Option<i64> {
     let payload = token.split('.').nth(1)?;
     // JWTs use the URL-safe alphabet without padding (RFC 7515, section 2); a padded one is
     // read too.
@@ -289,6 +289,13 @@ impl Api {
         "ImageJoinStreaming",
         pb::ImageJoinStreamingRequest,
         pb::ImageJoinStreamingResponse
+    );
+    unary!(
+        task_get_command_router_access,
+        task_get_command_router_access,
+        "TaskGetCommandRouterAccess",
+        pb::TaskGetCommandRouterAccessRequest,
+        pb::TaskGetCommandRouterAccessResponse
     );
     unary!(
         sandbox_create,

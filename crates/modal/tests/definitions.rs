@@ -65,7 +65,7 @@ fn official() -> DescriptorPool {
 
 fn ours() -> DescriptorPool {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    pool(&["modal_api.proto"], &[src])
+    pool(&["modal_api.proto", "task_command_router.proto"], &[src])
 }
 
 /// Type of a field as text: scalar name, or `message <full name>` / `enum <full name>`.
