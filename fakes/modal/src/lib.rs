@@ -248,7 +248,7 @@ fn spawn_exec(
         command.args(["-w", dir]);
     }
     command
-        .arg(&container)
+        .arg(container)
         .args(args)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
