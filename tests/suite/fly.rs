@@ -122,9 +122,13 @@ async fn contract_auth_failures_and_token_schemes_against_fake() {
         "Fly rejected the API token (HTTP 401). Run 'fly auth login' again or set a valid FLY_API_TOKEN."
     );
 
-    // See: issue 32 (item 10): 403 is a valid token without the right to the call.
-    fake.inject("GET", "/v1/apps/demo", 403, 1, json!({})).await;
-    let error = backend_with(&fake, Some("demo"), Some(TOKEN), &[])
+    // See: issue 32 (item 10): 403 is a valid token without the right to the call. A fake of
+    // its own, so no background call of the backends above takes the injected answer.
+    let forbidding = Fake::with_demo();
+    forbidding
+        .inject("GET", "/v1/apps/demo", 403, 1, json!({}))
+        .await;
+    let error = backend_with(&forbidding, Some("demo"), Some(TOKEN), &[])
         .validate()
         .await
         .unwrap_err();
