@@ -207,7 +207,13 @@ const CONFINED: &[(&str, &[&str])] = &[
     ("hyper_util::", &["src/transport/"]),
     ("subtle::", &["src/transport/"]),
     ("reqwest::", &["src/transport/http/auth/oauth.rs"]),
-    ("jsonwebtoken::", &["src/transport/http/auth/oauth.rs"]),
+    (
+        "jsonwebtoken::",
+        &[
+            "src/transport/http/auth/oauth.rs",
+            "src/transport/http/auth/oauth/",
+        ],
+    ),
     ("percent_encoding::", &["src/mcp/files.rs"]),
     ("base64::", &["src/files/", "src/mcp/files.rs"]),
     ("rmcp::", &["src/mcp/", "src/transport/"]),
