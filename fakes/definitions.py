@@ -245,3 +245,241 @@ def load(relative: str) -> Definition:
         if relative not in _CACHE:
             _CACHE[relative] = Definition(relative)
         return _CACHE[relative]
+
+
+# -- protobuf definitions, for the Connect calls with the JSON codec ------------------------------
+
+_SCALARS = {
+    "string": (str,), "bytes": (str,), "bool": (bool,),
+    "int32": (int,), "uint32": (int,), "sint32": (int,), "fixed32": (int,), "sfixed32": (int,),
+    "int64": (int, str), "uint64": (int, str), "sint64": (int, str), "fixed64": (int, str),
+    "sfixed64": (int, str), "float": (int, float, str), "double": (int, float, str),
+}
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part[:1].upper() + part[1:] for part in rest)
+
+
+class Proto:
+    """The messages, enums and RPCs of one `.proto` file (proto3, no imports needed), enough to
+    check proto3-JSON bodies strictly: unknown fields, wrong JSON types, unknown enum names."""
+
+    def __init__(self, relative: str):
+        text = (ROOT / relative).read_text()
+        text = re.sub(r"//[^\n]*", "", text)
+        text = re.sub(r"/\*.*?\*/", "", text, flags=re.S)
+        self.name = relative
+        self.tokens = re.findall(r"[A-Za-z_][\w.]*|\d+|\S", text)
+        self.pos = 0
+        self.package = ""
+        self.messages: dict[str, dict] = {}  # full name -> {json name: (label, type, scope)}
+        self.enums: dict[str, set] = {}
+        self.rpcs: dict[str, tuple[str, str]] = {}  # "Service/Method" -> (input, output)
+        self._parse_file()
+
+    # parsing ------------------------------------------------------------------------------------
+    def _next(self) -> str:
+        token = self.tokens[self.pos]
+        self.pos += 1
+        return token
+
+    def _skip_statement(self) -> None:
+        depth = 0
+        while True:
+            token = self._next()
+            if token == "{":
+                depth += 1
+            elif token == "}":
+                depth -= 1
+                if depth == 0:
+                    return
+            elif token == ";" and depth == 0:
+                return
+
+    def _parse_file(self) -> None:
+        while self.pos < len(self.tokens):
+            token = self._next()
+            if token == "package":
+                self.package = self._next()
+                self._next()
+            elif token == "message":
+                self._message(self.package)
+            elif token == "enum":
+                self._enum(self.package)
+            elif token == "service":
+                self._service()
+            elif token in ("syntax", "import", "option"):
+                self.pos -= 1
+                self._skip_statement()
+
+    def _message(self, scope: str) -> None:
+        full = f"{scope}.{self._next()}"
+        fields: dict[str, tuple] = {}
+        self.messages[full] = fields
+        assert self._next() == "{"
+        self._body(full, fields)
+
+    def _body(self, full: str, fields: dict) -> None:
+        while True:
+            token = self._next()
+            if token == "}":
+                return
+            if token == "message":
+                self._message(full)
+            elif token == "enum":
+                self._enum(full)
+            elif token == "oneof":
+                self._next()
+                assert self._next() == "{"
+                self._body(full, fields)
+            elif token in ("reserved", "option", "extensions"):
+                self.pos -= 1
+                self._skip_statement()
+            elif token == ";":
+                continue
+            else:
+                label = "single"
+                if token in ("repeated", "optional"):
+                    label, token = token, self._next()
+                if token == "map":
+                    assert self._next() == "<"
+                    self._next()
+                    assert self._next() == ","
+                    value = self._next()
+                    assert self._next() == ">"
+                    label, kind = "map", value
+                else:
+                    kind = token
+                name = self._next()
+                self.pos -= 1
+                self._skip_statement()
+                fields[_camel(name)] = (label, kind, full)
+                fields.setdefault(name, (label, kind, full))
+
+    def _enum(self, scope: str) -> None:
+        full = f"{scope}.{self._next()}"
+        assert self._next() == "{"
+        values = set()
+        while True:
+            token = self._next()
+            if token == "}":
+                break
+            if token == "option" or token == "reserved":
+                self.pos -= 1
+                self._skip_statement()
+                continue
+            values.add(token)
+            self.pos -= 1
+            self._skip_statement()
+        self.enums[full] = values
+
+    def _service(self) -> None:
+        service = self._next()
+        assert self._next() == "{"
+        while True:
+            token = self._next()
+            if token == "}":
+                return
+            if token != "rpc":
+                self.pos -= 1
+                self._skip_statement()
+                continue
+            method = self._next()
+            assert self._next() == "("
+            request = self._next()
+            if request == "stream":
+                request = self._next()
+            while self._next() != "returns":
+                pass
+            assert self._next() == "("
+            response = self._next()
+            if response == "stream":
+                response = self._next()
+            self._skip_statement()
+            # Resolved when checked: the messages may come later in the file.
+            self.rpcs[f"{service}/{method}"] = (request, response)
+
+    def _resolve(self, kind: str, scope: str) -> str:
+        """A type name as seen from `scope`: the innermost enclosing scope that declares it."""
+        parts = scope.split(".")
+        while True:
+            candidate = ".".join(parts + [kind]) if parts else kind
+            if candidate in self.messages or candidate in self.enums:
+                return candidate
+            if not parts:
+                return kind
+            parts.pop()
+
+    # checking -----------------------------------------------------------------------------------
+    def check(self, message: str, instance, where: str) -> list[str]:
+        """Everything wrong with a proto3-JSON `instance` of `message` (a full name)."""
+        fields = self.messages.get(message)
+        if fields is None:
+            return [f"{where}: no message {message} in {self.name}"]
+        if not isinstance(instance, dict):
+            return [f"{where}: {message} must be a JSON object"]
+        found = []
+        for key, value in instance.items():
+            if key not in fields:
+                found.append(f"{where}.{key}: not a field of {message} in {self.name}")
+                continue
+            label, kind, scope = fields[key]
+            if value is None:
+                continue
+            if label == "repeated":
+                if not isinstance(value, list):
+                    found.append(f"{where}.{key}: repeated field must be an array")
+                    continue
+                for i, item in enumerate(value):
+                    found += self._value(kind, scope, item, f"{where}.{key}[{i}]")
+            elif label == "map":
+                if not isinstance(value, dict):
+                    found.append(f"{where}.{key}: map field must be an object")
+                    continue
+                for k, item in value.items():
+                    found += self._value(kind, scope, item, f"{where}.{key}[{k!r}]")
+            else:
+                found += self._value(kind, scope, value, f"{where}.{key}")
+        return found
+
+    def _value(self, kind: str, scope: str, value, where: str) -> list[str]:
+        if kind.startswith("google.protobuf."):
+            # Well-known types: Timestamp and Duration are strings in proto3-JSON.
+            if kind in ("google.protobuf.Timestamp", "google.protobuf.Duration") and not isinstance(value, str):
+                return [f"{where}: {kind} must be a string"]
+            return []
+        if kind in _SCALARS:
+            allowed = _SCALARS[kind]
+            if isinstance(value, bool) and bool not in allowed:
+                return [f"{where}: {kind} must not be a boolean"]
+            return [] if isinstance(value, allowed) else [f"{where}: not a valid {kind}"]
+        resolved = self._resolve(kind, scope)
+        if resolved in self.enums:
+            if isinstance(value, int) and not isinstance(value, bool):
+                return []
+            return [] if value in self.enums[resolved] else [f"{where}: {value!r} is not a value of {resolved}"]
+        return self.check(resolved, value, where)
+
+    def check_request(self, rpc: str, body) -> list[str]:
+        """`rpc` is "Service/Method"."""
+        if rpc not in self.rpcs:
+            return [f"{rpc}: no such RPC in {self.name}"]
+        return self.check(self._resolve(self.rpcs[rpc][0], self.package), body, f"{rpc} request")
+
+    def check_answer(self, rpc: str, body) -> list[str]:
+        if rpc not in self.rpcs:
+            return []
+        return self.check(self._resolve(self.rpcs[rpc][1], self.package), body, f"{rpc} answer")
+
+
+_PROTOS: dict[str, Proto] = {}
+
+
+def proto(relative: str) -> Proto:
+    """The `.proto` file at `tests/provider-definitions/<relative>`, parsed once per process."""
+    with _CACHE_LOCK:
+        if relative not in _PROTOS:
+            _PROTOS[relative] = Proto(relative)
+        return _PROTOS[relative]

@@ -63,6 +63,9 @@ from fakes.child import QuietHandler, arguments, serve
 # answer is checked against the OpenAPI document, and envd's `/files` against envd.yaml.
 API_DEFINITION = "e2b/openapi.yml"
 ENVD_DEFINITION = "e2b/envd/envd.yaml"
+# envd's Connect services: requests and answers (proto3-JSON) against the official .proto files.
+PROCESS_PROTO = "e2b/envd/process/process.proto"
+FILESYSTEM_PROTO = "e2b/envd/filesystem/filesystem.proto"
 
 ENVD_PORT = 49983
 # The envd release the fake claims by default: the oldest one with everything it serves
@@ -537,6 +540,7 @@ class FakeE2B:
 
     def unary(self, name: str, headers: dict, body: bytes):
         sandbox, req = self.unary_request(name, headers, body)
+        self.record_violations(definitions.proto(PROCESS_PROTO).check_request(f"Process/{name}", req))
         with self.lock:
             self.requests.append({"plane": "envd", "method": "POST", "path": f"/process.Process/{name}",
                                   "sandbox": sandbox.id, "body": req})
@@ -643,6 +647,7 @@ class FakeE2B:
 
     def filesystem(self, name: str, headers: dict, body: bytes):
         sandbox, req = self.unary_request(name, headers, body)
+        self.record_violations(definitions.proto(FILESYSTEM_PROTO).check_request(f"Filesystem/{name}", req))
         if name not in FS_FIELDS:
             raise Reject(404, f"procedure {name} is not implemented by this fake", connect_code="unimplemented")
         self.check_fields(f"{name}Request", req, FS_FIELDS[name])
@@ -792,6 +797,7 @@ class FakeE2B:
             req = json.loads(body[5:])
         except ValueError:
             raise self.violation("Start envelope is not JSON")
+        self.record_violations(definitions.proto(PROCESS_PROTO).check_request("Process/Start", req))
         self.check_fields("StartRequest", req, START_FIELDS)
         if "stdin" in req and self.envd < (0, 3, 0):
             raise self.violation("StartRequest.stdin does not exist before envd 0.3.0")
@@ -839,6 +845,7 @@ class FakeE2B:
             sandbox.processes[pid] = process
         deadline = time.monotonic() + int(deadline_ms) / 1000
         try:
+            self.check_event({"event": {"start": {"pid": pid}}})
             stream.send(envelope(0, {"event": {"start": {"pid": pid}}}))
             done = threading.Event()
 
@@ -878,6 +885,7 @@ class FakeE2B:
             if timed_out:
                 stream.send(envelope(2, {"error": {"code": "deadline_exceeded", "message": "the operation timed out"}}))
             else:
+                self.check_event({"event": {"end": self.end_event(popen.returncode)}})
                 stream.send(envelope(0, {"event": {"end": self.end_event(popen.returncode)}}))
                 stream.send(envelope(2, {}))
             stream.finish()
@@ -886,6 +894,10 @@ class FakeE2B:
             threading.Thread(target=popen.wait, daemon=True).start()
         finally:
             threading.Thread(target=self._forget, args=(sandbox, process), daemon=True).start()
+
+    def check_event(self, message: dict) -> None:
+        """A `StartResponse` this fake streams, against process.proto."""
+        self.record_violations(definitions.proto(PROCESS_PROTO).check_answer("Process/Start", message))
 
     def _forget(self, sandbox: Sandbox, process: Process) -> None:
         process.popen.wait()
@@ -1000,6 +1012,11 @@ class _Handler(QuietHandler):
             fake.record_violations(definitions.load(API_DEFINITION).check_answer(method, split.path, status, payload))
         elif self.plane == "envd" and split.path == "/files" and not isinstance(payload, bytes):
             fake.record_violations(definitions.load(ENVD_DEFINITION).check_answer(method, split.path, status, payload))
+        elif self.plane == "envd" and status == 200 and isinstance(payload, dict):
+            rpc = re.fullmatch(r"/(?:process|filesystem)\.(\w+/\w+)", split.path)
+            if rpc:
+                path = PROCESS_PROTO if split.path.startswith("/process.") else FILESYSTEM_PROTO
+                fake.record_violations(definitions.proto(path).check_answer(rpc.group(1), payload))
         raw = isinstance(payload, bytes)
         data = b"" if payload is None else payload if raw else json.dumps(payload).encode()
         try:
