@@ -266,6 +266,24 @@ pub struct Cli {
     )]
     pub file_tools: bool,
 
+    // ---- checkpoints (docs/checkpoints.md) ----
+    #[arg(
+        long,
+        help = "Expose computer_checkpoint, computer_rollback, computer_fork, checkpoint_list and checkpoint_delete (also: ENABLE_CHECKPOINT_TOOLS=true)",
+        help_heading = "checkpoint options"
+    )]
+    pub checkpoint_tools: bool,
+    #[arg(
+        long,
+        value_name = "N",
+        env = "KILNTAINERS_MAX_CHECKPOINTS",
+        default_value_t = 20,
+        value_parser = clap::value_parser!(u32).range(1..),
+        help = "Checkpoints kept per computer; one more is refused until one is deleted (default: 20)",
+        help_heading = "checkpoint options"
+    )]
+    pub max_checkpoints: u32,
+
     // ---- jobs (docs/jobs.md) ----
     #[arg(
         long,

@@ -102,12 +102,14 @@ async fn run(config: Config) -> i32 {
             },
         )
     });
-    let surface = Surface::new(
+    registry.set_max_checkpoints(config.checkpoints.max_per_computer);
+    let surface = Surface::with_checkpoints(
         registry,
         &description,
         config.lifecycle_tools,
         jobs,
         config.file_tools,
+        config.checkpoints.enabled,
     );
 
     if backend.warm_pool().is_some() {
@@ -132,10 +134,11 @@ async fn run(config: Config) -> i32 {
     } else {
         ""
     };
-    let file_tools = if config.file_tools {
-        ", file tools: on"
-    } else {
-        ""
+    let file_tools = match (config.file_tools, config.checkpoints.enabled) {
+        (true, true) => ", file tools: on, checkpoint tools: on",
+        (true, false) => ", file tools: on",
+        (false, true) => ", checkpoint tools: on",
+        (false, false) => "",
     };
     let code = match &config.transport {
         Transport::Stdio => {

@@ -66,6 +66,14 @@ impl Quotas {
     }
 }
 
+/// The checkpoint tools' switch and limit (docs/checkpoints.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CheckpointsConfig {
+    pub enabled: bool,
+    /// `--max-checkpoints`.
+    pub max_per_computer: usize,
+}
+
 #[derive(Debug, Clone)]
 pub struct Config {
     pub backend: BackendKind,
@@ -77,6 +85,9 @@ pub struct Config {
     pub jobs: JobsConfig,
     /// `--file-tools` or `ENABLE_FILE_TOOLS=true` (docs/files.md).
     pub file_tools: bool,
+    /// `--checkpoint-tools` or `ENABLE_CHECKPOINT_TOOLS=true`, and `--max-checkpoints`
+    /// (docs/checkpoints.md).
+    pub checkpoints: CheckpointsConfig,
     /// `--max-computers-per-user`, `--max-running-per-user` (docs/auth.md, "Quotas").
     pub quotas: Quotas,
     pub description: DescriptionConfig,
@@ -421,6 +432,11 @@ impl Config {
             lifecycle_tools: cli.lifecycle_tools
                 || switch_on(env("ENABLE_LIFECYCLE_TOOLS").as_deref()),
             file_tools: cli.file_tools || switch_on(env("ENABLE_FILE_TOOLS").as_deref()),
+            checkpoints: CheckpointsConfig {
+                enabled: cli.checkpoint_tools
+                    || switch_on(env("ENABLE_CHECKPOINT_TOOLS").as_deref()),
+                max_per_computer: cli.max_checkpoints as usize,
+            },
             quotas: Quotas {
                 max_computers: cli.max_computers_per_user.map(|n| n as usize),
                 max_running: cli.max_running_per_user.map(|n| n as usize),

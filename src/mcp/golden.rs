@@ -186,6 +186,23 @@ async fn tools_list_for_every_combination_of_switches() {
     }
 }
 
+/// With `--checkpoint-tools` (docs/checkpoints.md) and every other switch on; with it off the
+/// files above hold unchanged.
+#[tokio::test]
+async fn tools_list_with_the_checkpoint_tools() {
+    let backend = FakeBackend::new();
+    let registry = Registry::new(
+        backend,
+        InstanceId::random(),
+        "/bin/sh".to_owned(),
+        LIMITS,
+        Quotas::default(),
+    );
+    let surface = Surface::with_checkpoints(registry, "DESCRIPTION", true, None, true, true);
+    let tools = serde_json::to_value(&surface.tools).expect("tools as JSON");
+    check("tools-checkpoints-on-lifecycle-on-files-on", &tools);
+}
+
 fn switch(on: bool) -> &'static str {
     if on { "on" } else { "off" }
 }

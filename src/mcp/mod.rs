@@ -8,6 +8,7 @@
 
 pub mod args;
 mod call;
+mod checkpoints;
 pub mod description;
 mod execute;
 mod files;
@@ -72,11 +73,34 @@ impl Surface {
         jobs: Option<Arc<Jobs>>,
         file_tools: bool,
     ) -> Arc<Self> {
+        Self::with_checkpoints(
+            registry,
+            tool_description,
+            lifecycle_tools,
+            jobs,
+            file_tools,
+            false,
+        )
+    }
+
+    /// [`Surface::new`], with the checkpoint tools' switch (docs/checkpoints.md).
+    pub fn with_checkpoints(
+        registry: Arc<Registry>,
+        tool_description: &str,
+        lifecycle_tools: bool,
+        jobs: Option<Arc<Jobs>>,
+        file_tools: bool,
+        checkpoint_tools: bool,
+    ) -> Arc<Self> {
         let switches = Switches {
             jobs: jobs.is_some(),
             files: file_tools,
             lifecycle: lifecycle_tools,
+            checkpoints: checkpoint_tools,
         };
+        if checkpoint_tools {
+            registry.enable_checkpoints();
+        }
         let definitions = Definitions {
             description: tool_description,
             job_tools: jobs.is_some(),
@@ -99,6 +123,9 @@ impl Surface {
         if file_tools {
             instructions.push_str(files::INSTRUCTIONS);
             ports = Some(Ports::new(registry.clone()));
+        }
+        if checkpoint_tools {
+            instructions.push_str(checkpoints::INSTRUCTIONS);
         }
         Arc::new(Self {
             registry,

@@ -1,6 +1,6 @@
 //! The route table: every tool in the order `tools/list` lists it (docs/decisions.md, "Tool
 //! list"; the spec's order: `terminal_execute`, the job tools, the file tools and `port_url`,
-//! then the lifecycle tools), with the switch that turns it on, its definition, its handler
+//! the checkpoint tools, then the lifecycle tools), with the switch that turns it on, its definition, its handler
 //! and how its errors read. `tools/list` and `tools/call` both read this one table, so a tool
 //! is listed exactly when it can be called.
 
@@ -9,7 +9,7 @@ use rmcp::model::Tool;
 
 use super::call::{Call, CallError, Payload};
 use super::format::ErrorText;
-use super::{execute, files, jobs, lifecycle, ports};
+use super::{checkpoints, execute, files, jobs, lifecycle, ports};
 
 /// Which startup switch turns a tool on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,6 +21,8 @@ pub(super) enum Switch {
     Files,
     /// `--lifecycle-tools` (docs/decisions.md, "Tool list").
     Lifecycle,
+    /// `--checkpoint-tools` (docs/checkpoints.md).
+    Checkpoints,
 }
 
 /// The switches one process runs with.
@@ -29,6 +31,7 @@ pub(super) struct Switches {
     pub jobs: bool,
     pub files: bool,
     pub lifecycle: bool,
+    pub checkpoints: bool,
 }
 
 impl Switches {
@@ -38,6 +41,7 @@ impl Switches {
             Switch::Jobs => self.jobs,
             Switch::Files => self.files,
             Switch::Lifecycle => self.lifecycle,
+            Switch::Checkpoints => self.checkpoints,
         }
     }
 }
@@ -140,6 +144,41 @@ pub(super) static ROUTES: &[Route] = &[
         errors: ErrorText::Message,
     },
     Route {
+        name: checkpoints::CHECKPOINT,
+        switch: Switch::Checkpoints,
+        tool: checkpoints::checkpoint_tool,
+        handler: handler!(checkpoints::checkpoint),
+        errors: ErrorText::Message,
+    },
+    Route {
+        name: checkpoints::ROLLBACK,
+        switch: Switch::Checkpoints,
+        tool: checkpoints::rollback_tool,
+        handler: handler!(checkpoints::rollback),
+        errors: ErrorText::Message,
+    },
+    Route {
+        name: checkpoints::FORK,
+        switch: Switch::Checkpoints,
+        tool: checkpoints::fork_tool,
+        handler: handler!(checkpoints::fork),
+        errors: ErrorText::Message,
+    },
+    Route {
+        name: checkpoints::LIST,
+        switch: Switch::Checkpoints,
+        tool: checkpoints::list_tool,
+        handler: handler!(checkpoints::list),
+        errors: ErrorText::Message,
+    },
+    Route {
+        name: checkpoints::DELETE,
+        switch: Switch::Checkpoints,
+        tool: checkpoints::delete_tool,
+        handler: handler!(checkpoints::delete),
+        errors: ErrorText::Message,
+    },
+    Route {
         name: lifecycle::DASHBOARD,
         switch: Switch::Lifecycle,
         tool: lifecycle::dashboard_tool,
@@ -208,6 +247,7 @@ mod tests {
         jobs: true,
         files: true,
         lifecycle: true,
+        checkpoints: true,
     };
 
     #[test]
@@ -236,9 +276,11 @@ mod tests {
             jobs: false,
             files: true,
             lifecycle: false,
+            checkpoints: false,
         };
         assert!(find(off, jobs::OUTPUT).is_none());
         assert!(find(off, lifecycle::LIST).is_none());
+        assert!(find(off, checkpoints::CHECKPOINT).is_none());
         assert!(find(off, "no_such_tool").is_none());
         assert_eq!(
             find(off, ports::PORT_URL).map(|route| route.name),

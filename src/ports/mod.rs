@@ -140,9 +140,10 @@ impl Ports {
             origins: Mutex::new(Origins::default()),
         });
         let weak: Weak<Self> = Arc::downgrade(&ports);
-        // A forwarder finds the computer again by id, so it outlives a factory reset.
+        // A forwarder finds the computer again by id, so it outlives a factory reset; a
+        // rollback closes it (docs/checkpoints.md).
         registry.on_removed(Box::new(move |id, how| {
-            if let (Some(ports), Removal::Gone) = (weak.upgrade(), how) {
+            if let (Some(ports), Removal::Gone | Removal::RolledBack) = (weak.upgrade(), how) {
                 ports.close(id);
             }
         }));

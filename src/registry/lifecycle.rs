@@ -66,7 +66,7 @@ impl Registry {
     /// with the provider again before the locks are released: a computer the failed op left
     /// removed (a factory reset whose creation failed) is dropped as if deleted, so the next
     /// command creates it instead of finding a record of nothing.
-    async fn with_lifecycle<T>(
+    pub(super) async fn with_lifecycle<T>(
         &self,
         id: &ComputerId,
         op: Interruption,
@@ -170,6 +170,7 @@ impl Registry {
         .await?;
         self.drop_everywhere(id);
         self.removed(id, Removal::Gone);
+        self.forget_checkpoints(id).await;
         Ok(())
     }
 }

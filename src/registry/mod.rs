@@ -10,7 +10,8 @@
 //!
 //! Files: `slots.rs` (a computer's locks and state, the slot map), `acquire.rs` (session default,
 //! named and random ids, attach or create), `execute.rs` (the FIFO exec turn, restart-once on a
-//! stopped computer), `lifecycle.rs` (list, restart, reset, delete), `leases.rs` (sessionless
+//! stopped computer), `lifecycle.rs` (list, restart, reset, delete), `checkpoints.rs`
+//! (checkpoint, rollback, fork), `leases.rs` (sessionless
 //! holds), `shutdown.rs` (session close, shutdown sweep), `quotas.rs` (per-principal limits),
 //! `sessions.rs`, `orphans.rs`.
 //!
@@ -18,6 +19,7 @@
 //! owner, and a session acts only on ids of its own principal.
 
 mod acquire;
+pub mod checkpoints;
 mod execute;
 mod leases;
 mod lifecycle;
@@ -48,6 +50,8 @@ pub enum Interruption {
     Restart,
     Reset,
     Delete,
+    /// `computer_rollback` (docs/checkpoints.md).
+    Rollback,
 }
 
 impl Interruption {
@@ -56,6 +60,7 @@ impl Interruption {
             Self::Restart => "restarted",
             Self::Reset => "reset",
             Self::Delete => "deleted",
+            Self::Rollback => "rolled back",
         }
     }
 }
@@ -98,6 +103,9 @@ pub enum RegistryError {
     /// The client cancelled the call; no result is expected.
     #[error("cancelled")]
     Cancelled,
+    /// A checkpoint tool's refusal (docs/checkpoints.md), already phrased for the user.
+    #[error("{0}")]
+    Checkpoint(String),
     #[error(transparent)]
     Backend(#[from] BackendError),
 }
@@ -121,6 +129,10 @@ pub struct Registry {
     /// Called with the id of every computer this process removed provider-side.
     removal_hooks: Mutex<Vec<RemovalHook>>,
     quotas: quotas::QuotaGate,
+    /// `--max-checkpoints` (docs/checkpoints.md).
+    max_checkpoints: std::sync::atomic::AtomicUsize,
+    /// `--checkpoint-tools`: a removed computer's checkpoints go with it.
+    checkpoints_on: std::sync::atomic::AtomicBool,
 }
 
 /// See [`Registry::on_removed`].
@@ -134,6 +146,9 @@ pub enum Removal {
     /// Factory reset: the same id, a new computer with none of the old one's processes or
     /// files.
     Replaced,
+    /// Rollback to a checkpoint (docs/checkpoints.md): the same id, a new computer with the
+    /// checkpoint's files and none of the old one's processes; port forwards close.
+    RolledBack,
 }
 
 impl Registry {
@@ -155,6 +170,10 @@ impl Registry {
             closing: std::sync::atomic::AtomicBool::new(false),
             removal_hooks: Mutex::new(Vec::new()),
             quotas: quotas::QuotaGate::new(quotas),
+            max_checkpoints: std::sync::atomic::AtomicUsize::new(
+                checkpoints::DEFAULT_MAX_CHECKPOINTS,
+            ),
+            checkpoints_on: std::sync::atomic::AtomicBool::new(false),
         })
     }
 

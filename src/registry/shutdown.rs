@@ -65,6 +65,7 @@ impl Registry {
                     }
                 }
                 self.removed(&sandbox.computer_id, Removal::Gone);
+                self.forget_checkpoints(&sandbox.computer_id).await;
             }
             Err(error) => {
                 warn!(computer_id = %sandbox.computer_id, %error, "could not remove temporary computer");
@@ -108,6 +109,7 @@ impl Registry {
                     Ok(()) => {
                         lock(&slot.state).record = None;
                         self.removed(&sandbox.computer_id, Removal::Gone);
+                        self.forget_checkpoints(&sandbox.computer_id).await;
                         None
                     }
                     Err(error) => {

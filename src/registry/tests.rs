@@ -46,6 +46,20 @@ fn id(raw: &str) -> ComputerId {
     ComputerId::parse(raw).unwrap()
 }
 
+/// Takes a checkpoint of `id` (while a command runs: it keeps running) and rolls back to it.
+async fn rollback_to_a_new_checkpoint(
+    registry: &Registry,
+    id: &ComputerId,
+) -> Result<(), RegistryError> {
+    let owner = Principal::default_principal();
+    let sandbox = registry.find(id).await?;
+    let name = crate::backends::checkpoints::CheckpointName::random("c");
+    within(registry.checkpoint(&sandbox, &owner, Some(name.clone()), None)).await?;
+    within(registry.rollback(id, &owner, &name, Registry::no_progress()))
+        .await
+        .map(drop)
+}
+
 fn request(command: &str) -> ExecRequest {
     ExecRequest {
         program: Program::Shell(command.to_owned()),
@@ -161,6 +175,7 @@ async fn a_lifecycle_op_interrupts_the_exec_in_flight_and_waits_for_its_kill() {
         Interruption::Restart,
         Interruption::Reset,
         Interruption::Delete,
+        Interruption::Rollback,
     ] {
         let (backend, registry) = setup();
         let session = registry.open_session(Principal::default_principal());
@@ -188,6 +203,7 @@ async fn a_lifecycle_op_interrupts_the_exec_in_flight_and_waits_for_its_kill() {
             .await
             .map(drop),
             Interruption::Delete => within(registry.delete(&box_id)).await,
+            Interruption::Rollback => rollback_to_a_new_checkpoint(&registry, &box_id).await,
         };
         lifecycle_call.unwrap();
         match join(long).await {
@@ -820,6 +836,7 @@ async fn issue_30_execs_queued_when_a_lifecycle_op_begins_are_interrupted_and_ne
         Interruption::Restart,
         Interruption::Reset,
         Interruption::Delete,
+        Interruption::Rollback,
     ] {
         let (backend, registry) = setup();
         let owner = Principal::default_principal();
@@ -845,6 +862,7 @@ async fn issue_30_execs_queued_when_a_lifecycle_op_begins_are_interrupted_and_ne
                     .map(drop)
             }
             Interruption::Delete => within(registry.delete(&box_id)).await,
+            Interruption::Rollback => rollback_to_a_new_checkpoint(&registry, &box_id).await,
         }
         .unwrap();
         for task in std::iter::once(long).chain(queued) {

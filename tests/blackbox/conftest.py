@@ -20,6 +20,7 @@ from harness import (
     KBB,
     MINIMAL,
     RUN_PREFIX,
+    checkpoint_images,
     containers_made_by_tests,
     docker,
     force_remove,
@@ -100,6 +101,10 @@ def suite_leak_check():
             force_remove(leftovers)
     except Exception as exc:  # pragma: no cover - docker vanished
         problems.append(f"could not list containers: {exc}")
+    images = checkpoint_images()
+    if images:
+        problems.append(f"checkpoint images left behind: {images}")
+        docker("rmi", "-f", *images, check=False)
     procs = procfs.pids_with_environ(str(base))
     if procs:
         cmdlines = []

@@ -245,6 +245,32 @@ def containers_made_by_tests() -> list[str]:
     return sorted(mine)
 
 
+def checkpoint_images(computer_ids: set[str] | None = None) -> list[str]:
+    """Checkpoint images (docs/checkpoints.md) of this run's computers, or of `computer_ids`:
+    each tag `kilntainers-checkpoint/<id>:<name>`, and the id of an image left without one."""
+    fmt = '{{.ID}}|{{.Repository}}|{{.Tag}}|{{.Label "kilntainers.checkpoint.computer-id"}}'
+    out = docker("images", "--no-trunc", "--filter", "label=kilntainers.checkpoint", "--format", fmt, check=False).stdout
+    found = []
+    for line in out.splitlines():
+        parts = line.split("|")
+        if len(parts) != 4:
+            continue
+        image, repository, tag, labelled = parts
+        owner = repository.removeprefix("localhost/").removeprefix("kilntainers-checkpoint/")
+        untagged = repository == "<none>"
+        computer = labelled if untagged else owner
+        mine = computer in computer_ids if computer_ids is not None else computer.startswith(RUN_PREFIX + "-")
+        if mine:
+            found.append(image if untagged else f"{repository}:{tag}")
+    return sorted(set(found))
+
+
+def remove_checkpoint_images(computer_ids: set[str] | None = None) -> None:
+    images = checkpoint_images(computer_ids)
+    if images:
+        docker("rmi", "-f", *images, check=False)
+
+
 def image_exists(image: str) -> bool:
     return docker("image", "inspect", image, check=False).returncode == 0
 
@@ -652,6 +678,9 @@ class KBB:
         for cid in self.tracked:
             to_remove.update(containers_for(cid))
         force_remove(sorted(to_remove))
+        # Checkpoint images of the test's computers (docs/checkpoints.md), once no container
+        # runs from them; the suite's leak check fails on any left after that.
+        remove_checkpoint_images(set(self.tracked))
         # The networks of principals (docs/auth.md, "Network") stay with permanent computers,
         # which tests remove behind the server's back: the networks left empty then are the
         # harness's to remove. That the server removes them itself is test_network_isolation.py's.

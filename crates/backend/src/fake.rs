@@ -24,6 +24,10 @@ use super::{
     Backend, BackendError, ComputerInfo, CreateSpec, ExecEnd, ExecSpec, Found, OutputSink,
     PortRoute, PortStream, Progress, Restarted, SandboxRef, SinkControl, Stream,
 };
+use crate::checkpoints::{
+    CheckpointName, CheckpointRecord, CheckpointSet, Checkpoints, FromCheckpoint, NewCheckpoint,
+    lineage_after,
+};
 use crate::ids::{ComputerId, ExecId, InstanceId, SandboxId};
 
 /// How long [`FakeBackend::wait_until`] and [`within`] wait, in tokio time, before they fail the
@@ -180,6 +184,10 @@ struct State {
     /// Inventory listings still to fail.
     failing_lists: usize,
     next_incarnation: u64,
+    /// Checkpoints per computer, oldest first, and each computer's present lineage.
+    checkpoints: HashMap<ComputerId, CheckpointSet>,
+    /// Set by [`FakeBackend::without_checkpoints`]: the backend has none (like Fly).
+    no_checkpoints: bool,
 }
 
 impl State {
@@ -246,6 +254,25 @@ impl FakeBackend {
     /// Makes the next `times` creations of `id` fail with a provider error (a failed pull).
     pub fn fail_creates(&self, id: &ComputerId, times: usize) {
         self.state().failing_creates.insert(id.clone(), times);
+    }
+
+    /// Makes this backend one without checkpoints.
+    pub fn without_checkpoints(&self) {
+        self.state().no_checkpoints = true;
+    }
+
+    /// The checkpoints the fake holds for `id`, oldest first.
+    pub fn checkpoint_names(&self, id: &ComputerId) -> Vec<String> {
+        self.state()
+            .checkpoints
+            .get(id)
+            .map(|set| {
+                set.checkpoints
+                    .iter()
+                    .map(|c| c.name.as_str().to_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
     }
 
     pub fn fail_lists(&self, times: usize) {
@@ -394,6 +421,14 @@ impl Backend for FakeBackend {
 
     async fn validate(&self) -> Result<(), BackendError> {
         Ok(())
+    }
+
+    fn checkpoints(&self) -> Option<&dyn Checkpoints> {
+        if self.state().no_checkpoints {
+            None
+        } else {
+            Some(self)
+        }
     }
 
     async fn create(
@@ -613,5 +648,122 @@ impl Backend for FakeBackend {
         _dead: &HashSet<InstanceId>,
     ) -> Result<Vec<ComputerId>, BackendError> {
         Ok(Vec::new())
+    }
+}
+
+/// Checkpoints as entries in a map; a rollback or fork is a new incarnation.
+#[async_trait]
+impl Checkpoints for FakeBackend {
+    async fn checkpoint(
+        &self,
+        sandbox: &SandboxRef,
+        new: &NewCheckpoint,
+    ) -> Result<CheckpointRecord, BackendError> {
+        let mut state = self.state();
+        if !state.computers.contains_key(&sandbox.computer_id) {
+            return Err(BackendError::Vanished(sandbox.computer_id.clone()));
+        }
+        let record = CheckpointRecord {
+            name: new.name.clone(),
+            lineage: new.lineage.clone(),
+            created_at: crate::clock::now_rfc3339(),
+            size_bytes: Some(0),
+            memory: false,
+            note: new.note.clone(),
+        };
+        let set = state
+            .checkpoints
+            .entry(sandbox.computer_id.clone())
+            .or_default();
+        set.checkpoints.push(record.clone());
+        set.lineage = lineage_after(&new.name, &new.lineage);
+        Ok(record)
+    }
+
+    async fn checkpoints(&self, id: &ComputerId) -> Result<CheckpointSet, BackendError> {
+        Ok(self
+            .state()
+            .checkpoints
+            .get(id)
+            .cloned()
+            .unwrap_or_default())
+    }
+
+    async fn rollback(
+        &self,
+        sandbox: &SandboxRef,
+        from: FromCheckpoint<'_>,
+        _spec: &CreateSpec,
+        _progress: &dyn Progress,
+    ) -> Result<SandboxRef, BackendError> {
+        let id = sandbox.computer_id.clone();
+        self.record(Call::Remove(id.clone()));
+        let mut state = self.state();
+        let sandbox_id = state.new_sandbox_id();
+        let lineage = lineage_after(&from.checkpoint.name, &from.checkpoint.lineage);
+        state.checkpoints.entry(id.clone()).or_default().lineage = lineage;
+        match state.computers.get_mut(&id) {
+            Some(computer) => {
+                computer.sandbox.sandbox_id = sandbox_id;
+                computer.running = true;
+                Ok(computer.sandbox.clone())
+            }
+            None => Err(BackendError::Vanished(id)),
+        }
+    }
+
+    async fn fork(
+        &self,
+        source: &SandboxRef,
+        from: FromCheckpoint<'_>,
+        spec: &CreateSpec,
+        _progress: &dyn Progress,
+    ) -> Result<SandboxRef, BackendError> {
+        self.record(Call::Create(spec.computer_id.clone()));
+        let mut state = self.state();
+        if let Some(left) = state.failing_creates.get_mut(&spec.computer_id)
+            && *left > 0
+        {
+            *left -= 1;
+            return Err(BackendError::Provider(format!(
+                "could not create '{}'",
+                spec.computer_id
+            )));
+        }
+        let sandbox = SandboxRef {
+            computer_id: spec.computer_id.clone(),
+            sandbox_id: state.new_sandbox_id(),
+            temporary: spec.temporary,
+            image: source.image.clone(),
+        };
+        state.computers.insert(
+            spec.computer_id.clone(),
+            Computer {
+                sandbox: sandbox.clone(),
+                running: true,
+            },
+        );
+        let mut copy = from.checkpoint.clone();
+        copy.lineage.clear();
+        state.checkpoints.insert(
+            spec.computer_id.clone(),
+            CheckpointSet {
+                lineage: vec![copy.name.clone()],
+                checkpoints: vec![copy],
+            },
+        );
+        Ok(sandbox)
+    }
+
+    async fn delete(&self, id: &ComputerId, name: &CheckpointName) -> Result<(), BackendError> {
+        if let Some(set) = self.state().checkpoints.get_mut(id) {
+            set.checkpoints.retain(|c| &c.name != name);
+        }
+        Ok(())
+    }
+
+    async fn forget(&self, id: &ComputerId) -> Result<(), BackendError> {
+        self.state().checkpoints.remove(id);
+        Ok(())
     }
 }

@@ -9,6 +9,7 @@
 //! of the workspace, nor on rmcp or axum. Backends push output into an [`OutputSink`] and stop
 //! when told; they never see the output limit, and they never format user-facing results.
 
+pub mod checkpoints;
 pub mod clock;
 #[cfg(any(test, feature = "test-support"))]
 pub mod fake;
@@ -26,6 +27,7 @@ use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 
 use crate::ids::{ComputerId, ExecId, InstanceId, Principal, SandboxId};
+use checkpoints::Checkpoints;
 use files::FileSystem;
 
 /// The image every default configuration uses, and the one the exact reference tool text
@@ -234,6 +236,21 @@ pub trait Backend: Send + Sync {
     /// [`Backend::exec`] (when [`Backend::has_posix_shell`]).
     fn file_system(&self) -> Option<&dyn FileSystem> {
         None
+    }
+
+    /// The provider side of checkpoints, rollback and fork (docs/checkpoints.md), for a
+    /// backend that has them. `None`: the checkpoint tools refuse with
+    /// [`Backend::no_checkpoints`] before they touch (or create) a computer.
+    fn checkpoints(&self) -> Option<&dyn Checkpoints> {
+        None
+    }
+
+    /// The refusal of a backend without checkpoints.
+    fn no_checkpoints(&self) -> BackendError {
+        BackendError::Provider(format!(
+            "Checkpoints are not available on the {} backend.",
+            self.kind()
+        ))
     }
 
     /// Whether [`Backend::port_route`] can ever answer; `false` lets `port_url` refuse with

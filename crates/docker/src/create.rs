@@ -45,12 +45,29 @@ pub(super) async fn create(
     spec: &CreateSpec,
     progress: &dyn Progress,
 ) -> Result<SandboxRef, BackendError> {
+    create_from(backend, spec, None, progress).await
+}
+
+/// A computer made from a local image other than its base image (a checkpoint's,
+/// docs/checkpoints.md), with extra labels; the base image stays recorded for a factory reset.
+pub(super) struct LocalImage {
+    pub reference: String,
+    pub labels: HashMap<String, String>,
+}
+
+/// [`create`], or with `local` a computer of a checkpoint image: never a spare, never pulled.
+pub(super) async fn create_from(
+    backend: &DockerBackend,
+    spec: &CreateSpec,
+    local: Option<LocalImage>,
+    progress: &dyn Progress,
+) -> Result<SandboxRef, BackendError> {
     let image = spec
         .image
         .clone()
         .unwrap_or_else(|| backend.config.image.clone());
     // Spares are temporary containers of the configured image (docs/warm-pool.md).
-    let from_pool = spec.temporary && image == backend.config.image;
+    let from_pool = spec.temporary && image == backend.config.image && local.is_none();
     let owner = spec
         .owner
         .clone()
@@ -61,7 +78,9 @@ pub(super) async fn create(
     }
     // Refills wait while sessions wait for creations (a burst): they would compete with them.
     let _creating = from_pool.then(|| backend.pool.creating());
-    ensure_image(backend, &image, progress).await?;
+    if local.is_none() {
+        ensure_image(backend, &image, progress).await?;
+    }
     // The semaphore is never closed, so acquiring only waits.
     let _turn = backend.starts.acquire().await.ok();
     // A spare may have become ready while this waited for its turn.
@@ -84,6 +103,13 @@ pub(super) async fn create(
     if spec.temporary {
         labels.insert(label::INSTANCE.to_owned(), spec.instance.to_string());
     }
+    let run_image = match local {
+        Some(local) => {
+            labels.extend(local.labels);
+            Some(local.reference)
+        }
+        None => None,
+    };
     let name = DockerBackend::container_name(&spec.computer_id);
     let docker = backend.client().await?;
     // Another server on the engine may remove the owner's network between our finding it
@@ -97,6 +123,7 @@ pub(super) async fn create(
             computer_id: &spec.computer_id,
             temporary: spec.temporary,
             image: image.clone(),
+            run_image: run_image.clone(),
             labels: labels.clone(),
             network_mode: placement.network_mode.clone(),
         };
@@ -152,6 +179,7 @@ pub(super) async fn spare(
         computer_id: &placeholder,
         temporary: true,
         image,
+        run_image: None,
         labels,
         network_mode: placement.network_mode.clone(),
     };
@@ -173,6 +201,8 @@ struct Wanted<'a> {
     /// Removed by the engine when it stops (`AutoRemove`), and in crash GC's reach.
     temporary: bool,
     image: String,
+    /// The image the container runs when it is not `image` (a checkpoint's).
+    run_image: Option<String>,
     labels: HashMap<String, String>,
     /// `HostConfig.NetworkMode` ([`super::networks::Placement`]).
     network_mode: Option<String>,
@@ -271,7 +301,12 @@ async fn start(
 fn container_body(backend: &DockerBackend, wanted: &Wanted<'_>) -> ContainerCreateBody {
     let config = &backend.config;
     let mut body = ContainerCreateBody {
-        image: Some(wanted.image.clone()),
+        image: Some(
+            wanted
+                .run_image
+                .clone()
+                .unwrap_or_else(|| wanted.image.clone()),
+        ),
         cmd: Some(keep_alive_argv(&backend.shell)),
         // An image entrypoint must not wrap or replace the keep-alive.
         entrypoint: Some(vec![String::new()]),

@@ -5,6 +5,7 @@
 //! The word *container* appears only under this folder. Label keys come from
 //! [`kilntainers_backend::labels::docker`] so the Python reference's containers are found as ours.
 
+mod checkpoints;
 pub mod config;
 mod create;
 mod exec;
@@ -383,6 +384,10 @@ impl Backend for DockerBackend {
         }
     }
 
+    fn checkpoints(&self) -> Option<&dyn kilntainers_backend::checkpoints::Checkpoints> {
+        Some(self)
+    }
+
     async fn validate(&self) -> Result<(), BackendError> {
         self.client().await.map(drop)
     }
@@ -646,6 +651,8 @@ impl Backend for DockerBackend {
         // Networks whose computers are all gone: a temporary computer the engine removed
         // when it stopped, or a server that died before removing them.
         self.networks.release_all_unused(docker).await;
+        // Checkpoints of computers that are gone (docs/checkpoints.md).
+        self.collect_orphan_checkpoints().await;
         Ok(removed)
     }
 }

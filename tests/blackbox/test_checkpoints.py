@@ -1,0 +1,210 @@
+"""Checkpoints, rollback and fork (docs/checkpoints.md) over stdio with the official Python MCP
+client against a real Docker engine: the switch (off: nothing changes), a tree of binary files,
+symlinks, modes and a file later deleted rolled back byte-exact (SHA-256 of the whole tree), the
+checkpoint tree after rollbacks and forks, a server restart in between, four forks each
+independent, delete leaving no image, a checkpoint while a job and a command run, a rollback
+while a command runs, and every bad input refused with its message and nothing changed.
+
+The same cases run with the exec helper off (scripts/test.sh runs this file again with
+KILNTAINERS_EXEC_HELPER=off)."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from harness import BUSYBOX_ARGS, checkpoint_images, container_for
+
+pytestmark = pytest.mark.anyio
+
+CHECKPOINT_ARGS = [*BUSYBOX_ARGS, "--checkpoint-tools", "--lifecycle-tools"]
+CHECKPOINT_TOOLS = ["computer_checkpoint", "computer_rollback", "computer_fork", "checkpoint_list", "checkpoint_delete"]
+
+# Every entry of /work: type, path, mode, and the content's (or link target's) SHA-256.
+TREE_HASH = (
+    "cd /work && find . | sort | while read -r f; do "
+    'if [ -L "$f" ]; then echo "L $f $(readlink "$f")"; '
+    'elif [ -f "$f" ]; then echo "F $f $(stat -c %a "$f") $(sha256sum < "$f")"; '
+    'else echo "D $f $(stat -c %a "$f")"; fi; done | sha256sum'
+)
+
+MAKE_TREE = (
+    "mkdir -p /work/sub/deep && cd /work && "
+    "head -c 300000 /dev/urandom > blob.bin && chmod 640 blob.bin && "
+    "printf 'hello\\n' > sub/hello.txt && chmod 755 sub/hello.txt && "
+    "ln -s sub/hello.txt link && ln -s /nonexistent dangling && "
+    "head -c 5000 /dev/urandom > sub/deep/gone.bin && chmod 700 sub/deep"
+)
+
+CHANGE_TREE = (
+    "cd /work && rm sub/deep/gone.bin && head -c 1000 /dev/urandom >> blob.bin && "
+    "chmod 600 sub/hello.txt && rm link && ln -s blob.bin link && echo new > added.txt"
+)
+
+
+async def tree_hash(srv, cid: str) -> str:
+    return (await srv.run(TREE_HASH, computer_id=cid)).structured["stdout"]
+
+
+async def call_ok(srv, name: str, args: dict) -> dict:
+    res = await srv.call(args, name=name)
+    assert not res.is_error, f"{name}: {res.text}"
+    return res.structured
+
+
+async def call_error(srv, name: str, args: dict) -> str:
+    res = await srv.call(args, name=name)
+    assert res.is_error, f"{name} should have failed: {res.structured}"
+    return res.text
+
+
+async def test_switch_off_changes_nothing(kbb):
+    async with kbb.server(*BUSYBOX_ARGS) as srv:
+        assert [t["name"] for t in await srv.list_tools()] == ["terminal_execute"]
+        with pytest.raises(Exception, match="tool not found"):
+            await srv.call({}, name="computer_checkpoint")
+        assert "checkpoint" not in srv.init.get("instructions", "")
+        assert "checkpoint tools" not in srv.stderr()
+
+
+async def test_switch_on_lists_the_tools_before_the_lifecycle_tools(kbb):
+    async with kbb.server(*BUSYBOX_ARGS, env={"ENABLE_CHECKPOINT_TOOLS": "true", "ENABLE_LIFECYCLE_TOOLS": "true"}) as srv:
+        names = [t["name"] for t in await srv.list_tools()]
+        assert names[1:6] == CHECKPOINT_TOOLS
+        assert names[6] == "computer_dashboard"
+        assert "checkpoint tools: on" in srv.stderr()
+
+
+async def test_rollback_is_byte_exact_and_the_tree_survives_a_restart(kbb):
+    cid = kbb.new_id("cp")
+    home = kbb.home()
+    async with kbb.server(*CHECKPOINT_ARGS, home=home) as srv:
+        await srv.run(MAKE_TREE, computer_id=cid, temporary=False)
+        original = await tree_hash(srv, cid)
+        first = await call_ok(srv, "computer_checkpoint", {"computer_id": cid, "name": "base", "note": "before changes"})
+        assert list(first) == ["computer_id", "checkpoint", "parent", "created_at", "size_bytes", "memory", "note"]
+        assert first["checkpoint"] == "base" and first["parent"] is None and first["memory"] is False
+        assert first["note"] == "before changes"
+        assert first["size_bytes"] >= 300000
+        await srv.run(CHANGE_TREE, computer_id=cid)
+        changed = await tree_hash(srv, cid)
+        assert changed != original
+        await call_ok(srv, "computer_checkpoint", {"computer_id": cid, "name": "changed"})
+        before = container_for(cid)
+        rolled = await call_ok(srv, "computer_rollback", {"computer_id": cid, "checkpoint": "base"})
+        assert list(rolled) == ["computer_id", "checkpoint", "restored_at", "memory"]
+        assert container_for(cid) != before
+        assert await tree_hash(srv, cid) == original
+        await srv.run("test -f /work/sub/deep/gone.bin", computer_id=cid)
+        await call_ok(srv, "computer_checkpoint", {"computer_id": cid, "name": "retry"})
+    # A second server process finds everything through the labels.
+    async with kbb.server(*CHECKPOINT_ARGS) as srv:
+        listed = await call_ok(srv, "checkpoint_list", {"computer_id": cid})
+        assert listed["current"] == "retry"
+        tree = [(c["checkpoint"], c["parent"]) for c in listed["checkpoints"]]
+        assert tree == [("base", None), ("changed", "base"), ("retry", "base")]
+        await call_ok(srv, "computer_rollback", {"computer_id": cid, "checkpoint": "changed"})
+        assert await tree_hash(srv, cid) == changed
+        assert (await call_ok(srv, "checkpoint_list", {"computer_id": cid}))["current"] == "changed"
+        # Deleting a checkpoint re-parents its children.
+        await call_ok(srv, "checkpoint_delete", {"computer_id": cid, "checkpoint": "base"})
+        listed = await call_ok(srv, "checkpoint_list", {"computer_id": cid})
+        assert [(c["checkpoint"], c["parent"]) for c in listed["checkpoints"]] == [("changed", None), ("retry", None)]
+        # A factory reset keeps the checkpoints, so it can be rolled back.
+        await call_ok(srv, "computer_factory_reset", {"computer_id": cid})
+        await call_ok(srv, "computer_rollback", {"computer_id": cid, "checkpoint": "changed"})
+        assert await tree_hash(srv, cid) == changed
+        await call_ok(srv, "computer_delete", {"computer_id": cid})
+        assert checkpoint_images({cid}) == []
+
+
+async def test_four_forks_are_independent_and_leave_nothing(kbb):
+    cid = kbb.new_id("fk")
+    async with kbb.server(*CHECKPOINT_ARGS) as srv:
+        await srv.run(MAKE_TREE, computer_id=cid, temporary=False)
+        original = await tree_hash(srv, cid)
+        forked = await call_ok(srv, "computer_fork", {"computer_id": cid, "count": 4})
+        forks = forked["computers"]
+        for fork in forks:
+            kbb.track(fork, temporary=False)
+        assert forked["source"] == cid and forked["checkpoint"].startswith("fork-")
+        assert forks == [f"{cid}-f{n}" for n in range(1, 5)]
+        async with anyio.create_task_group() as tg:
+            for n, fork in enumerate(forks):
+                tg.start_soon(srv.run, f"echo {n} > /work/mine", fork)
+        for n, fork in enumerate(forks):
+            assert (await srv.run("cat /work/mine", computer_id=fork)).structured["stdout"] == f"{n}\n"
+        await srv.run("rm -r /work/sub", computer_id=cid)
+        await srv.run("rm /work/mine", computer_id=forks[0])
+        assert await tree_hash(srv, forks[0]) == original
+        listed = await call_ok(srv, "checkpoint_list", {"computer_id": forks[1]})
+        assert listed["current"] == forked["checkpoint"]
+        assert [c["checkpoint"] for c in listed["checkpoints"]] == [forked["checkpoint"]]
+        # A fork id that exists, and the next free numbers.
+        message = await call_error(srv, "computer_fork", {"computer_id": cid, "new_computer_id": forks[0]})
+        assert message == f"Computer '{forks[0]}' already exists; choose another new_computer_id."
+        await call_ok(srv, "computer_delete", {"computer_id": cid})
+        assert checkpoint_images({cid}) == []
+        for fork in forks:
+            await call_ok(srv, "computer_delete", {"computer_id": fork})
+        assert checkpoint_images({cid, *forks}) == []
+
+
+async def test_bad_input_is_refused_and_changes_nothing(kbb):
+    cid = kbb.new_id("bad")
+    async with kbb.server(*CHECKPOINT_ARGS, "--max-checkpoints", "2") as srv:
+        await srv.run("echo x > /x", computer_id=cid, temporary=False)
+        await call_ok(srv, "computer_checkpoint", {"computer_id": cid, "name": "one"})
+        sandbox = container_for(cid)
+        assert await call_error(srv, "computer_rollback", {"computer_id": cid, "checkpoint": "nope"}) == (
+            f"No checkpoint nope on {cid}; checkpoint_list shows them."
+        )
+        assert await call_error(srv, "computer_checkpoint", {"computer_id": cid, "name": "one"}) == (
+            f"Checkpoint one already exists on {cid}."
+        )
+        assert "lowercase letters" in await call_error(srv, "computer_checkpoint", {"computer_id": cid, "name": "Bad_Name"})
+        assert "between 1 and 8" in await call_error(srv, "computer_fork", {"computer_id": cid, "count": 9})
+        assert "between 1 and 8" in await call_error(srv, "computer_fork", {"computer_id": cid, "count": 0})
+        assert "count 1" in await call_error(srv, "computer_fork", {"computer_id": cid, "count": 2, "new_computer_id": "x"})
+        assert "500" in await call_error(srv, "computer_checkpoint", {"computer_id": cid, "note": "n" * 501})
+        await call_ok(srv, "computer_checkpoint", {"computer_id": cid, "name": "two"})
+        assert "checkpoint_delete" in await call_error(srv, "computer_checkpoint", {"computer_id": cid, "name": "three"})
+        assert "No checkpoint" in await call_error(srv, "checkpoint_delete", {"computer_id": cid, "checkpoint": "three"})
+        assert container_for(cid) == sandbox
+        listed = await call_ok(srv, "checkpoint_list", {"computer_id": cid})
+        assert [c["checkpoint"] for c in listed["checkpoints"]] == ["one", "two"]
+        await call_ok(srv, "computer_delete", {"computer_id": cid})
+
+
+async def test_rollback_ends_the_running_command_and_a_checkpoint_does_not(kbb):
+    cid = kbb.new_id("run")
+    async with kbb.server(*CHECKPOINT_ARGS, "--job-tools") as srv:
+        await srv.run("echo one > /state", computer_id=cid, temporary=False)
+        job = await srv.call({"command": "for i in $(seq 1 60); do echo $i; sleep 0.5; done", "computer_id": cid, "yield_after": 0})
+        job_id = job.structured["job_id"]
+        results = {}
+
+        async def slow():
+            results["slow"] = await srv.call({"command": "sleep 2; echo done", "computer_id": cid})
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(slow)
+            await anyio.sleep(0.5)
+            cp = await call_ok(srv, "computer_checkpoint", {"computer_id": cid, "name": "mid"})
+            assert cp["checkpoint"] == "mid"
+            assert "slow" not in results  # the checkpoint did not wait for the command
+        assert results["slow"].structured["stdout"] == "done\n"
+        jobs = await srv.call({"computer_id": cid}, name="job_list")
+        assert any(j["job_id"] == job_id and j["status"] == "running" for j in jobs.structured["jobs"])
+        await srv.run("echo two > /state", computer_id=cid)
+
+        async def long():
+            results["long"] = await srv.call({"command": "sleep 60", "computer_id": cid})
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(long)
+            await anyio.sleep(1)
+            await call_ok(srv, "computer_rollback", {"computer_id": cid, "checkpoint": "mid"})
+        assert results["long"].is_error and "rolled back" in results["long"].text
+        assert (await srv.run("cat /state", computer_id=cid)).structured["stdout"] == "one\n"
+        await call_ok(srv, "computer_delete", {"computer_id": cid})
