@@ -248,20 +248,24 @@ def containers_made_by_tests() -> list[str]:
 def checkpoint_images(computer_ids: set[str] | None = None) -> list[str]:
     """Checkpoint images (docs/checkpoints.md) of this run's computers, or of `computer_ids`:
     each tag `kilntainers-checkpoint/<id>:<name>`, and the id of an image left without one."""
-    fmt = '{{.ID}}|{{.Repository}}|{{.Tag}}|{{.Label "kilntainers.checkpoint.computer-id"}}'
-    out = docker("images", "--no-trunc", "--filter", "label=kilntainers.checkpoint", "--format", fmt, check=False).stdout
+    out = docker(
+        "images", "--no-trunc", "--filter", "label=kilntainers.checkpoint", "--format", "{{.ID}}|{{.Repository}}|{{.Tag}}",
+        check=False,
+    ).stdout
     found = []
     for line in out.splitlines():
         parts = line.split("|")
-        if len(parts) != 4:
+        if len(parts) != 3:
             continue
-        image, repository, tag, labelled = parts
-        owner = repository.removeprefix("localhost/").removeprefix("kilntainers-checkpoint/")
-        untagged = repository == "<none>"
-        computer = labelled if untagged else owner
+        image, repository, tag = parts
+        if repository == "<none>":
+            labelled = docker("image", "inspect", "--format", '{{index .Config.Labels "kilntainers.checkpoint.computer-id"}}', image, check=False)
+            computer = labelled.stdout.strip()
+        else:
+            computer = repository.removeprefix("localhost/").removeprefix("kilntainers-checkpoint/")
         mine = computer in computer_ids if computer_ids is not None else computer.startswith(RUN_PREFIX + "-")
         if mine:
-            found.append(image if untagged else f"{repository}:{tag}")
+            found.append(image if repository == "<none>" else f"{repository}:{tag}")
     return sorted(set(found))
 
 

@@ -42,8 +42,13 @@ CHANGE_TREE = (
 )
 
 
+async def run(srv, command: str, cid: str):
+    """terminal_execute on a permanent computer."""
+    return await srv.run(command, computer_id=cid, temporary=False)
+
+
 async def tree_hash(srv, cid: str) -> str:
-    return (await srv.run(TREE_HASH, computer_id=cid)).structured["stdout"]
+    return (await run(srv, TREE_HASH, cid)).structured["stdout"]
 
 
 async def call_ok(srv, name: str, args: dict) -> dict:
@@ -79,14 +84,14 @@ async def test_rollback_is_byte_exact_and_the_tree_survives_a_restart(kbb):
     cid = kbb.new_id("cp")
     home = kbb.home()
     async with kbb.server(*CHECKPOINT_ARGS, home=home) as srv:
-        await srv.run(MAKE_TREE, computer_id=cid, temporary=False)
+        await run(srv, MAKE_TREE, cid)
         original = await tree_hash(srv, cid)
         first = await call_ok(srv, "computer_checkpoint", {"computer_id": cid, "name": "base", "note": "before changes"})
         assert list(first) == ["computer_id", "checkpoint", "parent", "created_at", "size_bytes", "memory", "note"]
         assert first["checkpoint"] == "base" and first["parent"] is None and first["memory"] is False
         assert first["note"] == "before changes"
         assert first["size_bytes"] >= 300000
-        await srv.run(CHANGE_TREE, computer_id=cid)
+        await run(srv, CHANGE_TREE, cid)
         changed = await tree_hash(srv, cid)
         assert changed != original
         await call_ok(srv, "computer_checkpoint", {"computer_id": cid, "name": "changed"})
@@ -95,7 +100,7 @@ async def test_rollback_is_byte_exact_and_the_tree_survives_a_restart(kbb):
         assert list(rolled) == ["computer_id", "checkpoint", "restored_at", "memory"]
         assert container_for(cid) != before
         assert await tree_hash(srv, cid) == original
-        await srv.run("test -f /work/sub/deep/gone.bin", computer_id=cid)
+        await run(srv, "test -f /work/sub/deep/gone.bin", cid)
         await call_ok(srv, "computer_checkpoint", {"computer_id": cid, "name": "retry"})
     # A second server process finds everything through the labels.
     async with kbb.server(*CHECKPOINT_ARGS) as srv:
@@ -121,21 +126,21 @@ async def test_rollback_is_byte_exact_and_the_tree_survives_a_restart(kbb):
 async def test_four_forks_are_independent_and_leave_nothing(kbb):
     cid = kbb.new_id("fk")
     async with kbb.server(*CHECKPOINT_ARGS) as srv:
-        await srv.run(MAKE_TREE, computer_id=cid, temporary=False)
+        await run(srv, MAKE_TREE, cid)
         original = await tree_hash(srv, cid)
         forked = await call_ok(srv, "computer_fork", {"computer_id": cid, "count": 4})
         forks = forked["computers"]
         for fork in forks:
-            kbb.track(fork, temporary=False)
+            kbb.track(fork)
         assert forked["source"] == cid and forked["checkpoint"].startswith("fork-")
         assert forks == [f"{cid}-f{n}" for n in range(1, 5)]
         async with anyio.create_task_group() as tg:
             for n, fork in enumerate(forks):
-                tg.start_soon(srv.run, f"echo {n} > /work/mine", fork)
+                tg.start_soon(run, srv, f"echo {n} > /work/mine", fork)
         for n, fork in enumerate(forks):
-            assert (await srv.run("cat /work/mine", computer_id=fork)).structured["stdout"] == f"{n}\n"
-        await srv.run("rm -r /work/sub", computer_id=cid)
-        await srv.run("rm /work/mine", computer_id=forks[0])
+            assert (await run(srv, "cat /work/mine", fork)).structured["stdout"] == f"{n}\n"
+        await run(srv, "rm -r /work/sub", cid)
+        await run(srv, "rm /work/mine", forks[0])
         assert await tree_hash(srv, forks[0]) == original
         listed = await call_ok(srv, "checkpoint_list", {"computer_id": forks[1]})
         assert listed["current"] == forked["checkpoint"]
@@ -153,7 +158,7 @@ async def test_four_forks_are_independent_and_leave_nothing(kbb):
 async def test_bad_input_is_refused_and_changes_nothing(kbb):
     cid = kbb.new_id("bad")
     async with kbb.server(*CHECKPOINT_ARGS, "--max-checkpoints", "2") as srv:
-        await srv.run("echo x > /x", computer_id=cid, temporary=False)
+        await run(srv, "echo x > /x", cid)
         await call_ok(srv, "computer_checkpoint", {"computer_id": cid, "name": "one"})
         sandbox = container_for(cid)
         assert await call_error(srv, "computer_rollback", {"computer_id": cid, "checkpoint": "nope"}) == (
@@ -179,13 +184,13 @@ async def test_bad_input_is_refused_and_changes_nothing(kbb):
 async def test_rollback_ends_the_running_command_and_a_checkpoint_does_not(kbb):
     cid = kbb.new_id("run")
     async with kbb.server(*CHECKPOINT_ARGS, "--job-tools") as srv:
-        await srv.run("echo one > /state", computer_id=cid, temporary=False)
-        job = await srv.call({"command": "for i in $(seq 1 60); do echo $i; sleep 0.5; done", "computer_id": cid, "yield_after": 0})
+        await run(srv, "echo one > /state", cid)
+        job = await srv.call({"command": "for i in $(seq 1 60); do echo $i; sleep 0.5; done", "computer_id": cid, "temporary": False, "yield_after": 0})
         job_id = job.structured["job_id"]
         results = {}
 
         async def slow():
-            results["slow"] = await srv.call({"command": "sleep 2; echo done", "computer_id": cid})
+            results["slow"] = await srv.call({"command": "sleep 2; echo done", "computer_id": cid, "temporary": False})
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(slow)
@@ -195,16 +200,19 @@ async def test_rollback_ends_the_running_command_and_a_checkpoint_does_not(kbb):
             assert "slow" not in results  # the checkpoint did not wait for the command
         assert results["slow"].structured["stdout"] == "done\n"
         jobs = await srv.call({"computer_id": cid}, name="job_list")
-        assert any(j["job_id"] == job_id and j["status"] == "running" for j in jobs.structured["jobs"])
-        await srv.run("echo two > /state", computer_id=cid)
+        assert any(j["job_id"] == job_id and j["running"] for j in jobs.structured["jobs"])
+        await run(srv, "echo two > /state", cid)
 
         async def long():
-            results["long"] = await srv.call({"command": "sleep 60", "computer_id": cid})
+            results["long"] = await srv.call({"command": "sleep 60", "computer_id": cid, "temporary": False})
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(long)
             await anyio.sleep(1)
             await call_ok(srv, "computer_rollback", {"computer_id": cid, "checkpoint": "mid"})
         assert results["long"].is_error and "rolled back" in results["long"].text
-        assert (await srv.run("cat /state", computer_id=cid)).structured["stdout"] == "one\n"
+        assert (await run(srv, "cat /state", cid)).structured["stdout"] == "one\n"
+        # The job ended with the old computer's processes.
+        jobs = await srv.call({"computer_id": cid}, name="job_list")
+        assert not any(j["job_id"] == job_id and j["running"] for j in jobs.structured.get("jobs", []))
         await call_ok(srv, "computer_delete", {"computer_id": cid})

@@ -10,7 +10,7 @@
 //!
 //! **Never pushed**: nothing here talks to a registry.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 use async_trait::async_trait;
 use bollard::models::ContainerConfig;
@@ -22,7 +22,8 @@ use kilntainers_backend::checkpoints::{
     CheckpointName, CheckpointRecord, CheckpointSet, Checkpoints, FromCheckpoint, NewCheckpoint,
     lineage_after, lineage_label, parse_lineage,
 };
-use kilntainers_backend::ids::ComputerId;
+use kilntainers_backend::ids::{ComputerId, InstanceId};
+use kilntainers_backend::labels::{self, docker as computer_label};
 use kilntainers_backend::{BackendError, CreateSpec, Progress, SandboxRef};
 use tracing::{debug, info};
 
@@ -170,8 +171,12 @@ impl DockerBackend {
         }
     }
 
-    /// Removes the checkpoints of computers that no longer exist (crash GC).
-    pub(super) async fn collect_orphan_checkpoints(&self) {
+    /// Crash GC (docs/checkpoints.md, "Docker and Podman"): removes the checkpoints of
+    /// temporary computers that a dead server made and that no longer exist. The image carries
+    /// the labels of the container it was committed from, mode and instance included. A
+    /// computer without a container is not enough on its own: a rollback in progress (here or
+    /// in another server) has removed the old container and not yet made the new one.
+    pub(super) async fn collect_orphan_checkpoints(&self, dead: &HashSet<InstanceId>) {
         let Ok(docker) = self.client().await else {
             return;
         };
@@ -183,8 +188,16 @@ impl DockerBackend {
             return;
         };
         let prefix = format!("{REPOSITORY}/");
-        let mut computers: HashMap<String, bool> = HashMap::new();
         for image in images {
+            let labels = &image.labels;
+            let temporary =
+                labels::parse_temporary(labels.get(computer_label::TEMPORARY).map(String::as_str));
+            let instance = labels
+                .get(computer_label::INSTANCE)
+                .and_then(|i| InstanceId::parse(i));
+            if !(temporary && instance.is_some_and(|i| dead.contains(&i))) {
+                continue;
+            }
             for tag in &image.repo_tags {
                 let tag = tag.strip_prefix("localhost/").unwrap_or(tag);
                 let Some((raw_id, _)) = tag
@@ -196,19 +209,10 @@ impl DockerBackend {
                 let Ok(id) = ComputerId::parse_stored(raw_id) else {
                     continue;
                 };
-                let exists = match computers.get(raw_id) {
-                    Some(exists) => *exists,
-                    None => {
-                        let exists =
-                            !matches!(self.inspect(&Self::container_name(&id)).await, Ok(None));
-                        computers.insert(raw_id.to_owned(), exists);
-                        exists
-                    }
-                };
-                if !exists {
+                if matches!(self.inspect(&Self::container_name(&id)).await, Ok(None)) {
                     let options = RemoveImageOptionsBuilder::default().force(true).build();
                     let _ = docker.remove_image(tag, Some(options), None).await;
-                    info!(computer_id = %id, "removed a checkpoint of a computer that no longer exists");
+                    info!(computer_id = %id, "removed a checkpoint of a temporary computer left by a dead server");
                 }
             }
         }

@@ -652,7 +652,7 @@ impl Backend for DockerBackend {
         // when it stopped, or a server that died before removing them.
         self.networks.release_all_unused(docker).await;
         // Checkpoints of computers that are gone (docs/checkpoints.md).
-        self.collect_orphan_checkpoints().await;
+        self.collect_orphan_checkpoints(dead).await;
         Ok(removed)
     }
 }
