@@ -262,7 +262,7 @@ def checkpoint_images(computer_ids: set[str] | None = None) -> list[str]:
             labelled = docker("image", "inspect", "--format", '{{index .Config.Labels "kilntainers.checkpoint.computer-id"}}', image, check=False)
             computer = labelled.stdout.strip()
         else:
-            computer = repository.removeprefix("localhost/").removeprefix("kilntainers-checkpoint/")
+            computer = repository.removeprefix("localhost/").removeprefix("docker.io/").removeprefix("kilntainers-checkpoint/")
         mine = computer in computer_ids if computer_ids is not None else computer.startswith(RUN_PREFIX + "-")
         if mine:
             found.append(image if repository == "<none>" else f"{repository}:{tag}")

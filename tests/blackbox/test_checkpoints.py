@@ -10,6 +10,9 @@ KILNTAINERS_EXEC_HELPER=off)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+
 import anyio
 import pytest
 
@@ -216,3 +219,48 @@ async def test_rollback_ends_the_running_command_and_a_checkpoint_does_not(kbb):
         jobs = await srv.call({"computer_id": cid}, name="job_list")
         assert not any(j["job_id"] == job_id and j["running"] for j in jobs.structured.get("jobs", []))
         await call_ok(srv, "computer_delete", {"computer_id": cid})
+
+
+PODMAN_SOCKET = os.environ.get("KILNTAINERS_PODMAN_SOCKET", "unix:///run/podman/podman.sock")
+
+
+def podman(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["podman", *args], capture_output=True, text=True, timeout=60)
+
+
+def podman_checkpoint_images(prefix: str) -> list[str]:
+    out = podman("images", "--format", "{{.Repository}}:{{.Tag}}").stdout
+    return [line for line in out.split() if f"kilntainers-checkpoint/{prefix}" in line]
+
+
+async def test_podman_core_case(kbb):
+    """Podman through its Docker-compatible API: checkpoint, rollback byte-exact, a fork, and
+    delete leaving no image."""
+    if not os.path.exists(PODMAN_SOCKET.removeprefix("unix://")):
+        pytest.skip("no Podman socket")
+    cid = kbb.new_id("pod")
+    args = ["--engine", "podman", "--docker-host", PODMAN_SOCKET, "--image", "localhost/sandbox-busybox:full",
+            "--shell", "/bin/sh", "--checkpoint-tools", "--lifecycle-tools"]
+    try:
+        async with kbb.server(*args) as srv:
+            await run(srv, MAKE_TREE, cid)
+            original = await tree_hash(srv, cid)
+            await call_ok(srv, "computer_checkpoint", {"computer_id": cid, "name": "base"})
+            await run(srv, CHANGE_TREE, cid)
+            assert await tree_hash(srv, cid) != original
+            await call_ok(srv, "computer_rollback", {"computer_id": cid, "checkpoint": "base"})
+            assert await tree_hash(srv, cid) == original
+            forked = await call_ok(srv, "computer_fork", {"computer_id": cid, "checkpoint": "base"})
+            assert forked["computers"] == [f"{cid}-f1"]
+            assert await tree_hash(srv, f"{cid}-f1") == original
+            listed = await call_ok(srv, "checkpoint_list", {"computer_id": cid})
+            assert listed["current"] == "base"
+            for computer in (cid, f"{cid}-f1"):
+                await call_ok(srv, "computer_delete", {"computer_id": computer})
+            assert podman_checkpoint_images(cid) == []
+    finally:
+        for name in (f"kilntainer-{cid}", f"kilntainer-{cid}-f1"):
+            podman("rm", "-f", name)
+        images = podman_checkpoint_images(cid)
+        if images:
+            podman("rmi", "-f", *images)

@@ -62,6 +62,13 @@ fn reference(id: &ComputerId, name: &CheckpointName) -> String {
     format!("{}:{name}", repository(id))
 }
 
+/// A tag as we wrote it: Podman lists ours under `docker.io/` (or `localhost/`).
+fn local_tag(tag: &str) -> &str {
+    tag.strip_prefix("docker.io/")
+        .or_else(|| tag.strip_prefix("localhost/"))
+        .unwrap_or(tag)
+}
+
 fn hex(text: &str) -> String {
     text.bytes().map(|b| format!("{b:02x}")).collect()
 }
@@ -131,9 +138,8 @@ impl DockerBackend {
         let mut found = Vec::new();
         for image in images {
             for tag in &image.repo_tags {
-                let Some(name) = tag
+                let Some(name) = local_tag(tag)
                     .strip_prefix(&prefix)
-                    .or_else(|| tag.strip_prefix(&format!("localhost/{prefix}")))
                     .and_then(|raw| CheckpointName::parse(raw).ok())
                 else {
                     continue;
@@ -199,7 +205,7 @@ impl DockerBackend {
                 continue;
             }
             for tag in &image.repo_tags {
-                let tag = tag.strip_prefix("localhost/").unwrap_or(tag);
+                let tag = local_tag(tag);
                 let Some((raw_id, _)) = tag
                     .strip_prefix(&prefix)
                     .and_then(|rest| rest.split_once(':'))
