@@ -11,12 +11,13 @@ KILNTAINERS_EXEC_HELPER=off)."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 
 import anyio
 import pytest
 
-from harness import BUSYBOX_ARGS, checkpoint_images, container_for
+from harness import BUSYBOX_ARGS, apoll, checkpoint_images, container_for, wait_exit
 
 pytestmark = pytest.mark.anyio
 
@@ -264,3 +265,24 @@ async def test_podman_core_case(kbb):
         images = podman_checkpoint_images(cid)
         if images:
             podman("rmi", "-f", *images)
+
+
+async def test_crash_gc_removes_the_checkpoints_of_a_killed_servers_temporary_computers(kbb):
+    """A server killed with SIGKILL cannot remove its temporary computers or their checkpoints;
+    the next server on the same home removes both. A permanent computer's stay."""
+    home = kbb.home()
+    perm = kbb.new_id("gcp")
+    async with kbb.server(*CHECKPOINT_ARGS, home=home) as a:
+        tmp = (await a.run("echo a > /a")).structured["computer_id"]
+        await call_ok(a, "computer_checkpoint", {"computer_id": tmp, "name": "t1"})
+        await run(a, "echo p > /p", perm)
+        await call_ok(a, "computer_checkpoint", {"computer_id": perm, "name": "p1"})
+        os.kill(a.pid, signal.SIGKILL)
+        assert wait_exit(a, 10) == -signal.SIGKILL
+    assert checkpoint_images({tmp}) == [f"kilntainers-checkpoint/{tmp}:t1"]
+    async with kbb.server(*CHECKPOINT_ARGS, home=home) as b:
+        assert await apoll(lambda: container_for(tmp) is None and not checkpoint_images({tmp}), 20, 0.2)
+        assert checkpoint_images({perm}) == [f"kilntainers-checkpoint/{perm}:p1"]
+        await call_ok(b, "computer_rollback", {"computer_id": perm, "checkpoint": "p1"})
+        await call_ok(b, "computer_delete", {"computer_id": perm})
+        assert checkpoint_images({perm}) == []
