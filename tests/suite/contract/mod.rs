@@ -49,6 +49,8 @@ macro_rules! contract_tests {
             job_takes_stdin_and_is_killed_whole, job_takes_stdin_and_is_killed_whole_against_fake;
             files_5_mib_binary_round_trip, files_5_mib_binary_round_trip_against_fake;
             files_text_list_and_errors, files_text_list_and_errors_against_fake;
+            checkpoints_roll_back_and_fork_or_are_refused,
+                checkpoints_roll_back_and_fork_or_are_refused_against_fake;
         );
     };
     (@each real; $($case:ident, $fake:ident;)*) => {
@@ -856,5 +858,103 @@ pub async fn files_text_list_and_errors(h: Harness) {
         FileError::WriteToDirectory("/tmp/contract-tree/dir".into())
     );
     h.backend.remove(&sandbox).await.unwrap();
+    h.finish().await;
+}
+
+/// Checkpoints (docs/checkpoints.md): where the backend has them, a checkpoint survives a
+/// change and comes back by rollback under the same id; a fork is a second computer with the
+/// checkpoint's files and its own first checkpoint; delete and forget remove them. Where it has
+/// none, it says so in the contract's words before anything is made.
+pub async fn checkpoints_roll_back_and_fork_or_are_refused(h: Harness) {
+    use mcp_sandbox_computer_vm_for_ai::backends::checkpoints::{
+        CheckpointName, FromCheckpoint, NewCheckpoint,
+    };
+    use mcp_sandbox_computer_vm_for_ai::ids::Principal;
+    let Some(provider) = h.backend.checkpoints() else {
+        assert_eq!(
+            h.backend.no_checkpoints().to_string(),
+            format!(
+                "Checkpoints are not available on the {} backend.",
+                h.backend.kind()
+            )
+        );
+        h.finish().await;
+        return;
+    };
+    let id = h.computer("ct-cp");
+    let fork_id = h.computer("ct-cp-fork");
+    let instance = InstanceId::random();
+    let sandbox = h.create(&id, false, &instance).await;
+    let (code, _, stderr) = h
+        .sh(&sandbox, "mkdir -p /root && echo one > /root/cp")
+        .await;
+    assert_eq!(code, 0, "{stderr}");
+    let name = CheckpointName::parse("one").unwrap();
+    let new = NewCheckpoint {
+        name: name.clone(),
+        lineage: Vec::new(),
+        note: Some("first".to_owned()),
+        owner: Principal::default_principal(),
+    };
+    let record = provider.checkpoint(&sandbox, &new).await.unwrap();
+    assert_eq!(
+        (record.name.as_str(), record.note.as_deref()),
+        ("one", Some("first"))
+    );
+    let set = provider.checkpoints(&id).await.unwrap();
+    assert_eq!(set.checkpoints.len(), 1);
+    assert_eq!(set.lineage, vec![name.clone()]);
+    h.sh(&sandbox, "echo two > /root/cp").await;
+    let from = FromCheckpoint {
+        source: &id,
+        checkpoint: &set.checkpoints[0],
+    };
+    let rolled = provider
+        .rollback(
+            &sandbox,
+            from.clone(),
+            &create_spec(&id, false, &instance),
+            &NoProgress,
+        )
+        .await
+        .unwrap();
+    assert_eq!(rolled.computer_id, id);
+    assert!(!rolled.temporary);
+    assert_eq!(h.sh(&rolled, "cat /root/cp").await.1, "one\n");
+    let forked = provider
+        .fork(
+            &rolled,
+            from,
+            &create_spec(&fork_id, false, &instance),
+            &NoProgress,
+        )
+        .await
+        .unwrap();
+    assert_eq!(h.sh(&forked, "cat /root/cp").await.1, "one\n");
+    h.sh(&forked, "echo fork > /root/cp").await;
+    assert_eq!(h.sh(&rolled, "cat /root/cp").await.1, "one\n");
+    let fork_set = provider.checkpoints(&fork_id).await.unwrap();
+    assert_eq!(fork_set.checkpoints.len(), 1);
+    provider.delete(&id, &name).await.unwrap();
+    assert!(
+        provider
+            .checkpoints(&id)
+            .await
+            .unwrap()
+            .checkpoints
+            .is_empty()
+    );
+    h.backend.remove(&rolled).await.unwrap();
+    h.backend.remove(&forked).await.unwrap();
+    provider.forget(&id).await.unwrap();
+    provider.forget(&fork_id).await.unwrap();
+    assert!(
+        provider
+            .checkpoints(&fork_id)
+            .await
+            .unwrap()
+            .checkpoints
+            .is_empty()
+    );
     h.finish().await;
 }
