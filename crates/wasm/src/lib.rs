@@ -11,6 +11,7 @@
 //! [`files`] (the file tools on the root), [`fetch`] (the pinned go-busybox module), [`shell`]
 //! (the command interpreter).
 
+mod checkpoints;
 pub mod config;
 pub mod fetch;
 mod files;
@@ -596,6 +597,10 @@ impl Backend for WasmBackend {
         true
     }
 
+    fn checkpoints(&self) -> Option<&dyn kilntainers_backend::checkpoints::Checkpoints> {
+        Some(self)
+    }
+
     fn file_system(&self) -> Option<&dyn FileSystem> {
         Some(self)
     }
@@ -734,6 +739,7 @@ impl Backend for WasmBackend {
         dead: &HashSet<InstanceId>,
     ) -> Result<Vec<ComputerId>, BackendError> {
         let mut removed = Vec::new();
+        let mut living = Vec::new();
         for (dir, meta) in self.scan() {
             let orphan = meta.temporary
                 && meta
@@ -746,8 +752,12 @@ impl Backend for WasmBackend {
                 && let Ok(id) = ComputerId::parse_stored(&meta.computer_id)
             {
                 removed.push(id);
+            } else if let Ok(id) = ComputerId::parse_stored(&meta.computer_id) {
+                living.push(id);
             }
         }
+        // Checkpoints of temporary computers that are gone (docs/checkpoints.md).
+        self.collect_orphan_checkpoints(&living);
         self.tidy_private_dir();
         Ok(removed)
     }
