@@ -10,6 +10,7 @@ KILNTAINERS_EXEC_HELPER=off)."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import signal
 import subprocess
@@ -286,3 +287,33 @@ async def test_crash_gc_removes_the_checkpoints_of_a_killed_servers_temporary_co
         await call_ok(b, "computer_rollback", {"computer_id": perm, "checkpoint": "p1"})
         await call_ok(b, "computer_delete", {"computer_id": perm})
         assert checkpoint_images({perm}) == []
+
+
+def owner_tag(principal: str) -> str:
+    return hashlib.sha256(principal.encode()).hexdigest()[:16]
+
+
+async def test_another_principal_gets_the_unknown_name_answer(kbb, tmp_path):
+    """Checkpoints belong to the computer's principal: with the same computer_id, another
+    principal reaches its own computer, where the checkpoint is unknown (docs/auth.md)."""
+    tokens = {"alice": "alice-" + "a" * 40, "bob": "bob-" + "b" * 40}
+    path = tmp_path / "tokens"
+    path.write_text("".join(f"{p}  {t}\n" for p, t in tokens.items()))
+    path.chmod(0o600)
+    box = kbb.new_id("shared")
+    for principal in tokens:
+        kbb.track(f"{box}.{owner_tag(principal)}", temporary=False)
+    async with kbb.http_server("--auth-tokens-file", str(path), *CHECKPOINT_ARGS) as srv:
+        async with kbb.http_session(srv, headers={"Authorization": f"Bearer {tokens['alice']}"}) as alice, \
+                kbb.http_session(srv, headers={"Authorization": f"Bearer {tokens['bob']}"}) as bob:
+            await alice.run("echo alice > /who", computer_id=box, temporary=False)
+            await call_ok(alice, "computer_checkpoint", {"computer_id": box, "name": "mine"})
+            unknown = f"No checkpoint mine on {box}; checkpoint_list shows them."
+            assert await call_error(bob, "computer_rollback", {"computer_id": box, "checkpoint": "mine"}) == unknown
+            assert await call_error(bob, "checkpoint_delete", {"computer_id": box, "checkpoint": "mine"}) == unknown
+            assert await call_error(bob, "computer_fork", {"computer_id": box, "checkpoint": "mine"}) == unknown
+            assert (await call_ok(bob, "checkpoint_list", {"computer_id": box}))["checkpoints"] == []
+            assert (await call_ok(alice, "checkpoint_list", {"computer_id": box}))["current"] == "mine"
+            for session in (alice, bob):
+                await call_ok(session, "computer_delete", {"computer_id": box})
+    assert checkpoint_images({f"{box}.{owner_tag(p)}" for p in tokens}) == []
