@@ -17,6 +17,11 @@ Written from E2B's published definitions, not from our client:
   `explode: false`), `limit` (1..100) and `nextToken`, and pages with the `X-Next-Token` header;
   sandboxes expire at their timeout (paused ones do not); `connect` resumes a paused sandbox
   (201) or extends a running one's lifetime, never shortening it (200);
+  `POST /sandboxes/{sandboxID}/snapshots` (`SandboxSnapshotRequest` → 201 `SnapshotInfo`)
+  commits the sandbox's container (`docker commit --pause`: the filesystem only) into a snapshot
+  template `<id>:default` that `POST /sandboxes` takes as `templateID` (with or without the tag);
+  `GET /snapshots` lists them (`sandboxID`, `name`, `limit`, `nextToken`); `DELETE
+  /templates/{templateID}` deletes one (204; the image goes once no container runs from it);
 * envd follows `process.proto` (package `process`, service `Process`) over the Connect
   protocol with the JSON codec: `Start` is server-streaming (`application/connect+json`, one
   request envelope `[flags][u32 BE length][JSON]`, answer envelopes of `{event: {start|data|end|
@@ -128,6 +133,7 @@ esac
 PROCESS_FIELDS = {"cmd", "args", "envs", "cwd"}
 SIGNALS = {"SIGNAL_SIGTERM": 15, "SIGNAL_SIGKILL": 9, 15: 15, 9: 9}
 LIST_PARAMS = {"metadata", "state", "limit", "nextToken"}
+SNAPSHOT_LIST_PARAMS = {"sandboxID", "name", "limit", "nextToken"}
 STATES = {"running", "paused"}
 KEEP_ALIVE = "trap 'exit 0' TERM INT HUP; while :; do sleep 3600 & wait $!; done"
 # How the fake starts a command inside the container: it reports the pid (or why the command
@@ -218,6 +224,10 @@ class FakeE2B:
         self.injections: list[dict] = []
         self.servers: list[ThreadingHTTPServer] = []
         self.stopping = threading.Event()
+        # Snapshot templates: template id -> {"image", "sandbox", "names"}.
+        self.snapshots: dict[str, dict] = {}
+        # Images of deleted snapshots that a container still ran from; removed at the end.
+        self.leftover_images: list[str] = []
 
     # -- lifecycle of the fake itself ---------------------------------------------------------
     def start(self, api_port: int = 0, envd_port: int = 0) -> "FakeE2B":
@@ -249,6 +259,12 @@ class FakeE2B:
             self.sandboxes.clear()
         if names:
             self.docker("rm", "-f", *names, check=False)
+        with self.lock:
+            images = [s["image"] for s in self.snapshots.values()] + self.leftover_images
+            self.snapshots.clear()
+            self.leftover_images = []
+        if images:
+            self.docker("rmi", "-f", *images, check=False)
 
     def __enter__(self) -> "FakeE2B":
         return self.start()
@@ -340,6 +356,10 @@ class FakeE2B:
             raise self.violation("GET /sandboxes is deprecated; use GET /v2/sandboxes")
         if parts == ["sandboxes"] and method == "POST":
             return self.create(parsed)
+        if parts == ["snapshots"] and method == "GET":
+            return self.list_snapshots(query)
+        if len(parts) == 2 and parts[0] == "templates" and method == "DELETE":
+            return self.delete_template(parts[1])
         if len(parts) >= 2 and parts[0] == "sandboxes":
             with self.lock:
                 sandbox = self.sandboxes.get(parts[1])
@@ -358,7 +378,10 @@ class FakeE2B:
             with self.lock:
                 return 200, {}, list(self.violations)
         if path == "/_fake/state":
-            return 200, {}, {"sandboxes": [dict(s.listed_view(), container=s.container) for s in self.live()]}
+            with self.lock:
+                snapshots = {t: dict(v) for t, v in self.snapshots.items()}
+            return 200, {}, {"sandboxes": [dict(s.listed_view(), container=s.container) for s in self.live()],
+                             "snapshots": snapshots}
         if path == "/_fake/inject" and method == "POST":
             self.inject(data["method"], data["path"], data["status"], data.get("times", 1), data.get("headers"),
                         data.get("body"))
@@ -401,7 +424,7 @@ class FakeE2B:
         for key in ("metadata", "envVars"):
             if key in body:
                 self.check_string_map(key, body[key])
-        image = self.templates.get(body["templateID"])
+        image = self.template_image(body["templateID"])
         if image is None:
             raise Reject(404, f"template '{body['templateID']}' not found")
         sandbox = Sandbox(body, image, self.run, self.domain, self.envd_version)
@@ -418,6 +441,65 @@ class FakeE2B:
         with self.lock:
             self.sandboxes[sandbox.id] = sandbox
         return 201, {}, sandbox.sandbox_view()
+
+    def template_image(self, template_id: str) -> str | None:
+        """The image of a template, or of a snapshot template named with or without its tag."""
+        if template_id in self.templates:
+            return self.templates[template_id]
+        with self.lock:
+            snapshot = self.snapshots.get(template_id.rsplit(":", 1)[0])
+        return snapshot["image"] if snapshot else None
+
+    def snapshot(self, sandbox: Sandbox, body):
+        self.check_fields("SandboxSnapshotRequest", body if body is not None else {}, {"name"})
+        if body is None:
+            raise self.violation("POST /sandboxes/{sandboxID}/snapshots requires a body")
+        name = body.get("name")
+        if name is not None and (not isinstance(name, str) or not name):
+            raise self.violation("name must be a non-empty string")
+        template_id = "snap" + secrets.token_hex(8)
+        image = f"fakee2b-snapshot-{self.run}:{template_id}"
+        self.docker("commit", "--pause=true", sandbox.container, image)
+        names = [f"fake-team/{name}:default"] if name else []
+        with self.lock:
+            self.snapshots[template_id] = {"image": image, "sandbox": sandbox.id, "names": names}
+        return 201, {}, self.snapshot_info(template_id)
+
+    def snapshot_info(self, template_id: str) -> dict:
+        names = self.snapshots[template_id]["names"]
+        return {"snapshotID": names[0].split("/", 1)[1] if names else f"{template_id}:default", "names": list(names)}
+
+    def list_snapshots(self, query: dict):
+        unknown = set(query) - SNAPSHOT_LIST_PARAMS
+        if unknown:
+            raise self.violation(f"GET /snapshots has undocumented parameters {sorted(unknown)}")
+        q = {k: v[-1] for k, v in query.items()}
+        with self.lock:
+            rows = sorted(self.snapshots)
+            if "sandboxID" in q:
+                rows = [t for t in rows if self.snapshots[t]["sandbox"] == q["sandboxID"]]
+            if "name" in q:
+                wanted = q["name"].split(":", 1)[0]
+                rows = [t for t in rows if t == wanted
+                        or any(n.split(":", 1)[0] in (wanted, f"fake-team/{wanted}") for n in self.snapshots[t]["names"])]
+            infos = [self.snapshot_info(t) for t in rows]
+        limit = int(q.get("limit", 100))
+        offset = int(base64.urlsafe_b64decode(q["nextToken"].encode()).decode()) if "nextToken" in q else 0
+        headers = {}
+        if offset + limit < len(infos):
+            headers["X-Next-Token"] = base64.urlsafe_b64encode(str(offset + limit).encode()).decode()
+        return 200, headers, infos[offset:offset + limit]
+
+    def delete_template(self, template_id: str):
+        with self.lock:
+            snapshot = self.snapshots.pop(template_id, None)
+        if snapshot is None:
+            # Base templates are not ours to delete; an unknown one is simply not there.
+            raise Reject(404, f"template '{template_id}' not found")
+        if self.docker("rmi", snapshot["image"], check=False).returncode != 0:
+            with self.lock:
+                self.leftover_images.append(snapshot["image"])
+        return 204, {}, None
 
     def list_sandboxes(self, query: dict):
         unknown = set(query) - LIST_PARAMS
@@ -488,6 +570,8 @@ class FakeE2B:
             self.docker("pause", sandbox.container)
             sandbox.state = "paused"
             return 204, {}, None
+        if action == "snapshots" and method == "POST":
+            return self.snapshot(sandbox, body)
         if action == "resume" and method == "POST":
             raise self.violation("POST /sandboxes/{id}/resume is deprecated; use connect")
         raise Reject(404, "not found")

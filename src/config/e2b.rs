@@ -60,6 +60,7 @@ pub fn from_cli(cli: &Cli) -> Result<E2bConfig, ConfigError> {
         envd_url: non_empty(&cli.e2b.e2b_envd_url)
             .map(|u| u.trim().trim_end_matches('/').to_owned())
             .unwrap_or_else(|| DEFAULT_ENVD_URL.to_owned()),
+        state_dir: crate::state::state_dir(),
     })
 }
 

@@ -50,9 +50,10 @@ pub fn from_cli(
     let home = non_empty(env("HOME")).map(PathBuf::from);
     let config_file = non_empty(env("MODAL_CONFIG_PATH"))
         .map(PathBuf::from)
-        .or_else(|| home.map(|h| h.join(".modal.toml")));
+        .or_else(|| home.as_ref().map(|h| h.join(".modal.toml")));
     let image = non_empty(cli.docker.image.clone());
     Ok(ModalConfig {
+        state_dir: home.map(|h| h.join(crate::state::STATE_DIR_NAME)),
         tokens: TokenSources {
             flag_id: non_empty(cli.modal.modal_token_id.clone()).map(Secret::new),
             flag_secret,

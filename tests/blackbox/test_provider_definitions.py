@@ -54,3 +54,19 @@ def test_issue_32_proto3_json_bodies_are_checked_against_the_proto_files():
     [signal] = process.check_request("Process/SendSignal", {"process": {"pid": 1}, "signal": "SIGKILL"})
     assert "is not a value of process.Signal" in signal
     assert process.check_answer("Process/Start", {"event": {"end": {"exitCode": 3, "exited": True}}}) == []
+
+
+def test_issue_35_e2b_snapshot_calls_are_checked_against_the_definition():
+    e2b = definitions.load(E2B)
+    assert e2b.check_request("POST", "/sandboxes/i1/snapshots", {}, {}) == []
+    assert e2b.check_request("POST", "/sandboxes/i1/snapshots", {}, {"name": "n"}) == []
+    [extra] = e2b.check_request("POST", "/sandboxes/i1/snapshots", {}, {"memory": True})
+    assert extra == "POST /sandboxes/{sandboxID}/snapshots body.memory: not declared by the official definition"
+    assert e2b.check_request("POST", "/sandboxes/i1/snapshots", {}, None) == [
+        "POST /sandboxes/{sandboxID}/snapshots: the official definition requires a body"
+    ]
+    assert e2b.check_request("DELETE", "/templates/snap1", {}, None) == []
+    assert e2b.check_request("GET", "/snapshots", {"sandboxID": "i1", "limit": "10"}, None) == []
+    assert e2b.check_answer("POST", "/sandboxes/i1/snapshots", 201, {"snapshotID": "s:default", "names": []}) == []
+    [missing] = e2b.check_answer("POST", "/sandboxes/i1/snapshots", 201, {"snapshotID": "s:default"})
+    assert "names" in missing

@@ -18,6 +18,8 @@ pub const KEY: &str = "e2b_test_key";
 /// The fake as a child process (see [`PythonFake`]).
 pub struct Fake {
     _process: PythonFake,
+    /// The backends' state directory (checkpoint records), removed with the fake.
+    pub state: std::path::PathBuf,
     pub api: String,
     pub envd: String,
     http: reqwest::Client,
@@ -31,8 +33,14 @@ impl Fake {
             .collect();
         let (process, ports) = PythonFake::start("e2b", &args);
         let ports: Value = serde_json::from_str(&ports).unwrap();
+        let state = std::env::temp_dir().join(format!(
+            "kt-e2b-state-{}-{}",
+            std::process::id(),
+            ports["api"]
+        ));
         Fake {
             _process: process,
+            state,
             api: format!("http://127.0.0.1:{}", ports["api"]),
             envd: format!("http://127.0.0.1:{}", ports["envd"]),
             http: reqwest::Client::new(),
@@ -85,6 +93,12 @@ impl Fake {
     }
 }
 
+impl Drop for Fake {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.state);
+    }
+}
+
 pub fn backend_with(fake: &Fake, key: Option<&str>, extra: &[&str]) -> Arc<dyn Backend> {
     let mut args = vec![
         "x",
@@ -103,5 +117,6 @@ pub fn backend_with(fake: &Fake, key: Option<&str>, extra: &[&str]) -> Arc<dyn B
         Config::from_cli(&cli, mcp_sandbox_computer_vm_for_ai::config::process_env).unwrap();
     // Never the developer's own E2B_API_KEY.
     config.e2b.api_key = key.map(mcp_sandbox_computer_vm_for_ai::secret::Secret::new);
+    config.e2b.state_dir = Some(fake.state.clone());
     providers::build(&config).unwrap()
 }

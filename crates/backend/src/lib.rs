@@ -20,6 +20,7 @@ pub mod posix;
 #[cfg(feature = "rest")]
 pub mod rest;
 pub mod secret;
+pub mod snapshots;
 
 use std::collections::HashSet;
 

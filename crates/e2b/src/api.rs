@@ -175,6 +175,22 @@ impl Listed {
     }
 }
 
+/// `SnapshotInfo`: the answer of `POST /sandboxes/{id}/snapshots`.
+#[derive(Debug, Clone, Deserialize)]
+pub(super) struct SnapshotInfo {
+    /// The snapshot template's id with its tag (`<template>:<tag>`); what a new sandbox's
+    /// `templateID` names.
+    #[serde(rename = "snapshotID")]
+    pub snapshot_id: String,
+}
+
+/// The template id of a snapshot id: the part before its `:<tag>`.
+pub(super) fn template_of(snapshot_id: &str) -> &str {
+    snapshot_id
+        .rsplit_once(':')
+        .map_or(snapshot_id, |(template, _)| template)
+}
+
 /// What `connect` did.
 pub(super) enum Connected {
     Running(Sandbox),
@@ -386,6 +402,32 @@ impl Api {
     }
 }
 
+impl Api {
+    /// `POST /sandboxes/{id}/snapshots` (`SandboxSnapshotRequest`, no name: E2B then names the
+    /// snapshot template by its id): a persistent snapshot that new sandboxes start from.
+    pub(super) async fn snapshot(&self, sandbox_id: &str) -> Result<SnapshotInfo, ApiError> {
+        let path = format!("/sandboxes/{}/snapshots", rest::encode(sandbox_id));
+        let body = serde_json::json!({});
+        let response = self
+            .send(Method::POST, &path, &[], Some(&body), Retry::RateLimitOnly)
+            .await?;
+        self.json(&format!("POST {path}"), response).await
+    }
+
+    /// `DELETE /templates/{templateID}` of a snapshot's template; 404 counts as gone.
+    pub(super) async fn delete_template(&self, template_id: &str) -> Result<(), ApiError> {
+        let path = format!("/templates/{}", rest::encode(template_id));
+        match self
+            .send(Method::DELETE, &path, &[], None, Retry::Idempotent)
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(e) if e.status() == Some(404) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+}
+
 /// E2B's error bodies are `{"code", "message"}`; fall back to the raw text, shortened.
 pub(super) fn error_text(body: &str) -> String {
     #[derive(Deserialize)]
@@ -414,6 +456,16 @@ mod tests {
             metadata_query(&[("a b", "c&d"), ("k", "v=1")]),
             "a%20b=c%26d&k=v%3D1"
         );
+    }
+
+    #[test]
+    fn a_snapshot_names_its_template_before_the_tag() {
+        assert_eq!(template_of("abc123:default"), "abc123");
+        assert_eq!(template_of("team/snap:v2"), "team/snap");
+        assert_eq!(template_of("abc123"), "abc123");
+        let info: SnapshotInfo =
+            serde_json::from_str(r#"{"snapshotID":"abc:default","names":[]}"#).unwrap();
+        assert_eq!(info.snapshot_id, "abc:default");
     }
 
     #[test]

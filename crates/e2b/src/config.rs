@@ -3,6 +3,7 @@
 //! from it (a self-hosted E2B-compatible service is just another pair of URLs).
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 
 use kilntainers_backend::secret::Secret;
 
@@ -34,6 +35,8 @@ pub struct E2bConfig {
     pub api_url: String,
     /// envd URL template with `{port}`, `{sandbox_id}` and `{domain}` placeholders.
     pub envd_url: String,
+    /// The server's state directory: where checkpoint records live (docs/checkpoints.md).
+    pub state_dir: Option<PathBuf>,
 }
 
 impl E2bConfig {

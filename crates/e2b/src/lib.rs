@@ -9,10 +9,12 @@
 //! commands started → readiness (`state_preserved: true`). Where pausing is not offered, the
 //! sandbox is killed and created again from its template, and the result says files were lost.
 //!
-//! Split: [`api`] (control plane, retries, error texts), [`connect`] (Connect framing),
+//! Split: [`api`] (control plane, retries, error texts), [`checkpoints`] (snapshots as
+//! checkpoints), [`connect`] (Connect framing),
 //! [`process`] (envd process service), [`files`] (the file tools over envd's file API). reqwest appears only under this folder and `fly/`.
 
 mod api;
+mod checkpoints;
 pub mod config;
 mod connect;
 mod files;
@@ -34,6 +36,7 @@ use kilntainers_backend::files::FileSystem;
 use kilntainers_backend::ids::{ComputerId, ExecId, InstanceId, Principal, SandboxId};
 use kilntainers_backend::labels::{self, e2b as meta};
 use kilntainers_backend::posix::{self, KILL_SWEEP_TIMEOUT, SweepReach, shell_basename};
+use kilntainers_backend::snapshots::SnapshotCheckpoints;
 use kilntainers_backend::{
     Backend, BackendError, ComputerInfo, CreateSpec, ExecEnd, ExecSpec, Found, OutputSink,
     PortRoute, Progress, Restarted, SandboxRef, SinkControl, Stream,
@@ -84,6 +87,8 @@ pub struct E2bBackend {
     conns: Mutex<HashMap<String, Conn>>,
     /// Exec id → (sandbox id, pid) of commands that may still run, for `SendSignal`.
     pids: Mutex<HashMap<String, (String, u32)>>,
+    /// Checkpoint records (`checkpoints`), under the state directory.
+    records: SnapshotCheckpoints,
 }
 
 impl E2bBackend {
@@ -113,6 +118,7 @@ impl E2bBackend {
             validated: OnceCell::new(),
             conns: Mutex::new(HashMap::new()),
             pids: Mutex::new(HashMap::new()),
+            records: SnapshotCheckpoints::new(config.state_dir.as_deref(), "e2b"),
         })
     }
 
@@ -383,6 +389,17 @@ impl E2bBackend {
         spec: &CreateSpec,
         progress: &dyn Progress,
     ) -> Result<SandboxRef, BackendError> {
+        self.create_sandbox_from(spec, None, progress).await
+    }
+
+    /// Creates the computer of `spec` from its template, or from `snapshot` (a checkpoint) with
+    /// the template still recorded as its image.
+    async fn create_sandbox_from(
+        &self,
+        spec: &CreateSpec,
+        snapshot: Option<&str>,
+        progress: &dyn Progress,
+    ) -> Result<SandboxRef, BackendError> {
         self.validated().await?;
         let id = &spec.computer_id;
         progress.report(1.0, None, format!("Creating e2b computer {id}…"));
@@ -405,7 +422,7 @@ impl E2bBackend {
             metadata.insert(meta::INSTANCE.to_owned(), spec.instance.to_string());
         }
         let body = NewSandbox {
-            template_id: &template,
+            template_id: snapshot.unwrap_or(&template),
             timeout: self.config.sandbox_timeout_secs,
             secure: true,
             allow_internet_access: self.network,
@@ -439,7 +456,8 @@ impl E2bBackend {
         Ok(sandbox)
     }
 
-    /// Kills every process our commands started (restart after a resume).
+    /// Kills every process our commands started (restart after a resume, a sandbox made from
+    /// a snapshot).
     async fn kill_all_tagged(&self, sandbox: &SandboxRef) -> Result<(), BackendError> {
         let argv = vec![
             self.shell.clone(),
@@ -541,6 +559,11 @@ impl Backend for E2bBackend {
     /// The file tools go through envd's file API ([`files`]); appends and a few other cases
     /// fall back to the shell programs.
     fn file_system(&self) -> Option<&dyn FileSystem> {
+        Some(self)
+    }
+
+    /// Snapshots as checkpoints ([`checkpoints`]).
+    fn checkpoints(&self) -> Option<&dyn kilntainers_backend::checkpoints::Checkpoints> {
         Some(self)
     }
 
@@ -737,6 +760,7 @@ impl Backend for E2bBackend {
                 }
             }
         }
+        self.records.collect_orphans(self, dead).await;
         Ok(removed)
     }
 }

@@ -153,6 +153,7 @@ mod tests {
             region: None,
             sandbox_timeout_secs: 3600,
             ports: Vec::new(),
+            state_dir: None,
         }
     }
 

@@ -50,4 +50,6 @@ pub struct ModalConfig {
     /// `--modal-ports`: opened as encrypted tunnels on every sandbox this server creates
     /// (docs/files.md, "Ports"), sorted, without repeats.
     pub ports: Vec<u16>,
+    /// The server's state directory: where checkpoint records live (docs/checkpoints.md).
+    pub state_dir: Option<PathBuf>,
 }
