@@ -34,7 +34,25 @@ pub fn backend_with(fake: &FakeModal, secret: Option<&str>, extra: &[&str]) -> A
     config.modal.server_url_env = Some(fake.url());
     config.modal.environment_env = None;
     config.modal.image_builder_version_env = None;
+    config.modal.state_dir = Some(state_dir(fake));
     providers::build(&config).unwrap()
+}
+
+/// The backends' state directory (checkpoint records) for one fake: shared by every backend
+/// pointed at it, as two server processes of one user share theirs. Removed by
+/// [`StateDir`].
+pub fn state_dir(fake: &FakeModal) -> PathBuf {
+    let port = fake.url().rsplit(':').next().unwrap_or_default().to_owned();
+    std::env::temp_dir().join(format!("kt-modal-state-{}-{port}", std::process::id()))
+}
+
+/// Removes a fake's state directory when dropped.
+pub struct StateDir(pub PathBuf);
+
+impl Drop for StateDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// A Modal backend with the token pair the fake accepts.

@@ -270,6 +270,20 @@ macro_rules! streaming {
 
 impl Api {
     unary!(
+        image_delete,
+        image_delete,
+        "ImageDelete",
+        pb::ImageDeleteRequest,
+        ()
+    );
+    unary!(
+        sandbox_snapshot_fs,
+        sandbox_snapshot_fs,
+        "SandboxSnapshotFs",
+        pb::SandboxSnapshotFsRequest,
+        pb::SandboxSnapshotFsResponse
+    );
+    unary!(
         app_get_or_create,
         app_get_or_create,
         "AppGetOrCreate",

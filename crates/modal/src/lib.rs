@@ -6,11 +6,13 @@
 //! sandbox lives at most `--sandbox-timeout` seconds.
 //!
 //! Split: [`auth`] (credentials, endpoint), [`api`] (the control plane's wire API),
+//! [`checkpoints`] (filesystem snapshots as checkpoints),
 //! [`router`] (the per-task command router's wire API), [`exec`] (commands: through the router,
 //! or through `ContainerExec*` when it is unavailable). The local stand-in server of the tests is its own crate, `fakes/modal/`.
 
 mod api;
 mod auth;
+mod checkpoints;
 pub mod config;
 mod exec;
 mod router;
@@ -30,6 +32,7 @@ use kilntainers_backend::Common;
 use kilntainers_backend::ids::{ComputerId, ExecId, InstanceId, Principal, SandboxId};
 use kilntainers_backend::labels::{self, modal as tag};
 use kilntainers_backend::posix::{self, KILL_SWEEP_TIMEOUT, SweepReach, shell_basename};
+use kilntainers_backend::snapshots::SnapshotCheckpoints;
 use kilntainers_backend::{
     Backend, BackendError, ComputerInfo, CreateSpec, ExecEnd, ExecSpec, Found, OutputSink,
     PortRoute, Progress, Restarted, SandboxRef,
@@ -70,6 +73,8 @@ pub(crate) struct ModalInner {
     routers: router::Routers,
     /// Which exec path was last logged: 1 router, 2 fallback (each is logged when it changes).
     exec_path: std::sync::atomic::AtomicU8,
+    /// Checkpoint records (`checkpoints`), under the state directory.
+    records: SnapshotCheckpoints,
 }
 
 impl ModalBackend {
@@ -86,6 +91,7 @@ impl ModalBackend {
                 tasks: Mutex::new(HashMap::new()),
                 routers: router::Routers::default(),
                 exec_path: std::sync::atomic::AtomicU8::new(0),
+                records: SnapshotCheckpoints::new(config.state_dir.as_deref(), "modal"),
             }),
         }
     }
@@ -510,10 +516,13 @@ impl ModalInner {
         Ok(Some((info, sandbox)))
     }
 
+    /// Creates the computer of `spec` from its image, or from `snapshot` (a checkpoint's image
+    /// id) with the image still recorded in its tags.
     async fn create(
         &self,
         spec: &CreateSpec,
         instance_tag: Option<String>,
+        snapshot: Option<&str>,
         progress: &dyn Progress,
     ) -> Result<SandboxRef, BackendError> {
         let id = &spec.computer_id;
@@ -524,7 +533,10 @@ impl ModalInner {
             .unwrap_or_else(|| self.config.image.clone());
         let api = self.api().await?;
         let app_id = self.app_id().await?;
-        let image_id = self.image_id(&image, progress).await?;
+        let image_id = match snapshot {
+            Some(image_id) => image_id.to_owned(),
+            None => self.image_id(&image, progress).await?,
+        };
         let definition = pb::Sandbox {
             entrypoint_args: posix::keep_alive_argv(&self.shell),
             image_id,
@@ -692,6 +704,11 @@ impl Backend for ModalBackend {
         self.inner.app_id().await.map(drop)
     }
 
+    /// Filesystem snapshots as checkpoints ([`checkpoints`]).
+    fn checkpoints(&self) -> Option<&dyn kilntainers_backend::checkpoints::Checkpoints> {
+        Some(self)
+    }
+
     /// Modal's tunnel for the port (docs/files.md, "Ports"): public, and only for the ports
     /// `--modal-ports` named when the sandbox was created.
     async fn port_route(&self, sandbox: &SandboxRef, port: u16) -> Result<PortRoute, BackendError> {
@@ -736,7 +753,7 @@ impl Backend for ModalBackend {
         progress: &dyn Progress,
     ) -> Result<SandboxRef, BackendError> {
         self.inner
-            .create(spec, Some(spec.instance.to_string()), progress)
+            .create(spec, Some(spec.instance.to_string()), None, progress)
             .await
     }
 
@@ -806,7 +823,7 @@ impl Backend for ModalBackend {
             owner,
         };
         let created = inner
-            .create(&spec, instance, &kilntainers_backend::NoProgress)
+            .create(&spec, instance, None, &kilntainers_backend::NoProgress)
             .await?;
         Ok(Restarted {
             sandbox: created,
@@ -852,6 +869,7 @@ impl Backend for ModalBackend {
         if dead.is_empty() {
             return Ok(Vec::new());
         }
+        inner.records.collect_orphans(self, dead).await;
         let mut removed = Vec::new();
         for info in inner
             .list_sandboxes(&[(tag::MANAGED, "true"), (tag::TEMPORARY, "true")])

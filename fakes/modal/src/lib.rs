@@ -13,8 +13,10 @@
 //! must fall back to `ContainerExec*`. Every call is recorded (method, `x-modal-*`
 //! metadata, typed request) for the tests to inspect. Sandboxes are real local Docker
 //! containers (`docker` CLI, label `fake-modal=<label>`), so execs have real semantics: stdin,
-//! working directory, exit codes, /proc for the kill sweep. Everything it started is removed when
-//! it is dropped or stopped.
+//! working directory, exit codes, /proc for the kill sweep. `SandboxSnapshotFs` commits a
+//! sandbox's container (`docker commit`, paused: the filesystem only) into an image that
+//! `SandboxCreate` takes as `image_id`, and `ImageDelete` removes it. Everything it started or
+//! committed is removed when it is dropped or stopped.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -77,6 +79,8 @@ pub enum Req {
     AppGetOrCreate(pb::AppGetOrCreateRequest),
     ImageGetOrCreate(pb::ImageGetOrCreateRequest),
     ImageJoinStreaming(pb::ImageJoinStreamingRequest),
+    ImageDelete(pb::ImageDeleteRequest),
+    SandboxSnapshotFs(pb::SandboxSnapshotFsRequest),
     SandboxCreate(pb::SandboxCreateRequest),
     SandboxGetTaskId(pb::SandboxGetTaskIdRequest),
     SandboxGetTunnels(pb::SandboxGetTunnelsRequest),
@@ -158,7 +162,9 @@ struct State {
     sandboxes: BTreeMap<String, Sandbox>,
     execs: HashMap<String, Arc<Exec>>,
     counter: u64,
-    token: String,
+    /// Every auth token issued: each stays valid, as Modal's do until they expire, so two
+    /// clients (two servers) can use the fake at once.
+    tokens: std::collections::HashSet<String>,
     /// Task id → the router JWT issued for it.
     router_jwts: HashMap<String, String>,
 }
@@ -365,7 +371,7 @@ impl Service {
             return Err(Status::unauthenticated("Token missing or invalid"));
         }
         if method != "AuthTokenGet"
-            && (state.token.is_empty() || get("x-modal-auth-token") != Some(state.token.as_str()))
+            && !get("x-modal-auth-token").is_some_and(|t| state.tokens.contains(t))
         {
             return Err(Status::unauthenticated(
                 "missing or invalid x-modal-auth-token",
@@ -388,6 +394,11 @@ impl Service {
             .get(exec_id)
             .cloned()
             .ok_or_else(|| Status::not_found(format!("exec {exec_id} not found")))
+    }
+
+    /// The Docker repository of this fake's filesystem snapshots.
+    fn snapshot_repository(&self) -> String {
+        format!("fake-modal-snapshot-{}", self.config.label)
     }
 
     /// Ends a sandbox: removes its container and records why.
@@ -424,7 +435,7 @@ impl ModalClient for Service {
             base64url(format!("{{\"exp\":{exp},\"n\":\"{}\"}}", uuid::Uuid::new_v4()).as_bytes()),
             base64url(b"fake")
         );
-        self.state().token = token.clone();
+        self.state().tokens.insert(token.clone());
         Ok(Response::new(pb::AuthTokenGetResponse { token }))
     }
 
@@ -524,6 +535,68 @@ impl ModalClient for Service {
             }),
         ];
         Ok(Response::new(Box::pin(futures_util::stream::iter(items))))
+    }
+
+    async fn image_delete(
+        &self,
+        request: Request<pb::ImageDeleteRequest>,
+    ) -> Result<Response<()>, Status> {
+        let r = request.get_ref().clone();
+        self.admit("ImageDelete", &request, Req::ImageDelete(r.clone()))?;
+        let removed = self.state().images.remove(&r.image_id);
+        let Some((name, _)) = removed else {
+            return Err(Status::not_found(format!("image {} not found", r.image_id)));
+        };
+        // Only the fake's own snapshots are removed from Docker; a container still running
+        // from one keeps it until the fake's cleanup.
+        if name.starts_with(&self.snapshot_repository()) {
+            let _ = docker(&["rmi", &name]).await;
+        }
+        Ok(Response::new(()))
+    }
+
+    async fn sandbox_snapshot_fs(
+        &self,
+        request: Request<pb::SandboxSnapshotFsRequest>,
+    ) -> Result<Response<pb::SandboxSnapshotFsResponse>, Status> {
+        let r = request.get_ref().clone();
+        self.admit(
+            "SandboxSnapshotFs",
+            &request,
+            Req::SandboxSnapshotFs(r.clone()),
+        )?;
+        let container = {
+            let state = self.state();
+            let sandbox = state
+                .sandboxes
+                .get(&r.sandbox_id)
+                .ok_or_else(|| Status::not_found("sandbox not found"))?;
+            if sandbox.result.is_some() {
+                return Err(Status::failed_precondition("sandbox has already finished"));
+            }
+            sandbox.container.clone()
+        };
+        let image_id = self.next_id("im");
+        let name = format!("{}:{image_id}", self.snapshot_repository());
+        let committed = docker(&["commit", "--pause=true", &container, &name]).await;
+        let result = match committed {
+            Ok(_) => {
+                self.state().images.insert(image_id.clone(), (name, true));
+                pb::GenericResult {
+                    status: pb::generic_result::GenericStatus::Success as i32,
+                    ..Default::default()
+                }
+            }
+            Err(error) => pb::GenericResult {
+                status: pb::generic_result::GenericStatus::Failure as i32,
+                exception: error,
+                exitcode: 1,
+            },
+        };
+        Ok(Response::new(pb::SandboxSnapshotFsResponse {
+            image_id,
+            result: Some(result),
+        }))
     }
 
     async fn sandbox_create(
@@ -1278,6 +1351,30 @@ impl FakeModal {
                 let _ = std::process::Command::new("docker")
                     .args(["rm", "-f"])
                     .args(&ids)
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null())
+                    .status();
+            }
+        }
+        // The filesystem snapshots it committed (after their containers, which used them).
+        let repository = format!("fake-modal-snapshot-{}", self.config.label);
+        if let Ok(out) = std::process::Command::new("docker")
+            .args([
+                "images",
+                "--format",
+                "{{.Repository}}:{{.Tag}}",
+                &repository,
+            ])
+            .output()
+        {
+            let names: Vec<String> = String::from_utf8_lossy(&out.stdout)
+                .split_whitespace()
+                .map(str::to_owned)
+                .collect();
+            if !names.is_empty() {
+                let _ = std::process::Command::new("docker")
+                    .args(["rmi", "-f"])
+                    .args(&names)
                     .stdout(Stdio::null())
                     .stderr(Stdio::null())
                     .status();

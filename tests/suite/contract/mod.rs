@@ -863,8 +863,9 @@ pub async fn files_text_list_and_errors(h: Harness) {
 
 /// Checkpoints (docs/checkpoints.md): where the backend has them, a checkpoint survives a
 /// change and comes back by rollback under the same id; a fork is a second computer with the
-/// checkpoint's files and its own first checkpoint; delete and forget remove them. Where it has
-/// none, it says so in the contract's words before anything is made.
+/// checkpoint's files and its own first checkpoint; a second server reads the same records;
+/// delete and forget remove them, and crash GC those of a dead server's temporary computer.
+/// Where it has none (Fly), it says so in the contract's words before anything is made.
 pub async fn checkpoints_roll_back_and_fork_or_are_refused(h: Harness) {
     use mcp_sandbox_computer_vm_for_ai::backends::checkpoints::{
         CheckpointName, FromCheckpoint, NewCheckpoint,
@@ -904,6 +905,9 @@ pub async fn checkpoints_roll_back_and_fork_or_are_refused(h: Harness) {
     let set = provider.checkpoints(&id).await.unwrap();
     assert_eq!(set.checkpoints.len(), 1);
     assert_eq!(set.lineage, vec![name.clone()]);
+    // A second server over the same provider reads the same records.
+    let other = h.collector.checkpoints().unwrap();
+    assert_eq!(other.checkpoints(&id).await.unwrap(), set);
     h.sh(&sandbox, "echo two > /root/cp").await;
     let from = FromCheckpoint {
         source: &id,
@@ -951,6 +955,30 @@ pub async fn checkpoints_roll_back_and_fork_or_are_refused(h: Harness) {
     assert!(
         provider
             .checkpoints(&fork_id)
+            .await
+            .unwrap()
+            .checkpoints
+            .is_empty()
+    );
+    // Crash GC: a temporary computer of a dead server loses its checkpoints with it.
+    let temp_id = h.computer("ct-cp-tmp");
+    let dead = InstanceId::random();
+    let temp = h.create(&temp_id, true, &dead).await;
+    let new = NewCheckpoint {
+        name: name.clone(),
+        lineage: Vec::new(),
+        note: None,
+        owner: Principal::default_principal(),
+    };
+    provider.checkpoint(&temp, &new).await.unwrap();
+    h.collector
+        .collect_orphans(&HashSet::from([dead]))
+        .await
+        .unwrap();
+    assert!(h.backend.lookup(&temp_id).await.unwrap().is_none());
+    assert!(
+        provider
+            .checkpoints(&temp_id)
             .await
             .unwrap()
             .checkpoints

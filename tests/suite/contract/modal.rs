@@ -7,7 +7,7 @@
 
 use super::{Differences, Harness, OUTPUT_LIMIT_FLAG};
 use crate::common::enabled;
-use crate::common::modal::{fake, modal};
+use crate::common::modal::{StateDir, fake, modal, state_dir};
 
 async fn harness() -> Option<Harness> {
     if !enabled("KILNTAINERS_IT_DOCKER") {
@@ -16,8 +16,9 @@ async fn harness() -> Option<Harness> {
     let fake = fake().await;
     let backend = modal(&fake, &OUTPUT_LIMIT_FLAG);
     let collector = modal(&fake, &OUTPUT_LIMIT_FLAG);
+    let state = StateDir(state_dir(&fake));
     Some(
-        Harness::new(backend, collector, "/bin/sh", fake).with_differences(Differences {
+        Harness::new(backend, collector, "/bin/sh", (fake, state)).with_differences(Differences {
             restart_keeps_files: false,
             ..Differences::CONTAINER
         }),
