@@ -1,0 +1,112 @@
+"""Checkpoints, rollback and fork (docs/checkpoints.md, "E2B and Modal") over stdio with the
+official Python MCP client against the local fakes of E2B (`fakes/e2b.py`) and Modal
+(`fake-modal`), whose sandboxes are local containers and whose snapshots are `docker commit`s.
+These show the server drives our reading of the providers' published definitions correctly, not
+that the services agree.
+
+Covered on each: a tree of binary files, symlinks, modes and a deleted file rolled back
+byte-exact under the same computer id (a new sandbox), the records found by a second server
+process of the same user, two forks each independent of the other and of the source, delete of
+a checkpoint a fork still uses keeping its snapshot, and computer_delete leaving no snapshot on
+the provider."""
+
+from __future__ import annotations
+
+import pytest
+
+from fakes.e2b import FakeE2B
+from harness import docker
+from test_checkpoints import CHANGE_TREE, MAKE_TREE, call_ok, run, tree_hash
+from test_modal_fake import ARGS as MODAL_ARGS
+from test_modal_fake import FAKE_BIN, FakeModal, modal_env
+
+pytestmark = pytest.mark.anyio
+
+E2B_KEY = "e2b_test_key"
+TOOLS = ("--checkpoint-tools", "--lifecycle-tools")
+
+
+class Cloud:
+    """One provider's fake: how to start a server against it and what it holds."""
+
+    def __init__(self, kind: str, args: list[str], env: dict | None, snapshots):
+        self.kind = kind
+        self.args = [*args, *TOOLS]
+        self.env = env
+        # The provider's snapshots now: E2B's snapshot templates, Modal's snapshot images.
+        self.snapshots = snapshots
+
+
+@pytest.fixture(params=["e2b", "modal"])
+def cloud(request, tmp_path):
+    if request.param == "e2b":
+        with FakeE2B(api_keys=[E2B_KEY]) as fake:
+            args = ["--backend", "e2b", "--e2b-api-url", fake.url, "--e2b-envd-url", fake.envd_url,
+                    "--shell", "/bin/sh", "--e2b-api-key", E2B_KEY]
+            yield Cloud("e2b", args, None, lambda: sorted(fake.snapshots))
+            assert fake.violations == [], fake.violations
+        return
+    if not FAKE_BIN.exists():
+        pytest.fail(f"{FAKE_BIN} is missing: build with cargo build --all-features")
+    fake = FakeModal(tmp_path)
+    repository = f"fake-modal-snapshot-{fake.label}"
+    try:
+        yield Cloud("modal", list(MODAL_ARGS), modal_env(fake),
+                    lambda: docker("images", "-q", repository).stdout.split())
+    finally:
+        fake.close()
+    assert docker("images", "-q", repository).stdout.split() == [], "fake-modal left snapshot images"
+
+
+async def sandbox_id(srv, cid: str) -> str:
+    listed = await call_ok(srv, "computer_list", {})
+    return next(c["sandbox_id"] for c in listed["computers"] if c["computer_id"] == cid)
+
+
+async def test_rollback_byte_exact_forks_independent_and_nothing_left(kbb, cloud):
+    cid = kbb.new_id(f"cp{cloud.kind}")
+    home = kbb.home()
+    async with kbb.server(*cloud.args, home=home, env=cloud.env) as srv:
+        await run(srv, MAKE_TREE, cid)
+        original = await tree_hash(srv, cid)
+        first = await call_ok(srv, "computer_checkpoint", {"computer_id": cid, "name": "base", "note": "n"})
+        assert first["checkpoint"] == "base" and first["parent"] is None
+        assert first["memory"] is False and first["size_bytes"] is None and first["note"] == "n"
+        assert len(cloud.snapshots()) == 1
+        await run(srv, CHANGE_TREE, cid)
+        changed = await tree_hash(srv, cid)
+        assert changed != original
+        before = await sandbox_id(srv, cid)
+        rolled = await call_ok(srv, "computer_rollback", {"computer_id": cid, "checkpoint": "base"})
+        assert rolled["computer_id"] == cid and rolled["memory"] is False
+        assert await sandbox_id(srv, cid) != before, "a rollback makes a new sandbox"
+        assert await tree_hash(srv, cid) == original
+        await call_ok(srv, "computer_checkpoint", {"computer_id": cid, "name": "again"})
+    # A second server process of the same user reads the same records.
+    async with kbb.server(*cloud.args, home=home, env=cloud.env) as srv:
+        listed = await call_ok(srv, "checkpoint_list", {"computer_id": cid})
+        assert listed["current"] == "again"
+        assert [(c["checkpoint"], c["parent"]) for c in listed["checkpoints"]] == [("base", None), ("again", "base")]
+        forked = await call_ok(srv, "computer_fork", {"computer_id": cid, "checkpoint": "base", "count": 2})
+        forks = forked["computers"]
+        assert forks == [f"{cid}-f1", f"{cid}-f2"]
+        for fork in forks:
+            kbb.track(fork)
+        for n, fork in enumerate(forks):
+            await run(srv, f"echo {n} > /work/mine", fork)
+        await run(srv, "rm -r /work/sub", cid)
+        for n, fork in enumerate(forks):
+            assert (await run(srv, "cat /work/mine", fork)).structured["stdout"] == f"{n}\n"
+        await run(srv, "rm /work/mine", forks[0])
+        assert await tree_hash(srv, forks[0]) == original
+        assert (await run(srv, "test -e /work/sub", cid)).structured["exit_code"] == 1
+        fork_list = await call_ok(srv, "checkpoint_list", {"computer_id": forks[1]})
+        assert fork_list["current"] == "base" and [c["checkpoint"] for c in fork_list["checkpoints"]] == ["base"]
+        # The forks still use base's snapshot: deleting it on the source keeps it.
+        await call_ok(srv, "checkpoint_delete", {"computer_id": cid, "checkpoint": "base"})
+        assert len(cloud.snapshots()) == 2
+        await call_ok(srv, "computer_delete", {"computer_id": cid})
+        assert len(cloud.snapshots()) == 1
+        for fork in forks:
+            await call_ok(srv, "computer_delete", {"computer_id": fork})
+        assert cloud.snapshots() == [], "every snapshot is deleted with the last computer using it"
