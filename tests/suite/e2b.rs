@@ -461,3 +461,76 @@ async fn issue_32_old_envd_gets_the_user_named_and_stdin_refused_against_fake() 
     backend.remove(&sandbox).await.unwrap();
     fake.assert_no_violations().await;
 }
+
+/// Checkpoints (docs/checkpoints.md, "E2B and Modal"): the snapshot call, a rollback's new
+/// sandbox from the snapshot template with the computer's metadata (its image still the base
+/// template) before the old one is killed, and the template's deletion by its id without the tag.
+#[tokio::test]
+async fn contract_checkpoint_requests_follow_the_definition_against_fake() {
+    use mcp_sandbox_computer_vm_for_ai::backends::checkpoints::{
+        CheckpointName, FromCheckpoint, NewCheckpoint,
+    };
+    use mcp_sandbox_computer_vm_for_ai::ids::Principal;
+    if !enabled("KILNTAINERS_IT_DOCKER") {
+        return;
+    }
+    let fake = Fake::start(&[]);
+    let backend = backend_with(&fake, Some(KEY), &[]);
+    let provider = backend.checkpoints().unwrap();
+    let id = computer("e2b-cp");
+    let instance = InstanceId::random();
+    let sandbox = backend
+        .create(&create_spec(&id, false, &instance), &NoProgress)
+        .await
+        .unwrap();
+    let new = NewCheckpoint {
+        name: CheckpointName::parse("one").unwrap(),
+        lineage: Vec::new(),
+        note: None,
+        owner: Principal::default_principal(),
+    };
+    let record = provider.checkpoint(&sandbox, &new).await.unwrap();
+    assert!(!record.memory && record.size_bytes.is_none());
+    let path = format!("/sandboxes/{}/snapshots", sandbox.sandbox_id);
+    let snapshots = fake.requests_to("POST", &path).await;
+    assert_eq!(snapshots.len(), 1);
+    assert_eq!(snapshots[0]["body"], json!({}));
+    let state = fake.get("/_fake/state").await;
+    let template = state["snapshots"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .next()
+        .unwrap()
+        .clone();
+    let rolled = provider
+        .rollback(
+            &sandbox,
+            FromCheckpoint {
+                source: &id,
+                checkpoint: &record,
+            },
+            &create_spec(&id, false, &instance),
+            &NoProgress,
+        )
+        .await
+        .unwrap();
+    let creates = fake.requests_to("POST", "/sandboxes").await;
+    let body = &creates.last().unwrap()["body"];
+    assert_eq!(body["templateID"], format!("{template}:default"));
+    assert_eq!(body["metadata"]["kilntainers-computer-id"], id.as_str());
+    assert_eq!(body["metadata"]["kilntainers-image"], "base");
+    let sandboxes = fake.sandboxes().await;
+    assert_eq!(sandboxes.len(), 1, "the old sandbox is killed");
+    assert_eq!(sandboxes[0]["sandboxID"], rolled.sandbox_id.as_str());
+    provider.delete(&id, &record.name).await.unwrap();
+    assert_eq!(
+        fake.requests_to("DELETE", &format!("/templates/{template}"))
+            .await
+            .len(),
+        1
+    );
+    backend.remove(&rolled).await.unwrap();
+    provider.forget(&id).await.unwrap();
+    fake.assert_no_violations().await;
+}

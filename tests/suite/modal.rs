@@ -710,3 +710,94 @@ async fn issue_32_exec_falls_back_to_container_exec_without_the_router_against_f
     assert!(!calls.iter().any(|r| matches!(r, Req::TaskExecStart(_))));
     backend.remove(&sandbox).await.unwrap();
 }
+
+/// Checkpoints (docs/checkpoints.md, "E2B and Modal"): `SandboxSnapshotFs` with the wait our
+/// clients use, a rollback that terminates the sandbox before creating one of the same name from
+/// the snapshot image (names are unique), its tags keeping the base image, and `ImageDelete`.
+#[tokio::test]
+async fn contract_checkpoint_requests_against_fake() {
+    use mcp_sandbox_computer_vm_for_ai::backends::checkpoints::{
+        CheckpointName, FromCheckpoint, NewCheckpoint,
+    };
+    use mcp_sandbox_computer_vm_for_ai::ids::Principal;
+    if !enabled("KILNTAINERS_IT_DOCKER") {
+        return;
+    }
+    let fake = fake().await;
+    let _state = crate::common::modal::StateDir(crate::common::modal::state_dir(&fake));
+    let backend = modal(&fake, &[]);
+    let provider = backend.checkpoints().unwrap();
+    let id = computer("modal-cp");
+    let instance = InstanceId::random();
+    let sandbox = backend
+        .create(&create_spec(&id, false, &instance), &NoProgress)
+        .await
+        .unwrap();
+    let new = NewCheckpoint {
+        name: CheckpointName::parse("one").unwrap(),
+        lineage: Vec::new(),
+        note: None,
+        owner: Principal::default_principal(),
+    };
+    let record = provider.checkpoint(&sandbox, &new).await.unwrap();
+    assert!(!record.memory && record.size_bytes.is_none());
+    let image = requests(&fake)
+        .into_iter()
+        .find_map(|r| match r {
+            Req::SandboxSnapshotFs(r) => Some(r),
+            _ => None,
+        })
+        .unwrap();
+    assert_eq!(image.sandbox_id, sandbox.sandbox_id.as_str());
+    assert!((image.timeout - 55.0).abs() < f32::EPSILON);
+    let before = requests(&fake).len();
+    let rolled = provider
+        .rollback(
+            &sandbox,
+            FromCheckpoint {
+                source: &id,
+                checkpoint: &record,
+            },
+            &create_spec(&id, false, &instance),
+            &NoProgress,
+        )
+        .await
+        .unwrap();
+    let after: Vec<Req> = requests(&fake).into_iter().skip(before).collect();
+    let terminate = after
+        .iter()
+        .position(|r| matches!(r, Req::SandboxTerminate(_)))
+        .unwrap();
+    let create = after
+        .iter()
+        .position(|r| matches!(r, Req::SandboxCreate(_)))
+        .unwrap();
+    assert!(
+        terminate < create,
+        "the name is free before the new sandbox takes it"
+    );
+    let Req::SandboxCreate(created) = &after[create] else {
+        unreachable!()
+    };
+    let definition = created.definition.as_ref().unwrap();
+    assert_eq!(definition.name.as_deref(), Some(id.as_str()));
+    assert!(definition.image_id.starts_with("im-"));
+    let live = fake.live_sandboxes();
+    assert_eq!(live.len(), 1);
+    assert_eq!(live[0].0, rolled.sandbox_id.as_str());
+    assert_eq!(
+        live[0].2.get("kilntainers-image").map(String::as_str),
+        Some("sandbox-busybox:full")
+    );
+    provider.delete(&id, &record.name).await.unwrap();
+    let deleted: Vec<String> = requests(&fake)
+        .into_iter()
+        .filter_map(|r| match r {
+            Req::ImageDelete(r) => Some(r.image_id),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(deleted, vec![definition.image_id.clone()]);
+    backend.remove(&rolled).await.unwrap();
+    provider.forget(&id).await.unwrap();
+}

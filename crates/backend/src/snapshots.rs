@@ -453,3 +453,269 @@ impl SnapshotCheckpoints {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::NoProgress;
+    use crate::fake::FakeBackend;
+    use crate::ids::Principal;
+
+    /// References `delete_snapshot` was called with (each test's are told apart by prefix).
+    static DELETED: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+    #[async_trait]
+    impl Snapshots for FakeBackend {
+        async fn snapshot(&self, sandbox: &SandboxRef) -> Result<Snapshot, BackendError> {
+            Ok(Snapshot {
+                reference: format!("snap-{}-{}", sandbox.sandbox_id, rand::random::<u32>()),
+                memory: false,
+                size_bytes: None,
+                instance: None,
+            })
+        }
+
+        async fn create_from(
+            &self,
+            _reference: &str,
+            spec: &CreateSpec,
+            progress: &dyn Progress,
+        ) -> Result<SandboxRef, BackendError> {
+            self.create(spec, progress).await
+        }
+
+        async fn replace_from(
+            &self,
+            sandbox: &SandboxRef,
+            _reference: &str,
+            spec: &CreateSpec,
+            progress: &dyn Progress,
+        ) -> Result<SandboxRef, BackendError> {
+            self.remove(sandbox).await?;
+            self.create(spec, progress).await
+        }
+
+        async fn delete_snapshot(&self, reference: &str) -> Result<(), BackendError> {
+            DELETED
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .push(reference.to_owned());
+            Ok(())
+        }
+    }
+
+    fn deleted(prefix: &str) -> usize {
+        DELETED
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .filter(|r| r.starts_with(prefix))
+            .count()
+    }
+
+    struct Dir(PathBuf);
+
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn state_dir() -> Dir {
+        Dir(std::env::temp_dir().join(format!(
+            "kt-snapshots-test-{}-{}",
+            std::process::id(),
+            rand::random::<u64>()
+        )))
+    }
+
+    fn id(raw: &str) -> ComputerId {
+        ComputerId::parse(&format!("{raw}-{}", rand::random::<u32>())).unwrap()
+    }
+
+    fn name(raw: &str) -> CheckpointName {
+        CheckpointName::parse(raw).unwrap()
+    }
+
+    fn new(raw: &str, lineage: Vec<CheckpointName>) -> NewCheckpoint {
+        NewCheckpoint {
+            name: name(raw),
+            lineage,
+            note: Some(format!("note {raw}")),
+            owner: Principal::default_principal(),
+        }
+    }
+
+    fn spec(id: &ComputerId, temporary: bool, instance: &InstanceId) -> CreateSpec {
+        CreateSpec {
+            computer_id: id.clone(),
+            temporary,
+            image: None,
+            instance: instance.clone(),
+            owner: Some(Principal::default_principal()),
+        }
+    }
+
+    #[tokio::test]
+    async fn records_are_shared_through_the_state_directory() {
+        let dir = state_dir();
+        let backend = FakeBackend::new();
+        let records = SnapshotCheckpoints::new(Some(&dir.0), "fake");
+        let other = SnapshotCheckpoints::new(Some(&dir.0), "fake");
+        let cid = id("shared");
+        let sandbox = backend.insert(&cid, false, true);
+        records
+            .checkpoint(&*backend, &sandbox, &new("a", Vec::new()))
+            .await
+            .unwrap();
+        records
+            .checkpoint(&*backend, &sandbox, &new("b", vec![name("a")]))
+            .await
+            .unwrap();
+        let set = other.checkpoints(&*backend, &cid).await.unwrap();
+        let names: Vec<&str> = set.checkpoints.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["a", "b"]);
+        assert_eq!(set.checkpoints[1].lineage, vec![name("a")]);
+        assert_eq!(set.checkpoints[1].note.as_deref(), Some("note b"));
+        assert_eq!(set.lineage, vec![name("b"), name("a")]);
+        // A rollback makes a new sandbox whose lineage starts at the checkpoint.
+        let from = FromCheckpoint {
+            source: &cid,
+            checkpoint: &set.checkpoints[0],
+        };
+        let instance = InstanceId::random();
+        let rolled = records
+            .rollback(
+                &*backend,
+                &sandbox,
+                from,
+                &spec(&cid, false, &instance),
+                &NoProgress,
+            )
+            .await
+            .unwrap();
+        assert_ne!(rolled.sandbox_id, sandbox.sandbox_id);
+        assert_eq!(
+            other.checkpoints(&*backend, &cid).await.unwrap().lineage,
+            vec![name("a")]
+        );
+        // Another incarnation (a factory reset) descends from nothing.
+        backend.remove(&rolled).await.unwrap();
+        backend.insert(&cid, false, true);
+        assert!(
+            other
+                .checkpoints(&*backend, &cid)
+                .await
+                .unwrap()
+                .lineage
+                .is_empty()
+        );
+    }
+
+    #[tokio::test]
+    async fn a_snapshot_goes_with_the_last_record_naming_it() {
+        let dir = state_dir();
+        let backend = FakeBackend::new();
+        let records = SnapshotCheckpoints::new(Some(&dir.0), "fake");
+        let source = id("source");
+        let fork = id("fork");
+        let sandbox = backend.insert(&source, false, true);
+        let record = records
+            .checkpoint(&*backend, &sandbox, &new("a", Vec::new()))
+            .await
+            .unwrap();
+        let prefix = format!("snap-{}-", sandbox.sandbox_id);
+        let from = FromCheckpoint {
+            source: &source,
+            checkpoint: &record,
+        };
+        let instance = InstanceId::random();
+        records
+            .fork(&*backend, from, &spec(&fork, false, &instance), &NoProgress)
+            .await
+            .unwrap();
+        let fork_set = records.checkpoints(&*backend, &fork).await.unwrap();
+        assert_eq!(fork_set.checkpoints, vec![record.clone()]);
+        assert_eq!(fork_set.lineage, vec![name("a")]);
+        records
+            .delete(&*backend, &source, &name("a"))
+            .await
+            .unwrap();
+        assert_eq!(deleted(&prefix), 0, "the fork still names the snapshot");
+        assert!(
+            records
+                .checkpoints(&*backend, &source)
+                .await
+                .unwrap()
+                .checkpoints
+                .is_empty()
+        );
+        records.forget(&*backend, &fork).await.unwrap();
+        assert_eq!(deleted(&prefix), 1);
+    }
+
+    #[tokio::test]
+    async fn crash_gc_takes_only_temporary_computers_of_dead_servers() {
+        let dir = state_dir();
+        let backend = FakeBackend::new();
+        let records = SnapshotCheckpoints::new(Some(&dir.0), "fake");
+        let dead = InstanceId::random();
+        let alive = InstanceId::random();
+        let mut made = Vec::new();
+        for (raw, temporary, instance) in [
+            ("gone", true, &dead),
+            ("live", true, &alive),
+            ("kept", false, &dead),
+        ] {
+            let cid = id(raw);
+            let sandbox = backend.insert(&cid, temporary, true);
+            // Records of a computer made from a checkpoint carry its creating server.
+            records.set_present(&sandbox, instance, &[], None).unwrap();
+            records
+                .checkpoint(&*backend, &sandbox, &new("a", Vec::new()))
+                .await
+                .unwrap();
+            made.push(cid);
+        }
+        records
+            .collect_orphans(&*backend, &HashSet::from([dead]))
+            .await;
+        let counts: Vec<usize> = {
+            let mut counts = Vec::new();
+            for cid in &made {
+                counts.push(
+                    records
+                        .checkpoints(&*backend, cid)
+                        .await
+                        .unwrap()
+                        .checkpoints
+                        .len(),
+                );
+            }
+            counts
+        };
+        assert_eq!(counts, [0, 1, 1]);
+    }
+
+    #[tokio::test]
+    async fn without_a_home_nothing_is_recorded() {
+        let backend = FakeBackend::new();
+        let records = SnapshotCheckpoints::new(None, "fake");
+        let cid = id("homeless");
+        let sandbox = backend.insert(&cid, false, true);
+        let error = records
+            .checkpoint(&*backend, &sandbox, &new("a", Vec::new()))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "Checkpoints need a home directory for their records (HOME is unset)."
+        );
+        assert_eq!(
+            records.checkpoints(&*backend, &cid).await.unwrap(),
+            CheckpointSet::default()
+        );
+    }
+}

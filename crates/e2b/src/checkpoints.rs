@@ -23,7 +23,7 @@ use crate::api::{self, ApiError};
 
 impl E2bBackend {
     /// A sandbox of `spec` from the snapshot, with no process of our commands left running.
-    async fn from_snapshot(
+    async fn create_from_snapshot(
         &self,
         reference: &str,
         spec: &CreateSpec,
@@ -76,7 +76,7 @@ impl Snapshots for E2bBackend {
         spec: &CreateSpec,
         progress: &dyn Progress,
     ) -> Result<SandboxRef, BackendError> {
-        self.from_snapshot(reference, spec, progress).await
+        self.create_from_snapshot(reference, spec, progress).await
     }
 
     async fn replace_from(
@@ -86,7 +86,7 @@ impl Snapshots for E2bBackend {
         spec: &CreateSpec,
         progress: &dyn Progress,
     ) -> Result<SandboxRef, BackendError> {
-        let fresh = self.from_snapshot(reference, spec, progress).await?;
+        let fresh = self.create_from_snapshot(reference, spec, progress).await?;
         if let Err(error) = self.remove_sandbox(sandbox).await {
             // Two sandboxes would carry the computer's id: give up the new one instead.
             let _ = self.remove_sandbox(&fresh).await;
