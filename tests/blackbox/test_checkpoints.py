@@ -3,7 +3,8 @@ client against a real Docker engine: the switch (off: nothing changes), a tree o
 symlinks, modes and a file later deleted rolled back byte-exact (SHA-256 of the whole tree), the
 checkpoint tree after rollbacks and forks, a server restart in between, four forks each
 independent, delete leaving no image, a checkpoint while a job and a command run, a rollback
-while a command runs, and every bad input refused with its message and nothing changed.
+while a command runs, every bad input refused with its message and nothing changed, and a
+volume the image declares refused rather than left out.
 
 The same cases run with the exec helper off (scripts/test.sh runs this file again with
 KILNTAINERS_EXEC_HELPER=off)."""
@@ -18,7 +19,7 @@ import subprocess
 import anyio
 import pytest
 
-from harness import BUSYBOX_ARGS, apoll, checkpoint_images, container_for, wait_exit
+from harness import BUSYBOX, BUSYBOX_ARGS, RUN_PREFIX, apoll, checkpoint_images, container_for, docker, wait_exit
 
 pytestmark = pytest.mark.anyio
 
@@ -317,3 +318,29 @@ async def test_another_principal_gets_the_unknown_name_answer(kbb, tmp_path):
             for session in (alice, bob):
                 await call_ok(session, "computer_delete", {"computer_id": box})
     assert checkpoint_images({f"{box}.{owner_tag(p)}" for p in tokens}) == []
+
+
+async def test_a_volume_the_image_declares_is_refused_and_nothing_recorded(kbb):
+    """A commit never holds a volume's files, so a computer with one is refused, never
+    checkpointed without its data (docs/checkpoints.md, "Docker and Podman", Volumes)."""
+    image = f"kbb-volume-{RUN_PREFIX}:latest"
+    subprocess.run(["docker", "build", "-q", "-t", image, "-"], input=f"FROM {BUSYBOX}\nVOLUME /data\n",
+                   text=True, capture_output=True, check=True, timeout=120)
+    cid = kbb.new_id("vol")
+    try:
+        async with kbb.server("--image", image, "--shell", "/bin/sh", "--checkpoint-tools", "--lifecycle-tools") as srv:
+            await run(srv, "echo kept > /data/f && echo top > /top", cid)
+            message = await call_error(srv, "computer_checkpoint", {"computer_id": cid, "name": "v1"})
+            assert message == (
+                f"Cannot checkpoint computer '{cid}': the volume at /data cannot be checkpointed "
+                "(its files are not part of the computer's image); nothing was recorded."
+            )
+            message = await call_error(srv, "computer_fork", {"computer_id": cid})
+            assert "the volume at /data cannot be checkpointed" in message
+            listed = await call_ok(srv, "checkpoint_list", {"computer_id": cid})
+            assert listed["checkpoints"] == [] and listed["current"] is None
+            assert checkpoint_images({cid}) == []
+            assert (await run(srv, "cat /data/f", cid)).structured["stdout"] == "kept\n"
+            await call_ok(srv, "computer_delete", {"computer_id": cid})
+    finally:
+        docker("rmi", "-f", image, check=False)
