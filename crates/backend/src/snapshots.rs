@@ -5,7 +5,8 @@
 //! the server's state directory (docs/checkpoints.md, "E2B and Modal").
 //!
 //! The records of one computer are one JSON file, `<state>/checkpoints/<backend>/<computer>.json`
-//! (the computer's provider-side id, owner tag included): each checkpoint's name, lineage,
+//! (the computer's provider-side id, owner tag included; the directory 0700, the files 0600):
+//! each checkpoint's name, lineage,
 //! time, note and the provider's id of its snapshot, and the present incarnation's lineage,
 //! keyed by its sandbox id so a factory reset (a new sandbox) starts with none. Every change is
 //! a rewrite through a temporary file under an exclusive lock on `.lock`, so a second server
@@ -15,6 +16,8 @@
 //! of temporary computers whose creating server died.
 
 use std::collections::HashSet;
+use std::io::Write;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use async_trait::async_trait;
@@ -138,7 +141,12 @@ impl SnapshotCheckpoints {
 
     fn lock(&self) -> Result<(Locked, &Path), BackendError> {
         let dir = self.dir()?;
-        std::fs::create_dir_all(dir).map_err(|e| io_error("create the directory of", &e))?;
+        // Notes are the user's words: the records are the owner's alone.
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| io_error("create the directory of", &e))?;
         let file = std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)
@@ -171,7 +179,13 @@ impl SnapshotCheckpoints {
         let text = serde_json::to_string_pretty(computer)
             .map_err(|e| io_error("write", &std::io::Error::other(e)))?;
         let staged = dir.join(format!(".{}.json.new", id.as_str()));
-        std::fs::write(&staged, text)
+        let _ = std::fs::remove_file(&staged);
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&staged)
+            .and_then(|mut file| file.write_all(text.as_bytes()))
             .and_then(|()| std::fs::rename(&staged, &path))
             .map_err(|e| io_error("write", &e))
     }
@@ -470,7 +484,7 @@ mod tests {
     impl Snapshots for FakeBackend {
         async fn snapshot(&self, sandbox: &SandboxRef) -> Result<Snapshot, BackendError> {
             Ok(Snapshot {
-                reference: format!("snap-{}-{}", sandbox.sandbox_id, rand::random::<u32>()),
+                reference: format!("snap-{}-{}", sandbox.computer_id, rand::random::<u32>()),
                 memory: false,
                 size_bytes: None,
                 instance: None,
@@ -574,6 +588,14 @@ mod tests {
             .checkpoint(&*backend, &sandbox, &new("b", vec![name("a")]))
             .await
             .unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        let records_dir = dir.0.join("checkpoints").join("fake");
+        let mode = |path: &Path| std::fs::metadata(path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode(&records_dir), 0o700);
+        assert_eq!(
+            mode(&records_dir.join(format!("{}.json", cid.as_str()))),
+            0o600
+        );
         let set = other.checkpoints(&*backend, &cid).await.unwrap();
         let names: Vec<&str> = set.checkpoints.iter().map(|c| c.name.as_str()).collect();
         assert_eq!(names, ["a", "b"]);
@@ -626,7 +648,7 @@ mod tests {
             .checkpoint(&*backend, &sandbox, &new("a", Vec::new()))
             .await
             .unwrap();
-        let prefix = format!("snap-{}-", sandbox.sandbox_id);
+        let prefix = format!("snap-{source}-");
         let from = FromCheckpoint {
             source: &source,
             checkpoint: &record,
