@@ -7,15 +7,19 @@ that the services agree.
 Covered on each: a tree of binary files, symlinks, modes and a deleted file rolled back
 byte-exact under the same computer id (a new sandbox), the records found by a second server
 process of the same user, two forks each independent of the other and of the source, delete of
-a checkpoint a fork still uses keeping its snapshot, and computer_delete leaving no snapshot on
-the provider."""
+a checkpoint a fork still uses keeping its snapshot, computer_delete leaving no snapshot on the
+provider, and a temporary computer's snapshots removed with it at the session's end or, after a
+SIGKILL, by the next server's crash GC."""
 
 from __future__ import annotations
+
+import os
+import signal
 
 import pytest
 
 from fakes.e2b import FakeE2B
-from harness import docker
+from harness import apoll, docker, wait_exit
 from test_checkpoints import CHANGE_TREE, MAKE_TREE, call_ok, run, tree_hash
 from test_modal_fake import ARGS as MODAL_ARGS
 from test_modal_fake import FAKE_BIN, FakeModal, modal_env
@@ -110,3 +114,24 @@ async def test_rollback_byte_exact_forks_independent_and_nothing_left(kbb, cloud
         for fork in forks:
             await call_ok(srv, "computer_delete", {"computer_id": fork})
         assert cloud.snapshots() == [], "every snapshot is deleted with the last computer using it"
+
+
+async def test_temporary_computers_take_their_snapshots_with_them(kbb, cloud):
+    """The end of a session removes its temporary computer's snapshots; a server killed with
+    SIGKILL cannot, and the next server on the same home removes them by crash GC."""
+    home = kbb.home()
+    async with kbb.server(*cloud.args, home=home, env=cloud.env) as srv:
+        cid = (await srv.run("echo a > /a")).structured["computer_id"]
+        kbb.track(cid, temporary=True)
+        await call_ok(srv, "computer_checkpoint", {"computer_id": cid, "name": "t1"})
+        assert len(cloud.snapshots()) == 1
+    assert await apoll(lambda: cloud.snapshots() == [], 20, 0.2), "the session's end removes them"
+    async with kbb.server(*cloud.args, home=home, env=cloud.env) as srv:
+        cid = (await srv.run("echo b > /b")).structured["computer_id"]
+        kbb.track(cid, temporary=True)
+        await call_ok(srv, "computer_checkpoint", {"computer_id": cid, "name": "t2"})
+        os.kill(srv.pid, signal.SIGKILL)
+        assert wait_exit(srv, 10) == -signal.SIGKILL
+    assert len(cloud.snapshots()) == 1
+    async with kbb.server(*cloud.args, home=home, env=cloud.env):
+        assert await apoll(lambda: cloud.snapshots() == [], 30, 0.2), "crash GC removes them"
