@@ -446,9 +446,23 @@ class FakeE2B:
         """The image of a template, or of a snapshot template named with or without its tag."""
         if template_id in self.templates:
             return self.templates[template_id]
+        key = self.snapshot_key(template_id)
         with self.lock:
-            snapshot = self.snapshots.get(template_id.rsplit(":", 1)[0])
-        return snapshot["image"] if snapshot else None
+            return self.snapshots[key]["image"] if key else None
+
+    def snapshot_key(self, reference: str) -> str | None:
+        """The snapshot template a reference names: its id or one of its names, with or without
+        the tag (and a name with or without the team namespace)."""
+        bare = reference.rsplit(":", 1)[0]
+        with self.lock:
+            if bare in self.snapshots:
+                return bare
+            for key, snapshot in self.snapshots.items():
+                for name in snapshot["names"]:
+                    alias = name.rsplit(":", 1)[0]
+                    if bare in (alias, alias.split("/", 1)[-1]):
+                        return key
+        return None
 
     def snapshot(self, sandbox: Sandbox, body):
         self.check_fields("SandboxSnapshotRequest", body if body is not None else {}, {"name"})
@@ -467,7 +481,7 @@ class FakeE2B:
 
     def snapshot_info(self, template_id: str) -> dict:
         names = self.snapshots[template_id]["names"]
-        return {"snapshotID": names[0].split("/", 1)[1] if names else f"{template_id}:default", "names": list(names)}
+        return {"snapshotID": names[0] if names else f"{template_id}:default", "names": list(names)}
 
     def list_snapshots(self, query: dict):
         unknown = set(query) - SNAPSHOT_LIST_PARAMS
@@ -478,11 +492,11 @@ class FakeE2B:
             rows = sorted(self.snapshots)
             if "sandboxID" in q:
                 rows = [t for t in rows if self.snapshots[t]["sandbox"] == q["sandboxID"]]
-            if "name" in q:
-                wanted = q["name"].split(":", 1)[0]
-                rows = [t for t in rows if t == wanted
-                        or any(n.split(":", 1)[0] in (wanted, f"fake-team/{wanted}") for n in self.snapshots[t]["names"])]
-            infos = [self.snapshot_info(t) for t in rows]
+        if "name" in q:
+            key = self.snapshot_key(q["name"])
+            rows = [t for t in rows if t == key]
+        with self.lock:
+            infos = [self.snapshot_info(t) for t in rows if t in self.snapshots]
         limit = int(q.get("limit", 100))
         offset = int(base64.urlsafe_b64decode(q["nextToken"].encode()).decode()) if "nextToken" in q else 0
         headers = {}
@@ -491,8 +505,9 @@ class FakeE2B:
         return 200, headers, infos[offset:offset + limit]
 
     def delete_template(self, template_id: str):
+        key = self.snapshot_key(template_id)
         with self.lock:
-            snapshot = self.snapshots.pop(template_id, None)
+            snapshot = self.snapshots.pop(key, None) if key else None
         if snapshot is None:
             # Base templates are not ours to delete; an unknown one is simply not there.
             raise Reject(404, f"template '{template_id}' not found")

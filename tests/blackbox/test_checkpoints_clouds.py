@@ -13,8 +13,10 @@ SIGKILL, by the next server's crash GC."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import urllib.request
 
 import pytest
 
@@ -135,3 +137,29 @@ async def test_temporary_computers_take_their_snapshots_with_them(kbb, cloud):
     assert len(cloud.snapshots()) == 1
     async with kbb.server(*cloud.args, home=home, env=cloud.env):
         assert await apoll(lambda: cloud.snapshots() == [], 30, 0.2), "crash GC removes them"
+
+
+def test_the_e2b_fake_serves_named_snapshots_as_the_definition_says():
+    """Beyond what the server sends (an unnamed snapshot): a named one answers with its
+    namespaced name as `snapshotID`, is listed by source sandbox and by name, starts a sandbox,
+    and is deleted by its name; every request and answer passes the official definition."""
+    with FakeE2B(api_keys=[E2B_KEY]) as fake:
+        def call(method: str, path: str, body: dict | None = None):
+            data = None if body is None else json.dumps(body).encode()
+            request = urllib.request.Request(f"{fake.url}{path}", data=data, method=method,
+                                             headers={"X-API-Key": E2B_KEY, "Content-Type": "application/json"})
+            with urllib.request.urlopen(request) as answer:
+                text = answer.read()
+                return answer.status, json.loads(text) if text else None
+
+        _, sandbox = call("POST", "/sandboxes", {"templateID": "base", "timeout": 60})
+        status, info = call("POST", f"/sandboxes/{sandbox['sandboxID']}/snapshots", {"name": "mine"})
+        assert status == 201 and info == {"snapshotID": "fake-team/mine:default", "names": ["fake-team/mine:default"]}
+        assert call("GET", f"/snapshots?sandboxID={sandbox['sandboxID']}")[1] == [info]
+        assert call("GET", "/snapshots?name=mine")[1] == [info]
+        assert call("GET", "/snapshots?sandboxID=other")[1] == []
+        status, made = call("POST", "/sandboxes", {"templateID": info["snapshotID"], "timeout": 60})
+        assert status == 201 and made["templateID"] == info["snapshotID"]
+        assert call("DELETE", "/templates/mine")[0] == 204
+        assert call("GET", "/snapshots")[1] == []
+        assert fake.violations == [], fake.violations
