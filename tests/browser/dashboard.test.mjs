@@ -15,6 +15,7 @@ import {
   inspectComputer,
   launchBrowser,
   makeRelay,
+  removeCheckpointImages,
   removeComputers,
   startHostServer,
   startServer,
@@ -23,6 +24,7 @@ import {
   waitFor,
   stepsInOrder,
 } from "./lib/harness.mjs";
+import { checkpointSteps, prepareCheckpoints } from "./lib/checkpoints.mjs";
 import { fileSteps, prepareFiles } from "./lib/files.mjs";
 import { HOSTILE, TICK, jobSteps, startJob } from "./lib/jobs.mjs";
 
@@ -150,7 +152,7 @@ describe("dashboard in headless Chromium via the ext-apps AppBridge", () => {
       assert.ok(!appHtml.includes(forbidden), `resource contains ${forbidden}`);
     }
     assert.match(appHtml, /<meta name="kilntainers-mode" content="app">/);
-    assert.ok(Buffer.byteLength(appHtml) < 96 * 1024, `resource is ${Buffer.byteLength(appHtml)} bytes`);
+    assert.ok(Buffer.byteLength(appHtml) < 128 * 1024, `resource is ${Buffer.byteLength(appHtml)} bytes`);
   });
 
   step("completes the ui/initialize handshake and shows Connected", async () => {
@@ -251,6 +253,15 @@ describe("dashboard in headless Chromium via the ext-apps AppBridge", () => {
     assert.equal(await app.locator("#files").isVisible(), false);
     assert.equal(await app.locator("#files").getAttribute("hidden"), "");
     assert.equal(await app.locator("#ports").isVisible(), false);
+  });
+
+  step("has no Checkpoints section without --checkpoint-tools", async () => {
+    // As for jobs: the first checkpoint_list, for the first computer opened, is refused as unknown.
+    await waitFor(() => toolCalls("checkpoint_list").some((c) => c.error), 10_000, "the refused checkpoint_list");
+    assert.deepEqual(toolCalls("checkpoint_list").map((c) => c.arguments), [{ computer_id: TEMP_ID }]);
+    assert.match(toolCalls("checkpoint_list")[0].error, /tool not found/);
+    assert.equal(await app.locator("#checkpoints").isVisible(), false);
+    assert.equal(await app.locator("#checkpoints").getAttribute("hidden"), "");
   });
 
   step("moves the selection with the arrow keys in the listbox", async () => {
@@ -438,6 +449,12 @@ describe("dashboard in headless Chromium via the ext-apps AppBridge", () => {
     assert.equal(await app.locator("#files").isVisible(), false);
     assert.equal(await app.locator("#ports").isVisible(), false);
   });
+
+  step("never showed Checkpoints nor asked a checkpoint tool again without --checkpoint-tools", async () => {
+    const checkpointCalls = toolCalls().filter((c) => /^(computer_(checkpoint|rollback|fork)|checkpoint_(list|delete))$/.test(c.name));
+    assert.deepEqual(checkpointCalls.map((c) => c.name), ["checkpoint_list"]);
+    assert.equal(await app.locator("#checkpoints").isVisible(), false);
+  });
 });
 
 describe("jobs of a computer in the dashboard (app mode, --job-tools)", () => {
@@ -549,6 +566,62 @@ describe("files and ports of a computer in the dashboard (app mode, --file-tools
     screenshot: async (name) => {
       await settleFrame(filePage, frame);
       await filePage.screenshot({ path: join(OUTPUT_DIR, `dashboard-${name}`), fullPage: true });
+    },
+  });
+});
+
+describe("checkpoints of a computer in the dashboard (app mode, --checkpoint-tools)", () => {
+  const CKPT_ID = uniqueId("dash-ckpt");
+  const made = new Set([CKPT_ID]);
+  const ckptCalls = [];
+  let ckptServer;
+  let ckptHost;
+  let ckptBrowser;
+  let ckptPage;
+  let frame;
+
+  const ckptStep = stepsInOrder();
+
+  before(async () => {
+    assertPrerequisites();
+    ensureOutputDir();
+    removeComputers([...made]);
+    ckptServer = await startServer({ args: [...SERVER_ARGS, "--checkpoint-tools"] });
+    await prepareCheckpoints(ckptServer.client, CKPT_ID);
+    const read = await ckptServer.client.readResource({ uri: DASHBOARD_URI });
+    ckptHost = await startHostServer({ appHtml: read.contents[0].text, hostJs: await bundleHost() });
+    ckptBrowser = await launchBrowser({ viewport: { width: 1100, height: 1300 } });
+    ckptPage = ckptBrowser.page;
+    ckptPage.on("pageerror", (e) => console.error(`[host page error] ${e.message}`));
+    await ckptPage.exposeFunction("__mcpRelay", makeRelay(ckptServer.client, ckptCalls));
+    await ckptPage.goto(ckptHost.url);
+    await ckptPage.waitForFunction(() => window.__host !== undefined);
+    await ckptPage.evaluate((opts) => window.__host.start(opts), {
+      appUrl: "/app",
+      hostContext: HOST_CONTEXT,
+      toolName: "computer_dashboard",
+    });
+    frame = ckptPage.frameLocator("#app");
+    await waitFor(async () => /^\d+ computers?$/.test((await frame.locator("#status").textContent()) ?? ""), 20_000, "the inventory");
+  });
+
+  after(async () => {
+    removeComputers([...made]);
+    removeCheckpointImages([...made]);
+    await ckptBrowser?.close();
+    await ckptHost?.close();
+    await ckptServer?.close();
+  });
+
+  checkpointSteps(ckptStep, {
+    root: () => frame,
+    client: { callTool: (req) => ckptServer.client.callTool(req, undefined, { timeout: 120_000 }) },
+    computerId: CKPT_ID,
+    track: (id) => made.add(id),
+    toolArgs: (name) => ckptCalls.filter((c) => c.method === "tools/call" && c.name === name).map((c) => c.arguments),
+    screenshot: async (name) => {
+      await settleFrame(ckptPage, frame);
+      await ckptPage.screenshot({ path: join(OUTPUT_DIR, `dashboard-${name}`), fullPage: true });
     },
   });
 });

@@ -14,6 +14,7 @@ import {
   ensureOutputDir,
   containerListed,
   launchBrowser,
+  removeCheckpointImages,
   removeComputers,
   startHttpServer,
   statusWaiter,
@@ -21,6 +22,7 @@ import {
   waitFor,
   stepsInOrder,
 } from "./lib/harness.mjs";
+import { checkpointSteps, prepareCheckpoints } from "./lib/checkpoints.mjs";
 import { fileSteps, prepareFiles } from "./lib/files.mjs";
 import { HOSTILE, TICK, jobSteps, startJob } from "./lib/jobs.mjs";
 
@@ -156,6 +158,13 @@ describe("dashboard in web mode over Streamable HTTP", () => {
     assert.equal(await page.locator("#ports").isVisible(), false);
     const fileCalls = mcpRequests((r) => /^(file_(list|read|write)|port_url)$/.test(rpc(r)?.params?.name ?? ""));
     assert.equal(fileCalls.length, 0, "the page called a file tool");
+  });
+
+  step("has no Checkpoints section without --checkpoint-tools (tools/list says so)", async () => {
+    assert.equal(await page.locator("#checkpoints").isVisible(), false);
+    assert.equal(await page.locator("#checkpoints").getAttribute("hidden"), "");
+    const checkpointCalls = mcpRequests((r) => /^(computer_(checkpoint|rollback|fork)|checkpoint_(list|delete))$/.test(rpc(r)?.params?.name ?? ""));
+    assert.equal(checkpointCalls.length, 0, "the page called a checkpoint tool");
   });
 
   step("creates a second computer, runs a command in it and deletes it (container gone)", async () => {
@@ -357,6 +366,66 @@ describe("files and ports of a computer in the web dashboard (--file-tools)", ()
     toolArgs: (name) =>
       pageRequests.filter((m) => m?.method === "tools/call" && m.params?.name === name).map((m) => m.params.arguments),
     screenshot: (name) => filePage.screenshot({ path: join(OUTPUT_DIR, `web-${name}`), fullPage: true }),
+  });
+});
+
+describe("checkpoints of a computer in the web dashboard (--checkpoint-tools)", () => {
+  const CKPT_ID = uniqueId("web-ckpt");
+  const made = new Set([CKPT_ID]);
+  const pageRequests = [];
+  let ckptServer;
+  let client;
+  let ckptBrowser;
+  let ckptPage;
+
+  const ckptStep = stepsInOrder();
+
+  before(async () => {
+    assertPrerequisites();
+    ensureOutputDir();
+    removeComputers([...made]);
+    ckptServer = await startHttpServer({ token: TOKEN, extraArgs: ["--checkpoint-tools"] });
+    // The test's own session: it writes and reads the files of the computer the page works on.
+    client = new Client({ name: "kilntainers-browser-tests", version: "1.0.0" }, { capabilities: {} });
+    await client.connect(
+      new StreamableHTTPClientTransport(new URL(`${ckptServer.url}/mcp`), {
+        requestInit: { headers: { Authorization: `Bearer ${TOKEN}` } },
+      }),
+    );
+    await prepareCheckpoints(client, CKPT_ID);
+    ckptBrowser = await launchBrowser({ viewport: { width: 1100, height: 1300 } });
+    ckptPage = ckptBrowser.page;
+    ckptPage.on("pageerror", (e) => console.error(`[page error] ${e.message}`));
+    ckptPage.on("request", (req) => {
+      if (new URL(req.url()).pathname === "/mcp") pageRequests.push(rpc({ body: req.postData() }));
+    });
+    await ckptPage.goto(`${ckptServer.url}/#token=${TOKEN}`);
+    await waitFor(async () => /^(Connected|\d+ computers?)$/.test((await ckptPage.locator("#status").textContent()) ?? ""), 20_000, "connected");
+  });
+
+  after(async () => {
+    removeComputers([...made]);
+    removeCheckpointImages([...made]);
+    await ckptBrowser?.close();
+    await client?.close().catch(() => {});
+    await ckptServer?.close();
+  });
+
+  ckptStep("learns the checkpoint tools from tools/list and lists nothing before a computer is opened", async () => {
+    await waitFor(() => pageRequests.some((m) => m?.method === "tools/list"), 10_000, "tools/list");
+    assert.equal(pageRequests.filter((m) => m?.method === "tools/list").length, 1);
+    assert.equal(pageRequests.filter((m) => m?.params?.name === "checkpoint_list").length, 0);
+    assert.equal(await ckptPage.locator("#checkpoints").isVisible(), false);
+  });
+
+  checkpointSteps(ckptStep, {
+    root: () => ckptPage,
+    client: { callTool: (req) => client.callTool(req, undefined, { timeout: 120_000 }) },
+    computerId: CKPT_ID,
+    track: (id) => made.add(id),
+    toolArgs: (name) =>
+      pageRequests.filter((m) => m?.method === "tools/call" && m.params?.name === name).map((m) => m.params.arguments),
+    screenshot: (name) => ckptPage.screenshot({ path: join(OUTPUT_DIR, `web-${name}`), fullPage: true }),
   });
 });
 

@@ -109,6 +109,23 @@ export function removeComputers(ids) {
   for (const id of ids) docker(["rm", "-f", containerName(id)]);
 }
 
+/**
+ * Removes the checkpoint images (docs/checkpoints.md) of these computers of the default
+ * principal, tagged (`kilntainers-checkpoint/<id>:<name>`) or left untagged (by their label).
+ * Remove the computers first: an image a container runs from is only untagged.
+ */
+export function removeCheckpointImages(ids) {
+  for (const id of ids) {
+    const images = new Set();
+    for (const filter of [`reference=kilntainers-checkpoint/${id}`, `label=kilntainers.checkpoint.computer-id=${id}`]) {
+      for (const image of (docker(["images", "-q", "--no-trunc", "--filter", filter]) ?? "").split("\n")) {
+        if (image.trim()) images.add(image.trim());
+      }
+    }
+    if (images.size) docker(["rmi", "-f", ...images]);
+  }
+}
+
 /** The tag of a principal other than `default` in its computers' names (docs/auth.md). */
 export function principalTag(principal) {
   return createHash("sha256").update(principal).digest("hex").slice(0, 16);
