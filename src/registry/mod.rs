@@ -19,6 +19,7 @@
 
 mod acquire;
 mod execute;
+mod idle;
 mod leases;
 mod lifecycle;
 pub mod orphans;
@@ -34,6 +35,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 pub use acquire::Unnamed;
+pub use idle::{AwakeGuard, BusyCheck};
 pub use sessions::Session;
 
 use crate::backends::{Backend, BackendError, NoProgress, Progress, SandboxRef};
@@ -121,6 +123,8 @@ pub struct Registry {
     /// Called with the id of every computer this process removed provider-side.
     removal_hooks: Mutex<Vec<RemovalHook>>,
     quotas: quotas::QuotaGate,
+    /// Set by `--idle-stop` (docs/idle-stop.md).
+    idle: std::sync::OnceLock<Arc<idle::IdleClock>>,
 }
 
 /// See [`Registry::on_removed`].
@@ -155,6 +159,7 @@ impl Registry {
             closing: std::sync::atomic::AtomicBool::new(false),
             removal_hooks: Mutex::new(Vec::new()),
             quotas: quotas::QuotaGate::new(quotas),
+            idle: std::sync::OnceLock::new(),
         })
     }
 
@@ -167,6 +172,9 @@ impl Registry {
     }
 
     fn removed(&self, id: &ComputerId, how: Removal) {
+        if let Some(clock) = self.idle.get() {
+            clock.forget(id);
+        }
         for hook in lock(&self.removal_hooks).iter() {
             hook(id, how);
         }

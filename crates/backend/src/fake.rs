@@ -21,8 +21,8 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Backend, BackendError, ComputerInfo, CreateSpec, ExecEnd, ExecSpec, Found, OutputSink,
-    PortRoute, PortStream, Progress, Restarted, SandboxRef, SinkControl, Stream,
+    Backend, BackendError, ComputerInfo, CreateSpec, ExecEnd, ExecSpec, Found, IdleStop,
+    OutputSink, PortRoute, PortStream, Progress, Restarted, SandboxRef, SinkControl, Stream,
 };
 use crate::ids::{ComputerId, ExecId, InstanceId, SandboxId};
 
@@ -74,6 +74,8 @@ pub enum Call {
         computer: ComputerId,
         exec_id: ExecId,
     },
+    /// Stopped by `--idle-stop`.
+    StopIdle(ComputerId),
 }
 
 impl Call {
@@ -86,7 +88,8 @@ impl Call {
             | Self::Restarted(id)
             | Self::Remove(id)
             | Self::Removed(id)
-            | Self::Output(id) => id,
+            | Self::Output(id)
+            | Self::StopIdle(id) => id,
             Self::ExecStart { computer, .. }
             | Self::ExecEnd { computer, .. }
             | Self::KillExec { computer, .. } => computer,
@@ -104,6 +107,7 @@ pub struct Counts {
     pub remove: usize,
     pub exec: usize,
     pub kill_exec: usize,
+    pub stop_idle: usize,
 }
 
 /// Calls that can be given a delay.
@@ -307,6 +311,7 @@ impl FakeBackend {
                 Call::Remove(_) => counts.remove += 1,
                 Call::ExecStart { .. } => counts.exec += 1,
                 Call::KillExec { .. } => counts.kill_exec += 1,
+                Call::StopIdle(_) => counts.stop_idle += 1,
                 Call::Restarted(_) | Call::Removed(_) | Call::Output(_) | Call::ExecEnd { .. } => {}
             }
         }
@@ -494,6 +499,23 @@ impl Backend for FakeBackend {
             }
         };
         self.record(Call::Restarted(id));
+        result
+    }
+
+    fn idle_stop(&self) -> IdleStop {
+        IdleStop::Stops
+    }
+
+    async fn stop_idle(&self, sandbox: &SandboxRef) -> Result<(), BackendError> {
+        let id = sandbox.computer_id.clone();
+        let result = match self.state().computers.get_mut(&id) {
+            Some(computer) => {
+                computer.running = false;
+                Ok(())
+            }
+            None => Err(BackendError::Vanished(id.clone())),
+        };
+        self.record(Call::StopIdle(id));
         result
     }
 

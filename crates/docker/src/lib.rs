@@ -25,7 +25,8 @@ use bollard::errors::Error as DockerError;
 use bollard::models::ContainerInspectResponse;
 use bollard::query_parameters::{
     InspectContainerOptions, ListContainersOptionsBuilder, RemoveContainerOptionsBuilder,
-    RestartContainerOptionsBuilder, StartContainerOptions, WaitContainerOptionsBuilder,
+    RestartContainerOptionsBuilder, StartContainerOptions, StopContainerOptionsBuilder,
+    WaitContainerOptionsBuilder,
 };
 use futures_util::{StreamExt, TryStreamExt};
 use tokio::sync::OnceCell;
@@ -37,8 +38,8 @@ use kilntainers_backend::ids::{ComputerId, ExecId, InstanceId, SandboxId};
 use kilntainers_backend::labels::{self, docker as label};
 use kilntainers_backend::posix::{self, SweepReach, shell_basename};
 use kilntainers_backend::{
-    Backend, BackendError, ComputerInfo, CreateSpec, ExecEnd, ExecSpec, Found, OutputSink,
-    PortRoute, PortStream, Progress, Restarted, SandboxRef, WarmPoolSize,
+    Backend, BackendError, ComputerInfo, CreateSpec, ExecEnd, ExecSpec, Found, IdleStop,
+    OutputSink, PortRoute, PortStream, Progress, Restarted, SandboxRef, WarmPoolSize,
 };
 use kilntainers_backend::{Common, DEFAULT_IMAGE};
 
@@ -530,6 +531,34 @@ impl Backend for DockerBackend {
             sandbox,
             state_preserved: true,
         })
+    }
+
+    fn idle_stop(&self) -> IdleStop {
+        IdleStop::Stops
+    }
+
+    /// `docker stop` with the restart's grace: a permanent container is not auto-removed, so
+    /// its writable layer stays for the next start.
+    async fn stop_idle(&self, sandbox: &SandboxRef) -> Result<(), BackendError> {
+        let docker = self.client().await?;
+        let name = Self::container_name(&sandbox.computer_id);
+        // The stop kills the helper; the next command connects a new one.
+        self.helpers.forget(sandbox.sandbox_id.as_str());
+        let options = StopContainerOptionsBuilder::default()
+            .t(RESTART_GRACE_SECS)
+            .build();
+        match docker.stop_container(&name, Some(options)).await {
+            // 304: already stopped.
+            Ok(()) => Ok(()),
+            Err(e) if status_of(&e) == Some(304) => Ok(()),
+            Err(e) if status_of(&e) == Some(404) => {
+                Err(BackendError::Vanished(sandbox.computer_id.clone()))
+            }
+            Err(e) => Err(BackendError::Provider(format!(
+                "Docker stop of '{name}' failed: {}",
+                describe(&e)
+            ))),
+        }
     }
 
     async fn remove(&self, sandbox: &SandboxRef) -> Result<(), BackendError> {
