@@ -19,7 +19,7 @@ use tokio::time::Instant;
 use tracing::{info, warn};
 
 use super::{Registry, lock};
-use crate::backends::{BackendError, SandboxRef};
+use crate::backends::{BackendError, IdleStopped, SandboxRef};
 use crate::ids::ComputerId;
 use crate::jobs::Jobs;
 
@@ -233,9 +233,14 @@ impl Registry {
         self.prune_slot(id);
         match stopped {
             None => {}
-            Some(Ok(())) => {
+            Some(Ok(IdleStopped::Stopped)) => {
                 clock.forget(id);
                 info!(computer_id = %id, "stopped after {:?} without use (--idle-stop)", clock.after);
+            }
+            Some(Ok(IdleStopped::InUseElsewhere)) => {
+                // Another server's work: a full period again before the next look.
+                clock.touch(sandbox);
+                info!(computer_id = %id, "not stopped: another server is using it");
             }
             Some(Err(BackendError::Vanished(_))) => clock.forget(id),
             Some(Err(error)) => {

@@ -1074,3 +1074,26 @@ async fn without_idle_stop_nothing_is_stopped() {
     assert_eq!(registry.idle_stop_at(&box_id), None);
     assert_eq!(registry.idle_tick(), None);
 }
+
+#[tokio::test(start_paused = true)]
+async fn idle_stop_leaves_a_computer_another_server_is_using() {
+    let (backend, registry) = setup();
+    registry.enable_idle_stop(IDLE);
+    let session = registry.open_session(Principal::default_principal());
+    let shared = id("shared");
+    execute(&registry, &session, Some(&shared), false, "one")
+        .await
+        .unwrap();
+    backend.set_held_elsewhere(&shared, true);
+    tokio::time::advance(IDLE + Duration::from_secs(1)).await;
+    idle_round(&registry).await;
+    assert!(backend.is_running(&shared));
+    // Looked at again only after another full period.
+    backend.set_held_elsewhere(&shared, false);
+    tokio::time::advance(IDLE - Duration::from_secs(1)).await;
+    idle_round(&registry).await;
+    assert!(backend.is_running(&shared));
+    tokio::time::advance(Duration::from_secs(2)).await;
+    idle_round(&registry).await;
+    assert!(!backend.is_running(&shared));
+}

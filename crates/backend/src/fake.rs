@@ -22,7 +22,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::{
     Backend, BackendError, ComputerInfo, CreateSpec, ExecEnd, ExecSpec, Found, IdleStop,
-    OutputSink, PortRoute, PortStream, Progress, Restarted, SandboxRef, SinkControl, Stream,
+    IdleStopped, OutputSink, PortRoute, PortStream, Progress, Restarted, SandboxRef, SinkControl,
+    Stream,
 };
 use crate::ids::{ComputerId, ExecId, InstanceId, SandboxId};
 
@@ -183,6 +184,8 @@ struct State {
     failing_creates: HashMap<ComputerId, usize>,
     /// Inventory listings still to fail.
     failing_lists: usize,
+    /// Computers another server is working on, as a backend that can see it reports.
+    held_elsewhere: std::collections::HashSet<ComputerId>,
     next_incarnation: u64,
 }
 
@@ -273,6 +276,16 @@ impl FakeBackend {
             },
         );
         sandbox
+    }
+
+    /// Makes `id` look busy with another server's work to [`Backend::stop_idle`] (or not).
+    pub fn set_held_elsewhere(&self, id: &ComputerId, held: bool) {
+        let mut state = self.state();
+        if held {
+            state.held_elsewhere.insert(id.clone());
+        } else {
+            state.held_elsewhere.remove(id);
+        }
     }
 
     /// Stops the computer provider-side (it still exists).
@@ -506,14 +519,19 @@ impl Backend for FakeBackend {
         IdleStop::Stops
     }
 
-    async fn stop_idle(&self, sandbox: &SandboxRef) -> Result<(), BackendError> {
+    async fn stop_idle(&self, sandbox: &SandboxRef) -> Result<IdleStopped, BackendError> {
         let id = sandbox.computer_id.clone();
-        let result = match self.state().computers.get_mut(&id) {
-            Some(computer) => {
-                computer.running = false;
-                Ok(())
+        let result = {
+            let mut state = self.state();
+            let held = state.held_elsewhere.contains(&id);
+            match state.computers.get_mut(&id) {
+                Some(_) if held => Ok(IdleStopped::InUseElsewhere),
+                Some(computer) => {
+                    computer.running = false;
+                    Ok(IdleStopped::Stopped)
+                }
+                None => Err(BackendError::Vanished(id.clone())),
             }
-            None => Err(BackendError::Vanished(id.clone())),
         };
         self.record(Call::StopIdle(id));
         result

@@ -124,6 +124,14 @@ pub struct ComputerInfo {
     pub created_at: Option<String>,
 }
 
+/// What [`Backend::stop_idle`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdleStopped {
+    Stopped,
+    /// Left running: another server's work is on it (Docker: an exec of another process).
+    InUseElsewhere,
+}
+
 /// How a backend's computers stop when idle (`--idle-stop`, docs/idle-stop.md).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum IdleStop {
@@ -349,9 +357,10 @@ pub trait Backend: Send + Sync {
     /// Stops an idle permanent computer so it costs nothing until its next use, which starts
     /// it again through the path of any stopped computer ([`BackendError::NotRunning`], then
     /// [`Backend::ensure_running`]). Only called when [`Backend::idle_stop`] is
-    /// [`IdleStop::Stops`].
-    async fn stop_idle(&self, _sandbox: &SandboxRef) -> Result<(), BackendError> {
-        Ok(())
+    /// [`IdleStop::Stops`], with no work of this server's on the computer; a backend that can
+    /// see another server's work on it leaves it running.
+    async fn stop_idle(&self, _sandbox: &SandboxRef) -> Result<IdleStopped, BackendError> {
+        Ok(IdleStopped::Stopped)
     }
 
     /// Removes temporary computers created by the `dead` instances; returns the ids removed.

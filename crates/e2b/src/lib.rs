@@ -36,7 +36,7 @@ use kilntainers_backend::labels::{self, e2b as meta};
 use kilntainers_backend::posix::{self, KILL_SWEEP_TIMEOUT, SweepReach, shell_basename};
 use kilntainers_backend::{
     Backend, BackendError, ComputerInfo, CreateSpec, ExecEnd, ExecSpec, Found, IdleStop,
-    OutputSink, PortRoute, Progress, Restarted, SandboxRef, SinkControl, Stream,
+    IdleStopped, OutputSink, PortRoute, Progress, Restarted, SandboxRef, SinkControl, Stream,
 };
 use process::{Command, Envd, EnvdVersion, RunError};
 
@@ -631,10 +631,10 @@ impl Backend for E2bBackend {
 
     /// E2B's pause: the sandbox keeps its files and memory and costs nothing until the next
     /// use resumes it ([`Backend::ensure_running`] connects, which resumes).
-    async fn stop_idle(&self, sandbox: &SandboxRef) -> Result<(), BackendError> {
+    async fn stop_idle(&self, sandbox: &SandboxRef) -> Result<IdleStopped, BackendError> {
         self.validated().await?;
         match self.api.pause(sandbox.sandbox_id.as_str()).await {
-            Ok(()) => Ok(()),
+            Ok(()) => Ok(IdleStopped::Stopped),
             Err(e) if e.status() == Some(404) => {
                 Err(BackendError::Vanished(sandbox.computer_id.clone()))
             }

@@ -32,7 +32,7 @@ use kilntainers_backend::labels::{self, fly as meta};
 use kilntainers_backend::posix::{self, KILL_SWEEP_TIMEOUT, SweepReach, shell_basename};
 use kilntainers_backend::{
     Backend, BackendError, ComputerInfo, CreateSpec, ExecEnd, ExecSpec, Found, IdleStop,
-    OutputSink, Progress, Restarted, SandboxRef,
+    IdleStopped, OutputSink, Progress, Restarted, SandboxRef,
 };
 use kilntainers_backend::{Common, DEFAULT_IMAGE};
 use machines::{
@@ -497,7 +497,7 @@ impl FlyInner {
 
     /// Fly's stop: a permanent Machine's root filesystem persists (`persist: always`), and
     /// the next use starts it (exec on a stopped Machine is [`BackendError::NotRunning`]).
-    async fn stop_idle(&self, sandbox: &SandboxRef) -> Result<(), BackendError> {
+    async fn stop_idle(&self, sandbox: &SandboxRef) -> Result<IdleStopped, BackendError> {
         let app = self.app().await?;
         let machines = self.machines(&app);
         let id = &sandbox.computer_id;
@@ -510,7 +510,8 @@ impl FlyInner {
                     "Fly stop of Machine {} (computer '{id}') failed",
                     sandbox.sandbox_id
                 )),
-            })
+            })?;
+        Ok(IdleStopped::Stopped)
     }
 
     async fn remove(&self, sandbox: &SandboxRef) -> Result<(), BackendError> {
@@ -746,7 +747,7 @@ impl Backend for FlyBackend {
         IdleStop::Stops
     }
 
-    async fn stop_idle(&self, sandbox: &SandboxRef) -> Result<(), BackendError> {
+    async fn stop_idle(&self, sandbox: &SandboxRef) -> Result<IdleStopped, BackendError> {
         self.inner.stop_idle(sandbox).await
     }
 
