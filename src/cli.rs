@@ -319,6 +319,16 @@ pub struct Cli {
     )]
     pub job_log_limit: i64,
 
+    // ---- idle stop (docs/idle-stop.md) ----
+    #[arg(
+        long,
+        env = "KILNTAINERS_IDLE_STOP",
+        default_value = "0",
+        value_name = "DURATION",
+        help = "Stop a permanent computer nobody has used for this long (e.g. 30m, 2h, 90s); its next use starts it again. 0 = never (default: 0)"
+    )]
+    pub idle_stop: String,
+
     // ---- tool description ----
     #[arg(
         long,

@@ -12,6 +12,7 @@ const DEFAULT_LOG: &str = "warn,mcp_sandbox_computer_vm_for_ai=info,kilntainers_
 kilntainers_docker=info,kilntainers_fly=info,kilntainers_e2b=info,kilntainers_modal=info,\
 kilntainers_wasm=info,kilntainers::audit=info";
 
+use mcp_sandbox_computer_vm_for_ai::backends::IdleStop;
 use mcp_sandbox_computer_vm_for_ai::cli::Cli;
 use mcp_sandbox_computer_vm_for_ai::config::{self, Config, Transport};
 use mcp_sandbox_computer_vm_for_ai::ids::InstanceId;
@@ -103,6 +104,21 @@ async fn run(config: Config) -> i32 {
         )
     });
     registry.set_max_checkpoints(config.checkpoints.max_per_computer);
+    if let Some(after) = config.idle_stop {
+        match backend.idle_stop() {
+            IdleStop::Refused(message) => {
+                eprintln!("kilntainers: error: {message}");
+                return 1;
+            }
+            IdleStop::NothingToStop => {
+                tracing::info!(
+                    "--idle-stop: nothing to stop on the {} backend",
+                    backend.kind()
+                );
+            }
+            IdleStop::Stops => registry.start_idle_stop(after, jobs.clone()),
+        }
+    }
     let surface = Surface::with_checkpoints(
         registry,
         &description,

@@ -88,6 +88,9 @@ pub struct Config {
     /// `--checkpoint-tools` or `ENABLE_CHECKPOINT_TOOLS=true`, and `--max-checkpoints`
     /// (docs/checkpoints.md).
     pub checkpoints: CheckpointsConfig,
+    /// `--idle-stop`: how long a permanent computer may go unused before it is stopped
+    /// (docs/idle-stop.md); `None` = never.
+    pub idle_stop: Option<Duration>,
     /// `--max-computers-per-user`, `--max-running-per-user` (docs/auth.md, "Quotas").
     pub quotas: Quotas,
     pub description: DescriptionConfig,
@@ -323,6 +326,7 @@ impl Config {
         if cli.job_log_limit < 1024 * 1024 {
             return fail("--job-log-limit must be at least 1048576 bytes (1 MiB).");
         }
+        let idle_stop = parse_idle_stop(&cli.idle_stop)?;
         let Ok(port) = u16::try_from(cli.port)
             .map_err(drop)
             .and_then(|p| if p == 0 { Err(()) } else { Ok(p) })
@@ -437,6 +441,7 @@ impl Config {
                     || switch_on(env("ENABLE_CHECKPOINT_TOOLS").as_deref()),
                 max_per_computer: cli.max_checkpoints as usize,
             },
+            idle_stop,
             quotas: Quotas {
                 max_computers: cli.max_computers_per_user.map(|n| n as usize),
                 max_running: cli.max_running_per_user.map(|n| n as usize),
@@ -462,6 +467,63 @@ impl Config {
             wasm: wasm::from_cli(cli, env),
         })
     }
+}
+
+/// The longest `--idle-stop`: 30 days.
+const MAX_IDLE_STOP: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// `--idle-stop`: `0` (off), or whole numbers each followed by `d`, `h`, `m` or `s`, largest
+/// first (`90s`, `30m`, `1h30m`); a bare number is seconds. Between 1 second and 30 days.
+pub fn parse_idle_stop(raw: &str) -> Result<Option<Duration>, ConfigError> {
+    let malformed = || {
+        ConfigError(format!(
+            "--idle-stop must be a duration such as 90s, 30m, 2h or 1h30m, or 0 to never stop; got '{raw}'."
+        ))
+    };
+    let text = raw.trim();
+    if text == "0" {
+        return Ok(None);
+    }
+    if text.is_empty() {
+        return Err(malformed());
+    }
+    let mut total: u64 = 0;
+    let mut rest = text;
+    let mut last_unit = u64::MAX;
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        if digits == 0 {
+            return Err(malformed());
+        }
+        let number: u64 = rest[..digits].parse().map_err(|_| malformed())?;
+        rest = &rest[digits..];
+        let unit = match rest.chars().next() {
+            None if total == 0 && last_unit == u64::MAX => 1,
+            Some('d') => 86_400,
+            Some('h') => 3_600,
+            Some('m') => 60,
+            Some('s') => 1,
+            _ => return Err(malformed()),
+        };
+        if unit >= last_unit {
+            return Err(malformed());
+        }
+        last_unit = unit;
+        rest = rest.get(1..).unwrap_or("");
+        total = number
+            .checked_mul(unit)
+            .and_then(|secs| total.checked_add(secs))
+            .ok_or_else(malformed)?;
+    }
+    let duration = Duration::from_secs(total);
+    if duration.is_zero() || duration > MAX_IDLE_STOP {
+        return Err(ConfigError(format!(
+            "--idle-stop must be between 1s and 30d (or 0 to never stop); got '{raw}'."
+        )));
+    }
+    Ok(Some(duration))
 }
 
 /// A backend left out of this build fails at startup with one clear line rather than at the

@@ -313,3 +313,43 @@ fn issue_15_no_debug_output_of_a_config_shows_a_token() {
         }
     }
 }
+
+#[test]
+fn idle_stop_durations() {
+    assert_eq!(config(&[]).unwrap().idle_stop, None);
+    let parsed = |raw: &str| config(&[&format!("--idle-stop={raw}")]).map(|c| c.idle_stop);
+    assert_eq!(parsed("0"), Ok(None));
+    assert_eq!(parsed("3s"), Ok(Some(Duration::from_secs(3))));
+    assert_eq!(parsed("90"), Ok(Some(Duration::from_secs(90))));
+    assert_eq!(parsed("30m"), Ok(Some(Duration::from_secs(1800))));
+    assert_eq!(parsed("1h30m"), Ok(Some(Duration::from_secs(5400))));
+    assert_eq!(parsed("2d"), Ok(Some(Duration::from_secs(172_800))));
+    assert_eq!(parsed("30d"), Ok(Some(Duration::from_secs(2_592_000))));
+    for malformed in [
+        "",
+        "abc",
+        "5x",
+        "m",
+        "30m1h",
+        "1h1h",
+        "-5m",
+        "1.5h",
+        "5 m",
+        "99999999999999999999s",
+    ] {
+        assert_eq!(
+            parsed(malformed).unwrap_err(),
+            format!(
+                "--idle-stop must be a duration such as 90s, 30m, 2h or 1h30m, or 0 to never stop; got '{malformed}'."
+            ),
+        );
+    }
+    for out_of_range in ["0s", "00", "31d", "721h"] {
+        assert_eq!(
+            parsed(out_of_range).unwrap_err(),
+            format!(
+                "--idle-stop must be between 1s and 30d (or 0 to never stop); got '{out_of_range}'."
+            ),
+        );
+    }
+}

@@ -172,16 +172,34 @@ fn info_json(row: &ComputerInfo, backend: &str) -> Value {
     Value::Object(item)
 }
 
+/// When the computer of `row` stops unless used (RFC 3339, whole seconds).
+fn idle_stop_at(registry: &crate::registry::Registry, row: &ComputerInfo) -> Option<String> {
+    if row.sandbox.temporary || row.state != "running" {
+        return None;
+    }
+    let at = registry.idle_stop_at(&row.sandbox.computer_id)?;
+    let secs = at.duration_since(std::time::UNIX_EPOCH).ok()?.as_secs();
+    Some(crate::clock::rfc3339_utc(i64::try_from(secs).ok()?))
+}
+
 /// `computer_list` and `computer_dashboard` (the same payload; docs/warm-pool.md for `warm_pool`).
 pub(super) async fn list(call: &Call<'_>) -> Result<Payload, CallError> {
     let registry = call.registry();
     let (rows, warning) = registry.list(call.principal()).await;
     let backend = registry.backend().kind();
     let mut payload = Map::new();
-    payload.insert(
-        "computers".into(),
-        Value::Array(rows.iter().map(|r| info_json(r, backend)).collect()),
-    );
+    let computers = rows
+        .iter()
+        .map(|row| {
+            let mut item = info_json(row, backend);
+            // docs/idle-stop.md: present only with --idle-stop, for a running permanent computer.
+            if let (Some(at), Value::Object(fields)) = (idle_stop_at(registry, row), &mut item) {
+                fields.insert("idle_stop_at".into(), json!(at));
+            }
+            item
+        })
+        .collect();
+    payload.insert("computers".into(), Value::Array(computers));
     payload.insert("count".into(), json!(rows.len()));
     // Only with `--warm-pool`, so the payload stays the reference's without it. Not in the
     // output schema for the same reason; the schema allows extra fields.

@@ -28,7 +28,7 @@ use tracing::{debug, info};
 
 use crate::backends::{BackendError, PortRoute, PortStream, SandboxRef};
 use crate::ids::ComputerId;
-use crate::registry::{Registry, RegistryError, Removal};
+use crate::registry::{AwakeGuard, Registry, RegistryError, Removal};
 
 /// Connections one forwarder carries at once; each may hold a Docker exec, so a page that
 /// opens hundreds of sockets cannot pile up work in the engine.
@@ -271,7 +271,52 @@ async fn connect(
     port: u16,
 ) -> Result<Box<dyn PortStream>, PortError> {
     let sandbox = registry.find(id).await?;
-    Ok(registry.backend().connect_port(&sandbox, port).await?)
+    let stream = registry.backend().connect_port(&sandbox, port).await?;
+    Ok(Box::new(Awake {
+        stream,
+        _guard: registry.keep_awake(&sandbox),
+    }))
+}
+
+/// A connection to a port, holding its computer awake while open (docs/idle-stop.md: an open
+/// port forward is use).
+struct Awake {
+    stream: Box<dyn PortStream>,
+    _guard: AwakeGuard,
+}
+
+impl tokio::io::AsyncRead for Awake {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.stream).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for Awake {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.stream).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.stream).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.stream).poll_shutdown(cx)
+    }
 }
 
 async fn forward(

@@ -227,6 +227,7 @@ impl Registry {
                 state.owners.insert(session.id);
             }
             drop(state);
+            self.touch(&sandbox);
             Self::renew_lease(&slot, session);
             session.own(id.clone(), sandbox.temporary);
             Ok(sandbox)

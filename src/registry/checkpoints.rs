@@ -134,6 +134,8 @@ impl Registry {
                 .record
                 .clone()
                 .unwrap_or_else(|| sandbox.clone());
+            // docs/idle-stop.md: a checkpoint operation is use.
+            let _awake = self.keep_awake(&sandbox);
             let tree = self.checkpoint_tree(id).await?;
             let name = match name {
                 Some(name) => name,
@@ -264,6 +266,8 @@ impl Registry {
         let provider = self.provider_checkpoints()?;
         let owner = session.principal();
         let id = &source.computer_id;
+        // docs/idle-stop.md: a checkpoint operation is use, of the source too.
+        let _awake = self.keep_awake(source);
         let ids = self.fork_ids(id, targets).await?;
         let entry = match name {
             Some(name) => self
@@ -392,6 +396,7 @@ impl Registry {
             };
             let sandbox = provider.fork(source, from, &spec, progress).await?;
             info!(target: "kilntainers::audit", principal = %session.principal(), computer_id = %new_id, source = %source.computer_id, checkpoint = %entry.record.name, "fork");
+            self.touch(&sandbox);
             let mut state = lock(&slot.state);
             state.record = Some(sandbox.clone());
             if session.lease_ttl.is_none() {

@@ -40,6 +40,7 @@ impl Registry {
                 // Deleted while we waited for our turn.
                 return Err(RegistryError::Backend(BackendError::Vanished(id)));
             };
+            let _awake = self.keep_awake(&sandbox);
             let exec_cancel = cancel.child_token();
             let exec_id = ExecId::random();
             Self::begin_in_flight(&slot, &sandbox, &exec_cancel, &exec_id);
@@ -116,6 +117,7 @@ impl Registry {
         let Some(sandbox) = lock(&slot.state).record.clone() else {
             return Err(RegistryError::Backend(BackendError::Vanished(id)));
         };
+        let _awake = self.keep_awake(&sandbox);
         let work_cancel = cancel.child_token();
         Self::begin_in_flight(&slot, &sandbox, &work_cancel, &ExecId::random());
         let answer = work(&sandbox, &work_cancel).await;

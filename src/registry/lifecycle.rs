@@ -81,6 +81,10 @@ impl Registry {
             let sandbox = self.find(id).await?;
             match work(sandbox).await {
                 Ok((value, replacement)) => {
+                    if let Some(running) = &replacement {
+                        // A restart or reset is a use: the computer runs again from now.
+                        self.touch(running);
+                    }
                     let mut state = lock(&slot.state);
                     if state.record.is_some() {
                         state.record = replacement;

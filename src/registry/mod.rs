@@ -21,6 +21,7 @@
 mod acquire;
 pub mod checkpoints;
 mod execute;
+mod idle;
 mod leases;
 mod lifecycle;
 pub mod orphans;
@@ -36,6 +37,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
 pub use acquire::Unnamed;
+pub use idle::{AwakeGuard, BusyCheck};
 pub use sessions::Session;
 
 use crate::backends::{Backend, BackendError, NoProgress, Progress, SandboxRef};
@@ -133,6 +135,8 @@ pub struct Registry {
     max_checkpoints: std::sync::atomic::AtomicUsize,
     /// `--checkpoint-tools`: a removed computer's checkpoints go with it.
     checkpoints_on: std::sync::atomic::AtomicBool,
+    /// Set by `--idle-stop` (docs/idle-stop.md).
+    idle: std::sync::OnceLock<Arc<idle::IdleClock>>,
 }
 
 /// See [`Registry::on_removed`].
@@ -174,6 +178,7 @@ impl Registry {
                 checkpoints::DEFAULT_MAX_CHECKPOINTS,
             ),
             checkpoints_on: std::sync::atomic::AtomicBool::new(false),
+            idle: std::sync::OnceLock::new(),
         })
     }
 
@@ -186,6 +191,9 @@ impl Registry {
     }
 
     fn removed(&self, id: &ComputerId, how: Removal) {
+        if let Some(clock) = self.idle.get() {
+            clock.forget(id);
+        }
         for hook in lock(&self.removal_hooks).iter() {
             hook(id, how);
         }

@@ -936,3 +936,182 @@ async fn issue_30_a_reset_whose_creation_fails_leaves_no_record_of_the_removed_c
     assert!(backend.exists(&box_id));
     assert_eq!(recorded(&registry), HashSet::from([box_id]));
 }
+
+// Idle stop (docs/idle-stop.md). Rounds are run by hand: the background ticker only repeats
+// them.
+
+const IDLE: Duration = Duration::from_secs(60);
+
+fn never_busy() -> Box<super::BusyCheck> {
+    Box::new(|_| Box::pin(async { false }))
+}
+
+async fn idle_round(registry: &Registry) {
+    within(registry.stop_idle_computers(&*never_busy())).await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn idle_stop_stops_a_permanent_computer_only_after_a_full_period_without_use() {
+    let (backend, registry) = setup();
+    registry.enable_idle_stop(IDLE);
+    let session = registry.open_session(Principal::default_principal());
+    let box_id = id("box");
+    execute(&registry, &session, Some(&box_id), false, "one")
+        .await
+        .unwrap();
+    tokio::time::advance(IDLE * 2 / 3).await;
+    execute(&registry, &session, Some(&box_id), false, "two")
+        .await
+        .unwrap();
+    tokio::time::advance(IDLE * 2 / 3).await;
+    idle_round(&registry).await;
+    assert!(backend.is_running(&box_id), "used 40 s ago: not idle yet");
+    assert!(registry.idle_stop_at(&box_id).is_some());
+    tokio::time::advance(IDLE / 3 + Duration::from_secs(1)).await;
+    idle_round(&registry).await;
+    assert!(!backend.is_running(&box_id));
+    assert_eq!(backend.counts(&box_id).stop_idle, 1);
+    assert_eq!(
+        registry.idle_stop_at(&box_id),
+        None,
+        "a stopped computer has no deadline"
+    );
+    // The next use starts it again, transparently.
+    let result = execute(&registry, &session, Some(&box_id), false, "three").await;
+    assert_eq!(exit_code(&result), 0);
+    assert!(backend.is_running(&box_id));
+    assert_eq!(backend.counts(&box_id).ensure_running, 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn idle_stop_is_not_held_off_by_listing() {
+    let (backend, registry) = setup();
+    registry.enable_idle_stop(IDLE);
+    let session = registry.open_session(Principal::default_principal());
+    let box_id = id("box");
+    execute(&registry, &session, Some(&box_id), false, "one")
+        .await
+        .unwrap();
+    for _ in 0..61 {
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let (rows, _) = within(registry.list(&Principal::default_principal())).await;
+        assert_eq!(rows.len(), 1);
+        within(registry.find(&box_id)).await.unwrap();
+    }
+    idle_round(&registry).await;
+    assert!(!backend.is_running(&box_id));
+}
+
+#[tokio::test(start_paused = true)]
+async fn idle_stop_leaves_temporary_computers_and_work_in_progress_alone() {
+    let (backend, registry) = setup();
+    registry.enable_idle_stop(IDLE);
+    let session = registry.open_session(Principal::default_principal());
+    let scratch = id("scratch");
+    execute(&registry, &session, Some(&scratch), true, "one")
+        .await
+        .unwrap();
+    // A command running for longer than the period holds its computer awake.
+    let busy = id("busy");
+    let release = Arc::new(Notify::new());
+    backend.script_exec_on(&busy, ExecScript::Gate(release.clone()));
+    let running = {
+        let (registry, session, busy) = (registry.clone(), session.clone(), busy.clone());
+        tokio::spawn(async move {
+            let long = ExecRequest {
+                timeout_secs: 3600,
+                ..request("long")
+            };
+            within(registry.execute(
+                &session,
+                Some(busy),
+                false,
+                &long,
+                Registry::no_progress(),
+                &CancellationToken::new(),
+            ))
+            .await
+        })
+    };
+    within(backend.wait_until(|log| log.iter().any(started("long")))).await;
+    tokio::time::advance(IDLE * 2).await;
+    idle_round(&registry).await;
+    assert!(
+        backend.is_running(&scratch),
+        "temporary computers are never stopped"
+    );
+    assert!(backend.is_running(&busy), "a command in flight is use");
+    release.notify_one();
+    assert_eq!(exit_code(&join(running).await), 0);
+    // Its end counts as use: the period starts again from there.
+    tokio::time::advance(IDLE - Duration::from_secs(1)).await;
+    idle_round(&registry).await;
+    assert!(backend.is_running(&busy));
+    tokio::time::advance(Duration::from_secs(2)).await;
+    idle_round(&registry).await;
+    assert!(!backend.is_running(&busy));
+    assert!(backend.is_running(&scratch));
+}
+
+#[tokio::test(start_paused = true)]
+async fn idle_stop_keeps_a_computer_whose_job_runs_and_finds_computers_it_never_used() {
+    let (backend, registry) = setup();
+    registry.enable_idle_stop(IDLE);
+    // Made by another server (or before this one started), and never used here: its clock
+    // starts when a round first sees it running.
+    let seen = id("seen");
+    backend.insert(&seen, false, true);
+    let stopped_already = id("stopped-already");
+    backend.insert(&stopped_already, false, false);
+    idle_round(&registry).await;
+    tokio::time::advance(IDLE + Duration::from_secs(1)).await;
+    let jobs_run: Box<super::BusyCheck> = Box::new(|_| Box::pin(async { true }));
+    within(registry.stop_idle_computers(&*jobs_run)).await;
+    assert!(backend.is_running(&seen), "a running job keeps it awake");
+    // The job's check counted as use: a full period again before the next try.
+    tokio::time::advance(IDLE - Duration::from_secs(1)).await;
+    idle_round(&registry).await;
+    assert!(backend.is_running(&seen));
+    tokio::time::advance(Duration::from_secs(2)).await;
+    idle_round(&registry).await;
+    assert!(!backend.is_running(&seen));
+    assert_eq!(backend.counts(&stopped_already).stop_idle, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_idle_stop_nothing_is_stopped() {
+    let (backend, registry) = setup();
+    let session = registry.open_session(Principal::default_principal());
+    let box_id = id("box");
+    execute(&registry, &session, Some(&box_id), false, "one")
+        .await
+        .unwrap();
+    tokio::time::advance(Duration::from_secs(365 * 24 * 3600)).await;
+    idle_round(&registry).await;
+    assert!(backend.is_running(&box_id));
+    assert_eq!(registry.idle_stop_at(&box_id), None);
+    assert_eq!(registry.idle_tick(), None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn idle_stop_leaves_a_computer_another_server_is_using() {
+    let (backend, registry) = setup();
+    registry.enable_idle_stop(IDLE);
+    let session = registry.open_session(Principal::default_principal());
+    let shared = id("shared");
+    execute(&registry, &session, Some(&shared), false, "one")
+        .await
+        .unwrap();
+    backend.set_held_elsewhere(&shared, true);
+    tokio::time::advance(IDLE + Duration::from_secs(1)).await;
+    idle_round(&registry).await;
+    assert!(backend.is_running(&shared));
+    // Looked at again only after another full period.
+    backend.set_held_elsewhere(&shared, false);
+    tokio::time::advance(IDLE - Duration::from_secs(1)).await;
+    idle_round(&registry).await;
+    assert!(backend.is_running(&shared));
+    tokio::time::advance(Duration::from_secs(2)).await;
+    idle_round(&registry).await;
+    assert!(!backend.is_running(&shared));
+}

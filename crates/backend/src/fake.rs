@@ -21,8 +21,9 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Backend, BackendError, ComputerInfo, CreateSpec, ExecEnd, ExecSpec, Found, OutputSink,
-    PortRoute, PortStream, Progress, Restarted, SandboxRef, SinkControl, Stream,
+    Backend, BackendError, ComputerInfo, CreateSpec, ExecEnd, ExecSpec, Found, IdleStop,
+    IdleStopped, OutputSink, PortRoute, PortStream, Progress, Restarted, SandboxRef, SinkControl,
+    Stream,
 };
 use crate::checkpoints::{
     CheckpointName, CheckpointRecord, CheckpointSet, Checkpoints, FromCheckpoint, NewCheckpoint,
@@ -78,6 +79,8 @@ pub enum Call {
         computer: ComputerId,
         exec_id: ExecId,
     },
+    /// Stopped by `--idle-stop`.
+    StopIdle(ComputerId),
 }
 
 impl Call {
@@ -90,7 +93,8 @@ impl Call {
             | Self::Restarted(id)
             | Self::Remove(id)
             | Self::Removed(id)
-            | Self::Output(id) => id,
+            | Self::Output(id)
+            | Self::StopIdle(id) => id,
             Self::ExecStart { computer, .. }
             | Self::ExecEnd { computer, .. }
             | Self::KillExec { computer, .. } => computer,
@@ -108,6 +112,7 @@ pub struct Counts {
     pub remove: usize,
     pub exec: usize,
     pub kill_exec: usize,
+    pub stop_idle: usize,
 }
 
 /// Calls that can be given a delay.
@@ -183,6 +188,8 @@ struct State {
     failing_creates: HashMap<ComputerId, usize>,
     /// Inventory listings still to fail.
     failing_lists: usize,
+    /// Computers another server is working on, as a backend that can see it reports.
+    held_elsewhere: std::collections::HashSet<ComputerId>,
     next_incarnation: u64,
     /// Checkpoints per computer, oldest first, and each computer's present lineage.
     checkpoints: HashMap<ComputerId, CheckpointSet>,
@@ -298,6 +305,16 @@ impl FakeBackend {
         sandbox
     }
 
+    /// Makes `id` look busy with another server's work to [`Backend::stop_idle`] (or not).
+    pub fn set_held_elsewhere(&self, id: &ComputerId, held: bool) {
+        let mut state = self.state();
+        if held {
+            state.held_elsewhere.insert(id.clone());
+        } else {
+            state.held_elsewhere.remove(id);
+        }
+    }
+
     /// Stops the computer provider-side (it still exists).
     pub fn stop(&self, id: &ComputerId) {
         if let Some(computer) = self.state().computers.get_mut(id) {
@@ -334,6 +351,7 @@ impl FakeBackend {
                 Call::Remove(_) => counts.remove += 1,
                 Call::ExecStart { .. } => counts.exec += 1,
                 Call::KillExec { .. } => counts.kill_exec += 1,
+                Call::StopIdle(_) => counts.stop_idle += 1,
                 Call::Restarted(_) | Call::Removed(_) | Call::Output(_) | Call::ExecEnd { .. } => {}
             }
         }
@@ -529,6 +547,28 @@ impl Backend for FakeBackend {
             }
         };
         self.record(Call::Restarted(id));
+        result
+    }
+
+    fn idle_stop(&self) -> IdleStop {
+        IdleStop::Stops
+    }
+
+    async fn stop_idle(&self, sandbox: &SandboxRef) -> Result<IdleStopped, BackendError> {
+        let id = sandbox.computer_id.clone();
+        let result = {
+            let mut state = self.state();
+            let held = state.held_elsewhere.contains(&id);
+            match state.computers.get_mut(&id) {
+                Some(_) if held => Ok(IdleStopped::InUseElsewhere),
+                Some(computer) => {
+                    computer.running = false;
+                    Ok(IdleStopped::Stopped)
+                }
+                None => Err(BackendError::Vanished(id.clone())),
+            }
+        };
+        self.record(Call::StopIdle(id));
         result
     }
 

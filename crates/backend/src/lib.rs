@@ -127,6 +127,25 @@ pub struct ComputerInfo {
     pub created_at: Option<String>,
 }
 
+/// What [`Backend::stop_idle`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IdleStopped {
+    Stopped,
+    /// Left running: another server's work is on it (Docker: an exec of another process).
+    InUseElsewhere,
+}
+
+/// How a backend's computers stop when idle (`--idle-stop`, docs/idle-stop.md).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum IdleStop {
+    /// [`Backend::stop_idle`] stops them; their files stay.
+    Stops,
+    /// Nothing runs between commands, so there is nothing to stop (WASM).
+    NothingToStop,
+    /// The option is refused at startup with this message.
+    Refused(String),
+}
+
 /// Restart result: the new incarnation and whether the writable state survived.
 #[derive(Debug, Clone)]
 pub struct Restarted {
@@ -343,6 +362,24 @@ pub trait Backend: Send + Sync {
 
     /// Kills every process carrying `exec_id`'s tag (docs/decisions.md, "Killing a command").
     async fn kill_exec(&self, sandbox: &SandboxRef, exec_id: &ExecId) -> Result<(), BackendError>;
+
+    /// What `--idle-stop` does on this backend (docs/idle-stop.md). The default refuses, so a
+    /// backend says how its computers stop before the option is offered on it.
+    fn idle_stop(&self) -> IdleStop {
+        IdleStop::Refused(format!(
+            "--idle-stop is not available on the {} backend.",
+            self.kind()
+        ))
+    }
+
+    /// Stops an idle permanent computer so it costs nothing until its next use, which starts
+    /// it again through the path of any stopped computer ([`BackendError::NotRunning`], then
+    /// [`Backend::ensure_running`]). Only called when [`Backend::idle_stop`] is
+    /// [`IdleStop::Stops`], with no work of this server's on the computer; a backend that can
+    /// see another server's work on it leaves it running.
+    async fn stop_idle(&self, _sandbox: &SandboxRef) -> Result<IdleStopped, BackendError> {
+        Ok(IdleStopped::Stopped)
+    }
 
     /// Removes temporary computers created by the `dead` instances; returns the ids removed.
     async fn collect_orphans(

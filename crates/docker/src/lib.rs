@@ -26,7 +26,8 @@ use bollard::errors::Error as DockerError;
 use bollard::models::ContainerInspectResponse;
 use bollard::query_parameters::{
     InspectContainerOptions, ListContainersOptionsBuilder, RemoveContainerOptionsBuilder,
-    RestartContainerOptionsBuilder, StartContainerOptions, WaitContainerOptionsBuilder,
+    RestartContainerOptionsBuilder, StartContainerOptions, StopContainerOptionsBuilder,
+    WaitContainerOptionsBuilder,
 };
 use futures_util::{StreamExt, TryStreamExt};
 use tokio::sync::OnceCell;
@@ -38,8 +39,8 @@ use kilntainers_backend::ids::{ComputerId, ExecId, InstanceId, SandboxId};
 use kilntainers_backend::labels::{self, docker as label};
 use kilntainers_backend::posix::{self, SweepReach, shell_basename};
 use kilntainers_backend::{
-    Backend, BackendError, ComputerInfo, CreateSpec, ExecEnd, ExecSpec, Found, OutputSink,
-    PortRoute, PortStream, Progress, Restarted, SandboxRef, WarmPoolSize,
+    Backend, BackendError, ComputerInfo, CreateSpec, ExecEnd, ExecSpec, Found, IdleStop,
+    IdleStopped, OutputSink, PortRoute, PortStream, Progress, Restarted, SandboxRef, WarmPoolSize,
 };
 use kilntainers_backend::{Common, DEFAULT_IMAGE};
 
@@ -51,6 +52,9 @@ const READINESS_TIMEOUT: Duration = Duration::from_secs(15);
 /// Stop grace for restart: the keep-alive exits at once on SIGTERM, so 2 s only matters for
 /// the reference's `tail -f /dev/null` containers.
 const RESTART_GRACE_SECS: i32 = 2;
+/// How long idle stop waits for this server's own helper exec to end before taking the execs
+/// still listed for another server's.
+const OWN_HELPER_EXIT: Duration = Duration::from_secs(3);
 /// How long a restart waits for the engine to record the exit of the old process when it
 /// answered before doing so; the keep-alive exits at once, so this is the engine's backlog.
 const STALE_EXIT_WAIT: Duration = Duration::from_secs(10);
@@ -535,6 +539,50 @@ impl Backend for DockerBackend {
             sandbox,
             state_preserved: true,
         })
+    }
+
+    fn idle_stop(&self) -> IdleStop {
+        IdleStop::Stops
+    }
+
+    /// `docker stop` with the restart's grace: a permanent container is not auto-removed, so
+    /// its writable layer stays for the next start. Another server's work on the computer
+    /// shows as a running exec (its resident helper, or a command when the helper is off):
+    /// once our own helper has gone, any exec left means the computer is in use elsewhere.
+    async fn stop_idle(&self, sandbox: &SandboxRef) -> Result<IdleStopped, BackendError> {
+        let docker = self.client().await?;
+        let name = Self::container_name(&sandbox.computer_id);
+        // Our helper ends when its connection is dropped; the next command connects a new one.
+        self.helpers.forget(sandbox.sandbox_id.as_str());
+        let deadline = tokio::time::Instant::now() + OWN_HELPER_EXIT;
+        loop {
+            let inspect = self
+                .inspect(&name)
+                .await?
+                .ok_or_else(|| BackendError::Vanished(sandbox.computer_id.clone()))?;
+            if inspect.exec_ids.as_ref().is_none_or(Vec::is_empty) {
+                break;
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Ok(IdleStopped::InUseElsewhere);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let options = StopContainerOptionsBuilder::default()
+            .t(RESTART_GRACE_SECS)
+            .build();
+        match docker.stop_container(&name, Some(options)).await {
+            // 304: already stopped.
+            Ok(()) => Ok(IdleStopped::Stopped),
+            Err(e) if status_of(&e) == Some(304) => Ok(IdleStopped::Stopped),
+            Err(e) if status_of(&e) == Some(404) => {
+                Err(BackendError::Vanished(sandbox.computer_id.clone()))
+            }
+            Err(e) => Err(BackendError::Provider(format!(
+                "Docker stop of '{name}' failed: {}",
+                describe(&e)
+            ))),
+        }
     }
 
     async fn remove(&self, sandbox: &SandboxRef) -> Result<(), BackendError> {

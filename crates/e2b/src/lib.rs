@@ -38,8 +38,8 @@ use kilntainers_backend::labels::{self, e2b as meta};
 use kilntainers_backend::posix::{self, KILL_SWEEP_TIMEOUT, SweepReach, shell_basename};
 use kilntainers_backend::snapshots::SnapshotCheckpoints;
 use kilntainers_backend::{
-    Backend, BackendError, ComputerInfo, CreateSpec, ExecEnd, ExecSpec, Found, OutputSink,
-    PortRoute, Progress, Restarted, SandboxRef, SinkControl, Stream,
+    Backend, BackendError, ComputerInfo, CreateSpec, ExecEnd, ExecSpec, Found, IdleStop,
+    IdleStopped, OutputSink, PortRoute, Progress, Restarted, SandboxRef, SinkControl, Stream,
 };
 use process::{Command, Envd, EnvdVersion, RunError};
 
@@ -646,6 +646,26 @@ impl Backend for E2bBackend {
 
     async fn remove(&self, sandbox: &SandboxRef) -> Result<(), BackendError> {
         self.remove_sandbox(sandbox).await
+    }
+
+    fn idle_stop(&self) -> IdleStop {
+        IdleStop::Stops
+    }
+
+    /// E2B's pause: the sandbox keeps its files and memory and costs nothing until the next
+    /// use resumes it ([`Backend::ensure_running`] connects, which resumes).
+    async fn stop_idle(&self, sandbox: &SandboxRef) -> Result<IdleStopped, BackendError> {
+        self.validated().await?;
+        match self.api.pause(sandbox.sandbox_id.as_str()).await {
+            Ok(()) => Ok(IdleStopped::Stopped),
+            Err(e) if e.status() == Some(404) => {
+                Err(BackendError::Vanished(sandbox.computer_id.clone()))
+            }
+            Err(e) => Err(e.into_backend(format!(
+                "E2B pause of sandbox {} (computer '{}') failed",
+                sandbox.sandbox_id, sandbox.computer_id
+            ))),
+        }
     }
 
     async fn exec(

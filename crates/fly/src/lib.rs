@@ -31,8 +31,8 @@ use kilntainers_backend::ids::{ComputerId, ExecId, InstanceId, SandboxId};
 use kilntainers_backend::labels::{self, fly as meta};
 use kilntainers_backend::posix::{self, KILL_SWEEP_TIMEOUT, SweepReach, shell_basename};
 use kilntainers_backend::{
-    Backend, BackendError, ComputerInfo, CreateSpec, ExecEnd, ExecSpec, Found, OutputSink,
-    Progress, Restarted, SandboxRef,
+    Backend, BackendError, ComputerInfo, CreateSpec, ExecEnd, ExecSpec, Found, IdleStop,
+    IdleStopped, OutputSink, Progress, Restarted, SandboxRef,
 };
 use kilntainers_backend::{Common, DEFAULT_IMAGE};
 use machines::{
@@ -495,6 +495,25 @@ impl FlyInner {
         })
     }
 
+    /// Fly's stop: a permanent Machine's root filesystem persists (`persist: always`), and
+    /// the next use starts it (exec on a stopped Machine is [`BackendError::NotRunning`]).
+    async fn stop_idle(&self, sandbox: &SandboxRef) -> Result<IdleStopped, BackendError> {
+        let app = self.app().await?;
+        let machines = self.machines(&app);
+        let id = &sandbox.computer_id;
+        machines
+            .stop(sandbox.sandbox_id.as_str())
+            .await
+            .map_err(|e| match e.status() {
+                Some(404) => BackendError::Vanished(id.clone()),
+                _ => e.into_backend(format!(
+                    "Fly stop of Machine {} (computer '{id}') failed",
+                    sandbox.sandbox_id
+                )),
+            })?;
+        Ok(IdleStopped::Stopped)
+    }
+
     async fn remove(&self, sandbox: &SandboxRef) -> Result<(), BackendError> {
         let app = self.app().await?;
         let machines = self.machines(&app);
@@ -722,6 +741,14 @@ impl Backend for FlyBackend {
 
     async fn restart(&self, sandbox: &SandboxRef) -> Result<Restarted, BackendError> {
         self.inner.restart(sandbox).await
+    }
+
+    fn idle_stop(&self) -> IdleStop {
+        IdleStop::Stops
+    }
+
+    async fn stop_idle(&self, sandbox: &SandboxRef) -> Result<IdleStopped, BackendError> {
+        self.inner.stop_idle(sandbox).await
     }
 
     async fn remove(&self, sandbox: &SandboxRef) -> Result<(), BackendError> {

@@ -173,6 +173,15 @@ impl Machines<'_> {
         self.api.unit(&call).await
     }
 
+    pub(super) async fn stop(&self, id: &str) -> Result<(), ApiError> {
+        let call = self.call(
+            Method::POST,
+            &format!("/{}/stop", segment(id)),
+            Retry::Idempotent,
+        );
+        self.api.unit(&call).await
+    }
+
     pub(super) async fn restart(&self, id: &str) -> Result<(), ApiError> {
         let call = self.call(
             Method::POST,

@@ -34,8 +34,8 @@ use kilntainers_backend::labels::{self, modal as tag};
 use kilntainers_backend::posix::{self, KILL_SWEEP_TIMEOUT, SweepReach, shell_basename};
 use kilntainers_backend::snapshots::SnapshotCheckpoints;
 use kilntainers_backend::{
-    Backend, BackendError, ComputerInfo, CreateSpec, ExecEnd, ExecSpec, Found, OutputSink,
-    PortRoute, Progress, Restarted, SandboxRef,
+    Backend, BackendError, ComputerInfo, CreateSpec, ExecEnd, ExecSpec, Found, IdleStop,
+    OutputSink, PortRoute, Progress, Restarted, SandboxRef,
 };
 
 /// Readiness exec after create/attach (docs/decisions.md, "Constants": E2B/Modal 10 s).
@@ -799,6 +799,12 @@ impl Backend for ModalBackend {
             });
         }
         Ok(out)
+    }
+
+    fn idle_stop(&self) -> IdleStop {
+        IdleStop::Refused(
+            "--idle-stop is not available on the modal backend: a Modal sandbox cannot be stopped and resumed, only terminated.".to_owned(),
+        )
     }
 
     async fn restart(&self, sandbox: &SandboxRef) -> Result<Restarted, BackendError> {

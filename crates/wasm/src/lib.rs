@@ -34,8 +34,8 @@ use fs::Root;
 use kilntainers_backend::files::FileSystem;
 use kilntainers_backend::ids::{ComputerId, ExecId, InstanceId, SandboxId};
 use kilntainers_backend::{
-    Backend, BackendError, ComputerInfo, CreateSpec, ExecEnd, ExecSpec, Found, OutputSink,
-    Progress, Restarted, SandboxRef, SinkControl, Stream,
+    Backend, BackendError, ComputerInfo, CreateSpec, ExecEnd, ExecSpec, Found, IdleStop,
+    OutputSink, Progress, Restarted, SandboxRef, SinkControl, Stream,
 };
 use runtime::{Outputs, RunEnd, Runtime, RuntimeOptions, Stop};
 use shell::{Aborted, Host, Interpreter, Out};
@@ -562,6 +562,11 @@ impl Backend for WasmBackend {
                 })
             })
             .collect())
+    }
+
+    /// A WASM computer is a directory: nothing runs between commands.
+    fn idle_stop(&self) -> IdleStop {
+        IdleStop::NothingToStop
     }
 
     async fn restart(&self, sandbox: &SandboxRef) -> Result<Restarted, BackendError> {
