@@ -10,6 +10,7 @@
 //! when told; they never see the output limit, and they never format user-facing results.
 
 pub mod clock;
+pub mod egress;
 #[cfg(any(test, feature = "test-support"))]
 pub mod fake;
 pub mod files;
