@@ -3,7 +3,7 @@
 //! of the private-address rule itself.
 
 use std::io::{Read, Write};
-use std::net::{IpAddr, TcpListener, TcpStream, UdpSocket};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -344,4 +344,88 @@ fn unknown_hosts_are_asked_about_once_and_wait_for_the_answer() {
     p.state.detach();
     let out = exchange(p.proxy, b"CONNECT fourth.test:443 HTTP/1.1\r\n\r\n");
     assert!(out.contains("no way to ask the user"), "{out:?}");
+}
+
+/// Every (name, type) a DNS logger was asked.
+type Queries = Arc<Mutex<Vec<(String, u16)>>>;
+
+/// A resolver that records every query it gets and answers each A question with `198.18.0.7`.
+fn dns_logger() -> (SocketAddr, Queries) {
+    let socket = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let addr = socket.local_addr().unwrap();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = seen.clone();
+    thread::spawn(move || {
+        let mut buf = [0u8; 512];
+        while let Ok((n, from)) = socket.recv_from(&mut buf) {
+            let Ok(query) = dns::parse_query(&buf[..n]) else {
+                continue;
+            };
+            lock(&log).push((query.name.clone(), query.qtype));
+            let answer = dns::answer(
+                &buf[..n],
+                &query,
+                dns::RCODE_OK,
+                &[IpAddr::from([198, 18, 0, 7])],
+            );
+            let _ = socket.send_to(&answer, from);
+        }
+    });
+    (addr, seen)
+}
+
+#[test]
+fn no_query_for_a_name_the_policy_does_not_allow_ever_reaches_the_resolver() {
+    // See: issue 33
+    let (resolver, seen) = dns_logger();
+    let events = Events::default();
+    let state = State::new(
+        Upstream {
+            dns: Some(resolver),
+            ..Upstream::default()
+        },
+        Box::new(events.clone()),
+    );
+    let Some(control::Message::Policy(ip, policy)) =
+        control::parse("policy 127.0.0.1 allowlist ask=0 private=0 allow=allowed.test deny=")
+    else {
+        panic!("bad policy line");
+    };
+    state.set_policy(ip, Some(policy));
+    state.set_address(IpAddr::from([172, 30, 0, 2]));
+    let source = IpAddr::from([127, 0, 0, 1]);
+    // The computer's own DNS queries, allowed or not, of every type, are answered by the proxy.
+    for (name, qtype) in [
+        ("other.test", dns::TYPE_A),
+        ("other.test", dns::TYPE_AAAA),
+        ("secret-data.other.test", 16),
+        ("other.test", 255),
+        ("allowed.test", dns::TYPE_A),
+    ] {
+        let query = dns::build_query(7, name, qtype).unwrap();
+        let reply = dns_reply(&state, source, &query).unwrap();
+        let expected = if name == "allowed.test" {
+            dns::RCODE_OK
+        } else {
+            dns::RCODE_NXDOMAIN
+        };
+        assert_eq!(reply[3] & 0xF, expected, "{name} {qtype}");
+    }
+    // Connections: the refused name is never looked up; the allowed one is (and its public
+    // address is then dialled, here refused as unreachable rather than as private).
+    assert!(
+        matches!(admit(&state, source, &Dest::Name("other.test".into()), 443), Err((_, _, reason)) if reason.contains("allow-list"))
+    );
+    let allowed = admit(&state, source, &Dest::Name("allowed.test".into()), 9);
+    assert!(matches!(allowed, Err((_, _, reason)) if reason.contains("allow-list")));
+    let _ = admit(&state, source, &Dest::Name("allowed.test".into()), 443);
+    let seen = lock(&seen).clone();
+    assert!(
+        seen.iter().all(|(name, _)| name == "allowed.test"),
+        "{seen:?}"
+    );
+    assert_eq!(
+        seen.first().map(|(n, t)| (n.as_str(), *t)),
+        Some(("allowed.test", dns::TYPE_A))
+    );
 }
