@@ -56,9 +56,22 @@ import time
 from http.server import ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from fakes import definitions
 from fakes.child import QuietHandler, arguments, serve
 
+# E2B's official definitions (tests/provider-definitions/e2b/): every control-plane request and
+# answer is checked against the OpenAPI document, and envd's `/files` against envd.yaml.
+API_DEFINITION = "e2b/openapi.yml"
+ENVD_DEFINITION = "e2b/envd/envd.yaml"
+# envd's Connect services: requests and answers (proto3-JSON) against the official .proto files.
+PROCESS_PROTO = "e2b/envd/process/process.proto"
+FILESYSTEM_PROTO = "e2b/envd/filesystem/filesystem.proto"
+
 ENVD_PORT = 49983
+# The envd release the fake claims by default: the oldest one with everything it serves
+# (`stdin` on Start: 0.3.0, the default user: 0.4.0, CloseStdin: 0.5.2). `--envd-version`
+# makes it claim, and behave like, an older one.
+ENVD_VERSION = "0.5.2"
 NEW_SANDBOX_FIELDS = {"templateID", "timeout", "autoPause", "secure", "allow_internet_access", "network",
                       "metadata", "envVars", "mcp"}
 START_FIELDS = {"process", "pty", "tag", "stdin"}
@@ -154,8 +167,9 @@ class Process:
 
 
 class Sandbox:
-    def __init__(self, body: dict, image: str, run: str, domain: str | None):
+    def __init__(self, body: dict, image: str, run: str, domain: str | None, envd_version: str):
         self.id = "i" + secrets.token_hex(10)
+        self.envd_version = envd_version
         self.template = body["templateID"]
         self.image = image
         self.metadata = dict(body.get("metadata") or {})
@@ -172,7 +186,7 @@ class Sandbox:
 
     def sandbox_view(self) -> dict:
         view = {"templateID": self.template, "sandboxID": self.id, "clientID": "6532622b",
-                "envdVersion": "0.2.0", "domain": self.domain}
+                "envdVersion": self.envd_version, "domain": self.domain}
         if self.token is not None:
             view["envdAccessToken"] = self.token
         return view
@@ -180,18 +194,22 @@ class Sandbox:
     def listed_view(self) -> dict:
         return {"templateID": self.template, "alias": self.template, "sandboxID": self.id, "clientID": "6532622b",
                 "startedAt": _iso(self.started), "endAt": _iso(self.end), "cpuCount": 2, "memoryMB": 512,
-                "diskSizeMB": 1024, "metadata": dict(self.metadata), "state": self.state, "envdVersion": "0.2.0"}
+                "diskSizeMB": 1024, "metadata": dict(self.metadata), "state": self.state,
+                "envdVersion": self.envd_version}
 
 
 class FakeE2B:
     def __init__(self, api_keys: list[str] | None = None, templates: dict | None = None, page_size: int = 100,
-                 pause: bool = True, domain: str | None = None, keepalive: float = 0.5):
+                 pause: bool = True, domain: str | None = None, keepalive: float = 0.5,
+                 envd_version: str = ENVD_VERSION):
         self.api_keys = set(api_keys if api_keys is not None else ["e2b_test_key"])
         self.templates = templates if templates is not None else {"base": "sandbox-busybox:full"}
         self.page_size = page_size
         self.pause_supported = pause
         self.domain = domain
         self.keepalive = keepalive
+        self.envd_version = envd_version
+        self.envd = tuple(int(p) for p in envd_version.split("."))
         self.run = secrets.token_hex(3)
         self.lock = threading.RLock()
         self.sandboxes: dict[str, Sandbox] = {}
@@ -278,6 +296,13 @@ class FakeE2B:
                 if sandbox.state == "running" and sandbox.end <= now:
                     self.destroy(sandbox)
 
+    def record_violations(self, found: list[str]) -> None:
+        """Violations of the official definitions; recorded, and the request still served, so
+        one test run reports all of them."""
+        if found:
+            with self.lock:
+                self.violations.extend(f"official definition: {v}" for v in found)
+
     def violation(self, message: str) -> Reject:
         return Reject(400, message, violation=True)
 
@@ -293,6 +318,8 @@ class FakeE2B:
                 parsed = json.loads(body)
             except ValueError:
                 raise self.violation("request body is not JSON")
+        self.record_violations(definitions.load(API_DEFINITION).check_request(
+            method, path, {k: v[-1] for k, v in query.items()}, parsed))
         with self.lock:
             self.requests.append({"plane": "api", "method": method, "path": path,
                                   "query": {k: v[-1] for k, v in query.items()},
@@ -300,6 +327,7 @@ class FakeE2B:
             for rule in self.injections:
                 if rule["times"] > 0 and rule["method"] in (method, "*") and re.fullmatch(rule["path"], path):
                     rule["times"] -= 1
+                    _INJECTED.flag = True
                     return rule["status"], rule["headers"], rule["body"]
         if "authorization" in headers:
             raise self.violation("bearer access tokens are deprecated; use X-API-Key")
@@ -376,7 +404,7 @@ class FakeE2B:
         image = self.templates.get(body["templateID"])
         if image is None:
             raise Reject(404, f"template '{body['templateID']}' not found")
-        sandbox = Sandbox(body, image, self.run, self.domain)
+        sandbox = Sandbox(body, image, self.run, self.domain, self.envd_version)
         args = ["run", "-d", "--name", sandbox.container, "--label", f"fakee2b={self.run}"]
         for key, value in sandbox.env_vars.items():
             args += ["-e", f"{key}={value}"]
@@ -483,6 +511,10 @@ class FakeE2B:
             raise Reject(400, "Connect-Protocol-Version: 1 is required", violation=True)
         if sandbox.token is not None and headers.get("x-access-token") != sandbox.token:
             raise Reject(401, "invalid access token", connect_code="unauthenticated")
+        auth = headers.get("authorization") or ""
+        if self.envd < (0, 4, 0) and not auth.startswith("Basic "):
+            # envd before 0.4.0 has no default user: the official SDK names one.
+            raise Reject(401, "envd < 0.4.0: name the user in Authorization: Basic <user>:", violation=True)
         return sandbox
 
     def process(self, sandbox: Sandbox, selector) -> Process:
@@ -508,6 +540,7 @@ class FakeE2B:
 
     def unary(self, name: str, headers: dict, body: bytes):
         sandbox, req = self.unary_request(name, headers, body)
+        self.record_violations(definitions.proto(PROCESS_PROTO).check_request(f"Process/{name}", req))
         with self.lock:
             self.requests.append({"plane": "envd", "method": "POST", "path": f"/process.Process/{name}",
                                   "sandbox": sandbox.id, "body": req})
@@ -531,6 +564,9 @@ class FakeE2B:
                 except (BrokenPipeError, ValueError):
                     pass
             return 200, {}, {}
+        if name == "CloseStdin" and self.envd < (0, 5, 2):
+            raise Reject(404, "CloseStdin is not implemented by envd before 0.5.2", violation=True,
+                         connect_code="unimplemented")
         if name == "CloseStdin":
             self.check_fields("CloseStdinRequest", req, {"process"})
             process = self.process(sandbox, req.get("process"))
@@ -611,6 +647,7 @@ class FakeE2B:
 
     def filesystem(self, name: str, headers: dict, body: bytes):
         sandbox, req = self.unary_request(name, headers, body)
+        self.record_violations(definitions.proto(FILESYSTEM_PROTO).check_request(f"Filesystem/{name}", req))
         if name not in FS_FIELDS:
             raise Reject(404, f"procedure {name} is not implemented by this fake", connect_code="unimplemented")
         self.check_fields(f"{name}Request", req, FS_FIELDS[name])
@@ -678,6 +715,8 @@ class FakeE2B:
         """envd.yaml `/files`: GET downloads (http.ServeContent, so one `Range` is honoured), POST
         uploads `multipart/form-data` with a `file` part, creating the parent directories."""
         sandbox = self.envd_sandbox(headers, connect=False)
+        self.record_violations(definitions.load(ENVD_DEFINITION).check_request(
+            method, "/files", {k: v[-1] for k, v in query.items()}, None))
         path = self.files_query(query)
         record = {"plane": "envd", "method": method, "path": "/files", "sandbox": sandbox.id,
                   "query": {k: v[-1] for k, v in query.items()}, "headers": {"range": headers.get("range")}}
@@ -758,7 +797,10 @@ class FakeE2B:
             req = json.loads(body[5:])
         except ValueError:
             raise self.violation("Start envelope is not JSON")
+        self.record_violations(definitions.proto(PROCESS_PROTO).check_request("Process/Start", req))
         self.check_fields("StartRequest", req, START_FIELDS)
+        if "stdin" in req and self.envd < (0, 3, 0):
+            raise self.violation("StartRequest.stdin does not exist before envd 0.3.0")
         config = req.get("process")
         self.check_fields("ProcessConfig", config, PROCESS_FIELDS)
         if not isinstance(config.get("cmd"), str) or not config["cmd"]:
@@ -780,7 +822,7 @@ class FakeE2B:
             self.requests.append({"plane": "envd", "method": "POST", "path": "/process.Process/Start",
                                   "sandbox": sandbox.id, "body": req,
                                   "headers": {k: headers.get(k) for k in ("connect-timeout-ms", "keepalive-ping-interval",
-                                                                          "e2b-sandbox-id", "e2b-sandbox-port")}})
+                                                                          "e2b-sandbox-id", "e2b-sandbox-port", "authorization")}})
         argv = ["docker", "exec"] + (["-i"] if has_stdin else [])
         for key, value in envs.items():
             argv += ["-e", f"{key}={value}"]
@@ -803,6 +845,7 @@ class FakeE2B:
             sandbox.processes[pid] = process
         deadline = time.monotonic() + int(deadline_ms) / 1000
         try:
+            self.check_event({"event": {"start": {"pid": pid}}})
             stream.send(envelope(0, {"event": {"start": {"pid": pid}}}))
             done = threading.Event()
 
@@ -842,6 +885,7 @@ class FakeE2B:
             if timed_out:
                 stream.send(envelope(2, {"error": {"code": "deadline_exceeded", "message": "the operation timed out"}}))
             else:
+                self.check_event({"event": {"end": self.end_event(popen.returncode)}})
                 stream.send(envelope(0, {"event": {"end": self.end_event(popen.returncode)}}))
                 stream.send(envelope(2, {}))
             stream.finish()
@@ -850,6 +894,10 @@ class FakeE2B:
             threading.Thread(target=popen.wait, daemon=True).start()
         finally:
             threading.Thread(target=self._forget, args=(sandbox, process), daemon=True).start()
+
+    def check_event(self, message: dict) -> None:
+        """A `StartResponse` this fake streams, against process.proto."""
+        self.record_violations(definitions.proto(PROCESS_PROTO).check_answer("Process/Start", message))
 
     def _forget(self, sandbox: Sandbox, process: Process) -> None:
         process.popen.wait()
@@ -910,6 +958,11 @@ class _Stream:
         self.send(b"")
 
 
+# Set while a request is answered by an injected fault: such answers are the test's own words,
+# not the fake's, and are not checked against the definition.
+_INJECTED = threading.local()
+
+
 class _Handler(QuietHandler):
     fake: FakeE2B
     plane: str
@@ -921,6 +974,7 @@ class _Handler(QuietHandler):
         headers = {k.lower(): v for k, v in self.headers.items()}
         fake = self.fake
         connect_error = False
+        _INJECTED.flag = False
         try:
             if self.plane == "api":
                 status, extra, payload = fake.handle_api(method, split.path, parse_qs(split.query), headers, body)
@@ -954,6 +1008,15 @@ class _Handler(QuietHandler):
             status, extra, payload = 500, {}, {"code": 500, "message": f"fake failure: {error!r}"}
             with fake.lock:
                 fake.violations.append(f"fake failure on {method} {split.path}: {error!r}")
+        if self.plane == "api" and not split.path.startswith("/_fake/") and not _INJECTED.flag:
+            fake.record_violations(definitions.load(API_DEFINITION).check_answer(method, split.path, status, payload))
+        elif self.plane == "envd" and split.path == "/files" and not isinstance(payload, bytes):
+            fake.record_violations(definitions.load(ENVD_DEFINITION).check_answer(method, split.path, status, payload))
+        elif self.plane == "envd" and status == 200 and isinstance(payload, dict):
+            rpc = re.fullmatch(r"/(?:process|filesystem)\.(\w+/\w+)", split.path)
+            if rpc:
+                path = PROCESS_PROTO if split.path.startswith("/process.") else FILESYSTEM_PROTO
+                fake.record_violations(definitions.proto(path).check_answer(rpc.group(1), payload))
         raw = isinstance(payload, bytes)
         data = b"" if payload is None else payload if raw else json.dumps(payload).encode()
         try:
@@ -975,10 +1038,12 @@ def main() -> int:
     parser.add_argument("--template", action="append", default=[], help="NAME=IMAGE (repeatable)")
     parser.add_argument("--page-size", type=int, default=100)
     parser.add_argument("--no-pause", action="store_true", help="answer 501 to pause, as some services do")
+    parser.add_argument("--envd-version", default=ENVD_VERSION,
+                        help="the envd release sandboxes claim and behave like (below 0.3.0, 0.4.0, 0.5.2)")
     options = parser.parse_args()
     templates = dict(t.split("=", 1) for t in options.template) or None
     fake = FakeE2B(api_keys=options.api_key, templates=templates, page_size=options.page_size,
-                   pause=not options.no_pause)
+                   pause=not options.no_pause, envd_version=options.envd_version)
     fake.start()
     ports = {"api": fake.servers[0].server_address[1], "envd": fake.servers[1].server_address[1]}
     return serve(fake, options.port_file, json.dumps(ports))

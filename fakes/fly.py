@@ -4,17 +4,24 @@ process, `FakeFly().start()`) and the Rust contract tests (as a child process,
 `python -m fakes.fly --port-file F` from the repository root) can run it.
 
 Written from Fly's published API documentation (the Machines and Apps resource pages, "Working
-with the Machines API", and the OpenAPI schema names `MachineExecRequest` /
-`flydv1.ExecResponse`), not from our client:
+with the Machines API") and checked against Fly's official Machines OpenAPI document
+(`tests/provider-definitions/fly/openapi.json`, through `fakes/definitions.py`): every request's
+body and query, and every answer this fake gives, must match it strictly, or it is a violation.
+Beyond the document:
 
 * every call needs `Authorization: Bearer <token>` or `FlyV1 <macaroons>` matching one of the
   configured header values, else 401 `{"error": ...}`;
 * bodies must be JSON objects with `Content-Type: application/json`; unknown or mistyped fields
   of the documented objects are rejected with 400 and recorded as *violations* (tests assert
   there are none), so a typo in our client cannot pass silently;
+* `POST /v1/apps` must carry `?wait=true` (as Fly's own client sends it; the document does not
+  declare it) and an `idempotency_key`; the same key and name give the first app back;
+* the organization lookup must use the top-level GraphQL `organizations`, not `viewer`;
 * `wait` accepts `state` in started/stopped/suspended/destroyed and `timeout` 1..60 (Fly's proxy
-  clamps at 60 s; asking for more is recorded as a violation), needs `instance_id` for
-  `stopped`, and answers 408 when the state is not reached in time;
+  clamps at 60 s; asking for more is recorded as a violation), needs `version` for `stopped`
+  (its deprecated alias `instance_id` is a violation of the document), and when the state is
+  not reached in time answers 408, or, for a Machine that never starts, 200 `{"ok": false}`
+  as the document describes;
 * `exec` answers HTTP 200 with `{stdout, stderr, exit_code, exit_signal}` even when the command
   failed; the deprecated string `cmd` field is a violation;
 * faults can be injected per method and path: any status (429 with `Retry-After`, 408, 404,
@@ -48,9 +55,15 @@ import time
 from http.server import ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote, urlsplit
 
+from fakes import definitions
 from fakes.child import QuietHandler, arguments, serve
 
-ORG_QUERY_FIELDS = ("viewer", "organizations", "nodes", "slug", "type")
+# Fly's official Machines API document (tests/provider-definitions/fly/openapi.json): every
+# request body and query, and every answer of this fake, is checked against it.
+DEFINITION = "fly/openapi.json"
+
+# The organization query of Fly's current GraphQL schema: top-level `organizations`.
+ORG_QUERY_FIELDS = ("organizations", "nodes", "slug", "type")
 
 # Documented fields of the objects we accept (Machines resource "config object properties",
 # create body parameters, MachineExecRequest).  Anything else is a violation.
@@ -65,7 +78,10 @@ GUEST_FIELDS = {"cpu_kind", "cpus", "memory_mb", "gpu_kind", "gpus", "kernel_arg
 ROOTFS_FIELDS = {"persist", "size_gb"}
 RESTART_FIELDS = {"policy", "max_retries"}
 EXEC_FIELDS = {"cmd", "command", "container", "machine", "stdin", "timeout"}
-APP_FIELDS = {"app_name", "org_slug", "network", "enable_subdomains"}
+APP_FIELDS = {"name", "org_slug", "network", "enable_subdomains", "idempotency_key"}
+# Query parameters Fly's own client sends that its OpenAPI document does not declare:
+# `POST /v1/apps?wait=true` (superfly/fly-go, `CreateApp`).
+UNDECLARED_QUERY = {("POST", "/v1/apps"): ("wait",)}
 WAIT_STATES = {"started", "stopped", "suspended", "destroyed"}
 
 
@@ -118,6 +134,7 @@ class Machine:
             "state": self.state,
             "region": self.region,
             "instance_id": self.instance_id,
+            "version": self.instance_id,
             "private_ip": "fdaa:0:0:a7b:0:0:0:2",
             "config": self.config,
             "image_ref": {"registry": "docker.io", "repository": self.image.split(":")[0], "tag": "latest"},
@@ -142,6 +159,7 @@ class FakeFly:
         self.violations: list[str] = []
         self.injections: list[dict] = []
         self.stuck: set[str] = set()
+        self.idempotency: dict[str, dict] = {}
         self.env = dict(os.environ)
         if docker_host:
             self.env["DOCKER_HOST"] = docker_host
@@ -283,6 +301,10 @@ class FakeFly:
                 parsed = json.loads(body)
             except ValueError:
                 raise self.violation("request body is not JSON")
+        if path != "/graphql":
+            self.record_violations(definitions.load(DEFINITION).check_request(
+                method, path, {k: v[-1] for k, v in query.items()}, parsed,
+                extra_query=UNDECLARED_QUERY.get((method, path), ())))
         with self.lock:
             self.requests.append({
                 "method": method, "path": path, "query": {k: v[-1] for k, v in query.items()},
@@ -291,6 +313,7 @@ class FakeFly:
             for rule in self.injections:
                 if rule["times"] > 0 and rule["method"] in (method, "*") and re.fullmatch(rule["path"], path):
                     rule["times"] -= 1
+                    _INJECTED.flag = True
                     return rule["status"], rule["headers"], rule["body"]
         auth = headers.get("authorization")
         if auth is None:
@@ -307,7 +330,7 @@ class FakeFly:
             raise Reject(404, "not found")
         parts = parts[1:]
         if parts == ["apps"] and method == "POST":
-            return self.create_app(parsed)
+            return self.create_app(parsed, query)
         if len(parts) == 2 and parts[0] == "apps" and method == "GET":
             return self.get_app(parts[1])
         if len(parts) == 3 and parts[0] == "apps" and parts[2] == "secrets" and method == "GET":
@@ -344,6 +367,13 @@ class FakeFly:
             return 200, {}, {"ok": True, "state": machine.state}
         raise Reject(404, "no such control")
 
+    def record_violations(self, found: list[str]) -> None:
+        """Violations of the official definition; recorded, and the request still served, so
+        one test run reports all of them."""
+        if found:
+            with self.lock:
+                self.violations.extend(f"official definition: {v}" for v in found)
+
     def violation(self, message: str) -> Reject:
         """A request our client should never send; recorded by the handler."""
         return Reject(400, message, violation=True)
@@ -362,23 +392,37 @@ class FakeFly:
         query = body.get("query")
         if not isinstance(query, str) or not all(f in query for f in ORG_QUERY_FIELDS):
             raise self.violation(f"unexpected GraphQL query {query!r}")
-        return 200, {}, {"data": {"viewer": {"organizations": {"nodes": self.orgs}}}}
+        if "viewer" in query:
+            raise self.violation("viewer { organizations } is deprecated; query the top-level organizations")
+        return 200, {}, {"data": {"organizations": {"nodes": self.orgs}}}
 
-    def create_app(self, body) -> tuple[int, dict, object]:
+    def create_app(self, body, query: dict) -> tuple[int, dict, object]:
         self.check_fields("app create body", body, APP_FIELDS)
-        name, org = body.get("app_name"), body.get("org_slug")
+        if query.get("wait", [""])[-1] != "true":
+            raise self.violation("POST /v1/apps without ?wait=true (Fly's own client waits for the app)")
+        name, org, key = body.get("name"), body.get("org_slug"), body.get("idempotency_key")
         if not isinstance(name, str) or not re.fullmatch(r"[a-z0-9][a-z0-9-]{1,61}[a-z0-9]", name or ""):
-            raise self.violation(f"invalid app_name {name!r}")
+            raise self.violation(f"invalid app name {name!r}")
+        if not isinstance(key, str) or not key:
+            raise self.violation("POST /v1/apps without an idempotency_key: a retry could not be told from a conflict")
         if not isinstance(org, str) or not org:
             raise self.violation("org_slug is required")
         if org not in {o["slug"] for o in self.orgs}:
             raise Reject(404, f"organization {org} not found")
         with self.lock:
+            earlier = self.idempotency.get(key)
+            if earlier is not None:
+                # As the definition describes: the same key and name give the first app back,
+                # the same key with another name is refused.
+                if earlier["name"] != name:
+                    raise Reject(422, "idempotency_key was already used for another app name")
+                return 201, {}, {"id": earlier["id"], "created_at": earlier["created_at"]}
             if name in self.apps:
                 raise Reject(422, "app name already taken")
-            app = {"id": _hex(8), "name": name, "org": org, "secrets": {}}
+            app = {"id": _hex(8), "name": name, "org": org, "secrets": {}, "created_at": int(time.time() * 1000)}
+            self.idempotency[key] = app
             self.apps[name] = app
-        return 201, {}, {"id": app["id"], "created_at": int(time.time() * 1000)}
+        return 201, {}, {"id": app["id"], "created_at": app["created_at"]}
 
     def get_app(self, name: str) -> tuple[int, dict, object]:
         with self.lock:
@@ -521,7 +565,7 @@ class FakeFly:
         return 200, {}, view
 
     def wait(self, machine: Machine, q: dict) -> tuple[int, dict, object]:
-        unknown = set(q) - {"state", "timeout", "instance_id", "from_event_id"}
+        unknown = set(q) - {"state", "timeout", "version", "instance_id", "from_event_id"}
         if unknown:
             raise self.violation(f"wait has undocumented query parameters {sorted(unknown)}")
         state = q.get("state", "started")
@@ -533,11 +577,12 @@ class FakeFly:
             raise self.violation("wait timeout must be an integer")
         if not 1 <= timeout <= 60:
             raise self.violation(f"wait timeout {timeout} outside 1..60")
-        if state == "stopped" and not q.get("instance_id"):
-            raise Reject(400, "instance_id is required to wait for stopped")
+        if state == "stopped" and not (q.get("version") or q.get("instance_id")):
+            raise Reject(400, "version is required to wait for stopped")
         if machine.name in self.stuck:
-            # Never starts; answer at once instead of holding the test for a minute.
-            return 408, {}, {"error": "deadline_exceeded: machine did not reach the requested state"}
+            # Never starts; answer at once instead of holding the test for a minute, the way
+            # the current definition describes a wait that ran out: 200 with `ok: false`.
+            return 200, {}, {"ok": False, "state": machine.state}
         deadline = time.monotonic() + timeout
         with self.lock:
             while machine.state != state:
@@ -545,7 +590,8 @@ class FakeFly:
                 if left <= 0 or machine.state in ("failed",) or (machine.state == "destroyed" and state != "destroyed"):
                     return 408, {}, {"error": f"deadline_exceeded: machine is {machine.state}"}
                 self.lock.wait(left)
-        return 200, {}, {"ok": True}
+            version = machine.instance_id
+        return 200, {}, {"ok": True, "state": state, "version": version}
 
     def exec(self, machine: Machine, body) -> tuple[int, dict, object]:
         self.check_fields("exec body", body, EXEC_FIELDS)
@@ -582,6 +628,11 @@ class FakeFly:
         }
 
 
+# Set while a request is answered by an injected fault: such answers are the test's own words,
+# not the fake's, and are not checked against the definition.
+_INJECTED = threading.local()
+
+
 class _Handler(QuietHandler):
     fake: FakeFly
 
@@ -590,6 +641,7 @@ class _Handler(QuietHandler):
         length = int(self.headers.get("content-length") or 0)
         body = self.rfile.read(length) if length else b""
         headers = {k.lower(): v for k, v in self.headers.items()}
+        _INJECTED.flag = False
         try:
             status, extra, payload = self.fake.handle(method, split.path, parse_qs(split.query), headers, body)
         except Reject as reject:
@@ -601,6 +653,9 @@ class _Handler(QuietHandler):
             status, extra, payload = 500, {}, {"error": f"fake failure: {error!r}"}
             with self.fake.lock:
                 self.fake.violations.append(f"fake failure on {method} {split.path}: {error!r}")
+        if not split.path.startswith("/_fake/") and split.path != "/graphql" and not _INJECTED.flag:
+            self.fake.record_violations(
+                definitions.load(DEFINITION).check_answer(method, split.path, status, payload))
         data = b"" if payload is None else json.dumps(payload).encode()
         try:
             self.send_response(status)

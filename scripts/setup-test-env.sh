@@ -18,7 +18,8 @@
 #   7. venvs: .test-env/venv with mcp==1.30.0, pytest, ruff (the Python linter), auditwheel and uv, and
 #      .test-env/venv-mcp2 with mcp==2.3.0, pytest and httpx: the black-box suite runs with both
 #      generations of the official Python client (newest of the same major if a pin is
-#      unavailable)
+#      unavailable); both also get jsonschema and PyYAML, with which the Fly and E2B fakes check
+#      traffic against the providers' official definitions
 #   8. OAuth test issuer: `npm ci` in tests/oauth (oidc-provider, for tests/blackbox/test_oauth.py),
 #      skipped while its package-lock.json is unchanged since the last one; needs node >= 20
 #      (npm_ci in scripts/lib.sh)
@@ -328,9 +329,11 @@ step_venv() {
     step_begin "venvs"
     local one two
     # auditwheel and uv: the install tests (tests/install) check and install the wheel.
-    one="$(ensure_venv "$VENV" "$MCP_VERSION" pytest ruff auditwheel uv)"
+    # jsonschema and PyYAML: the Fly and E2B fakes check every request and answer against the
+    # providers' official definitions (fakes/definitions.py), in both venvs.
+    one="$(ensure_venv "$VENV" "$MCP_VERSION" pytest ruff auditwheel uv jsonschema PyYAML)"
     # httpx: the tests' own raw HTTP requests (the 2.x SDK itself uses httpx2).
-    two="$(ensure_venv "$VENV2" "$MCP2_VERSION" pytest httpx)"
+    two="$(ensure_venv "$VENV2" "$MCP2_VERSION" pytest httpx jsonschema PyYAML)"
     step_end "$one in $VENV; $two in $VENV2"
 }
 

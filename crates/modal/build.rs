@@ -1,4 +1,5 @@
-//! Compiles the Modal gRPC subset (`src/modal_api.proto`) with protox, so no system `protoc`
+//! Compiles the Modal gRPC subset (`src/modal_api.proto`, and `src/task_command_router.proto`
+//! for exec through the per-task command router) with protox, so no system `protoc`
 //! is needed. Client stubs only: the local fake of the tests is its own crate (`fakes/modal/`),
 //! whose build script generates the server half from the same file. The output lands in
 //! `OUT_DIR`; nothing generated is committed.
@@ -8,11 +9,13 @@ fn main() {
 }
 
 fn modal() {
-    const PROTO: &str = "src/modal_api.proto";
-    println!("cargo:rerun-if-changed={PROTO}");
-    let descriptors = match protox::compile([PROTO], ["src"]) {
+    const PROTOS: [&str; 2] = ["src/modal_api.proto", "src/task_command_router.proto"];
+    for proto in PROTOS {
+        println!("cargo:rerun-if-changed={proto}");
+    }
+    let descriptors = match protox::compile(PROTOS, ["src"]) {
         Ok(descriptors) => descriptors,
-        Err(error) => panic!("cannot compile {PROTO}: {error}"),
+        Err(error) => panic!("cannot compile {PROTOS:?}: {error}"),
     };
     if let Err(error) = tonic_prost_build::configure()
         .build_client(true)

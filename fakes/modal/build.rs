@@ -3,11 +3,16 @@
 //! server stubs the fake implements. Nothing generated is committed; it lands in `OUT_DIR`.
 
 fn main() {
-    const PROTO: &str = "../../crates/modal/src/modal_api.proto";
-    println!("cargo:rerun-if-changed={PROTO}");
-    let descriptors = match protox::compile([PROTO], ["../../crates/modal/src"]) {
+    const PROTOS: [&str; 2] = [
+        "../../crates/modal/src/modal_api.proto",
+        "../../crates/modal/src/task_command_router.proto",
+    ];
+    for proto in PROTOS {
+        println!("cargo:rerun-if-changed={proto}");
+    }
+    let descriptors = match protox::compile(PROTOS, ["../../crates/modal/src"]) {
         Ok(descriptors) => descriptors,
-        Err(error) => panic!("cannot compile {PROTO}: {error}"),
+        Err(error) => panic!("cannot compile {PROTOS:?}: {error}"),
     };
     if let Err(error) = tonic_prost_build::configure()
         .build_client(false)

@@ -79,10 +79,10 @@ async def test_temporary_machine_is_destroyed_when_the_session_ends(kbb, fake):
         created = fake.requests_matching("POST", "/v1/apps")
         assert len(created) == 1 and created[0]["body"]["org_slug"] == "personal"
         remembered = json.loads((home / ".mcp-sandbox-computer-vm-for-ai" / "fly.json").read_text())
-        assert remembered == {"app": created[0]["body"]["app_name"]}
+        assert remembered == {"app": created[0]["body"]["name"]}
     assert await apoll(lambda: machine_for(fake, cid) is None, 15, 0.1), "temporary Machine not destroyed"
     deletes = fake.requests_matching("DELETE", rf"/v1/apps/[^/]+/machines/{machine.id}")
-    assert deletes and deletes[0]["query"] == {"force": "true", "kill": "true"}
+    assert deletes and deletes[0]["query"] == {"force": "true"}
 
 
 async def test_permanent_machine_is_reattached_after_a_server_restart(kbb, fake):

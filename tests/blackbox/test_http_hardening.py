@@ -609,21 +609,33 @@ async def test_issue_30_an_answer_ready_before_the_client_reconnects_is_replayed
         mine = [a for a in answers if a.get("id") == 3]
         assert mine, f"the reconnect replayed no answer: {events}"
         assert mine[0]["result"]["structuredContent"]["stdout"] == "answer-after-reconnect\n", mine
-        # Delivered once: it is not kept for another reconnect.
+        # Read to its end is not received (the reconnect's own connection may have died
+        # silently): a second reconnect within the grace gets the same answer, not a hang.
         with httpx.Client(timeout=30) as client:
             with client.stream("GET", srv.mcp_url, headers={**headers, "Accept": "text/event-stream",
                                                               "Last-Event-ID": first}) as again:
                 replayed = [json.loads(e["data"]) for e in sse_events(again.iter_lines()) if e.get("data")]
-        assert not [a for a in replayed if a.get("id") == 3], replayed
+        assert [a["result"] for a in replayed if a.get("id") == 3] == [mine[0]["result"]], replayed
 
 
 class CuttingProxy:
-    """A TCP relay in front of the server whose open connections the test can cut at once."""
+    """A TCP relay in front of the server whose open connections the test can cut at once.
+
+    `cut()` closes both sides, as a proxy that dies would. `vanish()` closes only the client's
+    side and keeps reading the server's, as a middlebox that drops a connection silently does:
+    the server's writes still succeed, so it cannot tell that nobody receives them. While
+    `admit` is clear, new connections wait before they reach the server.
+    """
 
     def __init__(self, upstream_port: int):
         self.upstream_port = upstream_port
-        self.writers: list[asyncio.StreamWriter] = []
+        self.clients: list[asyncio.StreamWriter] = []
+        self.upstreams: list[asyncio.StreamWriter] = []
+        self.vanished: list[asyncio.StreamWriter] = []
         self.from_client = bytearray()
+        self.into_void = bytearray()
+        self.admit = asyncio.Event()
+        self.admit.set()
         self.server: asyncio.base_events.Server | None = None
 
     async def start(self) -> int:
@@ -631,29 +643,54 @@ class CuttingProxy:
         return self.server.sockets[0].getsockname()[1]
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await self.admit.wait()
         up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
-        self.writers += [writer, up_writer]
+        self.clients.append(writer)
+        self.upstreams.append(up_writer)
 
-        async def pipe(src: asyncio.StreamReader, dst: asyncio.StreamWriter, record: bool) -> None:
+        async def to_server() -> None:
             try:
-                while data := await src.read(65536):
-                    if record:
-                        self.from_client += data
-                    dst.write(data)
-                    await dst.drain()
+                while data := await reader.read(65536):
+                    self.from_client += data
+                    up_writer.write(data)
+                    await up_writer.drain()
             except (ConnectionError, OSError):
                 pass
             finally:
-                dst.close()
+                if up_writer not in self.vanished:
+                    up_writer.close()
 
-        await asyncio.gather(pipe(reader, up_writer, True), pipe(up_reader, writer, False))
+        async def to_client() -> None:
+            try:
+                while data := await up_reader.read(65536):
+                    if up_writer in self.vanished:
+                        self.into_void += data
+                    elif not writer.is_closing():
+                        writer.write(data)
+                        await writer.drain()
+            except (ConnectionError, OSError):
+                pass
+            finally:
+                writer.close()
+
+        await asyncio.gather(to_server(), to_client())
 
     def cut(self) -> None:
-        for writer in self.writers:
+        for writer in self.clients + self.upstreams + self.vanished:
             writer.transport.abort()
-        self.writers.clear()
+        self.clients.clear()
+        self.upstreams.clear()
+        self.vanished.clear()
+
+    def vanish(self) -> None:
+        for writer in self.clients:
+            writer.transport.abort()
+        self.vanished += self.upstreams
+        self.clients.clear()
+        self.upstreams.clear()
 
     async def close(self) -> None:
+        self.admit.set()
         self.cut()
         if self.server:
             self.server.close()
@@ -686,6 +723,42 @@ async def test_issue_30_the_sdk_client_gets_its_answer_after_its_own_reconnect(k
                     assert running
                     proxy.cut()
                     docker("exec", container, "touch", "/tmp/go")
+                result = outcome["result"].ok()
+                assert result.structured["stdout"] == "answer-after-reconnect\n", result
+        finally:
+            await proxy.close()
+
+
+async def test_issue_30_an_answer_written_into_a_silently_dropped_connection_reaches_the_reconnect(kbb):
+    # See: issue 30 (item 16). The connection dies without the server noticing (no FIN, no
+    # reset reaches it), the answer is written into it, and only then does the client's
+    # reconnect (Last-Event-ID) arrive: the server must still hold the answer for it.
+    computer = kbb.new_id("void-resume")
+    kbb.track(computer)
+    async with kbb.http_server(*BUSYBOX_ARGS) as srv:
+        proxy = CuttingProxy(srv.port)
+        proxied = dataclasses.replace(srv, port=await proxy.start())
+        try:
+            async with kbb.http_session(proxied, headers=srv.auth()) as sess:
+                (await sess.run("true", computer_id=computer)).ok()
+                [container] = containers_for(computer)
+                outcome: dict = {}
+
+                async def call() -> None:
+                    outcome["result"] = await sess.call({"computer_id": computer, "command": WAIT_FOR_GO}, timeout=40)
+
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(call)
+                    sent = await apoll(lambda: WAIT_FOR_GO.encode() in proxy.from_client, 20, 0.02)
+                    assert sent, "the call never reached the server"
+                    running = await apoll(lambda: "sleep" in docker("exec", container, "ps", check=False).stdout, 20, 0.05)
+                    assert running
+                    proxy.admit.clear()
+                    proxy.vanish()
+                    docker("exec", container, "touch", "/tmp/go")
+                    answered = await apoll(lambda: b"answer-after-reconnect" in proxy.into_void, 20, 0.05)
+                    assert answered, "the server never wrote the answer into the dropped connection"
+                    proxy.admit.set()
                 result = outcome["result"].ok()
                 assert result.structured["stdout"] == "answer-after-reconnect\n", result
         finally:

@@ -84,8 +84,14 @@ async def test_stdin_one_byte_over_2mib_is_rejected_and_creates_nothing(kbb):
 async def test_timeout_kills_command_and_returns_promptly(kbb):
     async with kbb.server(*BUSYBOX_ARGS) as srv:
         await srv.run("true")  # create the computer outside the measurement
-        # positive control: the scanner does see a matching process
-        res = await srv.run("sleep 398 & " + proc_scan_command("sleep 398") + "; kill $!")
+        # positive control: the scanner does see a matching process (once the background shell
+        # has exec'd sleep: on a loaded machine the first scan can come before that)
+        seen = (
+            "sleep 398 & i=0; while [ $i -lt 200 ]; do "
+            f'out=$({proc_scan_command("sleep 398")}); [ -n "$out" ] && break; i=$((i+1)); sleep 0.05; '
+            'done; echo "$out"; kill $!'
+        )
+        res = await srv.run(seen)
         assert "sleep 398" in res.structured["stdout"], "process scan does not work in this image"
 
         res = await srv.call({"command": "echo partial; sleep 61", "timeout": 1})

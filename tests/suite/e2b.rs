@@ -412,3 +412,52 @@ async fn contract_file_tools_use_the_envd_file_api_against_fake() {
     assert_eq!(starts_with_arg(&fake, "kilntainers-chmod").await, 1);
     fake.assert_no_violations().await;
 }
+
+#[tokio::test]
+async fn issue_32_old_envd_gets_the_user_named_and_stdin_refused_against_fake() {
+    // See: issue 32 (item 5): below envd 0.4.0 the user is named in `Authorization: Basic`,
+    // below 0.3.0 `Start` has no `stdin` field, and below 0.5.2 there is no `CloseStdin`, so a
+    // command with input is refused with a message saying to rebuild the template.
+    if !enabled("KILNTAINERS_IT_DOCKER") {
+        return;
+    }
+    let fake = Fake::start(&["--envd-version", "0.2.0"]);
+    let backend = backend_with(&fake, Some(KEY), &[]);
+    let id = computer("e2b-old");
+    let sandbox = backend
+        .create(&create_spec(&id, true, &InstanceId::random()), &NoProgress)
+        .await
+        .unwrap();
+    let (code, out, _) = run(backend.as_ref(), &sandbox, "echo old-envd").await;
+    assert_eq!((code, out.as_str()), (0, "old-envd\n"));
+    let started = fake.requests_to("POST", "/process.Process/Start").await;
+    assert!(
+        started.iter().all(|r| r["body"].get("stdin").is_none()),
+        "{started:?}"
+    );
+    assert_eq!(started[0]["headers"]["authorization"], "Basic dXNlcjo=");
+
+    let with_input = ExecSpec {
+        argv: vec!["/bin/sh".into(), "-c".into(), "cat".into()],
+        stdin: Some(b"x".to_vec()),
+        working_dir: None,
+        exec_id: ExecId::random(),
+        command: None,
+    };
+    let error = backend
+        .exec(
+            &sandbox,
+            &with_input,
+            &mut Collect::default(),
+            &CancellationToken::new(),
+        )
+        .await
+        .unwrap_err();
+    assert!(
+        error.to_string().contains("older than 0.5.2")
+            && error.to_string().contains("rebuild the E2B template"),
+        "{error}"
+    );
+    backend.remove(&sandbox).await.unwrap();
+    fake.assert_no_violations().await;
+}

@@ -29,15 +29,25 @@ async fn contract_app_created_in_personal_org_and_remembered_against_fake() {
     first.validate().await.unwrap();
     let graphql = fake.requests_to("POST", "/graphql").await;
     assert_eq!(graphql.len(), 1);
+    // See: issue 32 (items 2, 4 and 9): the current GraphQL path, `name`, `?wait=true` and an
+    // idempotency key, as Fly's current definition and its own client have them.
     assert_eq!(
         graphql[0]["body"]["query"],
-        "{ viewer { organizations { nodes { slug type } } } }"
+        "{ organizations { nodes { slug type } } }"
     );
     let created = fake.requests_to("POST", "/v1/apps").await;
     assert_eq!(created.len(), 1);
     let body = &created[0]["body"];
     assert_eq!(body["org_slug"], "personal");
-    let app = body["app_name"].as_str().unwrap().to_owned();
+    assert_eq!(created[0]["query"], json!({"wait": "true"}));
+    assert!(
+        body["idempotency_key"]
+            .as_str()
+            .is_some_and(|k| k.len() > 16),
+        "{body}"
+    );
+    assert!(body.get("app_name").is_none(), "{body}");
+    let app = body["name"].as_str().unwrap().to_owned();
     assert!(
         app.starts_with("mcp-sandbox-computers-") && app.len() == 30,
         "{app}"
@@ -110,6 +120,22 @@ async fn contract_auth_failures_and_token_schemes_against_fake() {
     assert_eq!(
         error.to_string(),
         "Fly rejected the API token (HTTP 401). Run 'fly auth login' again or set a valid FLY_API_TOKEN."
+    );
+
+    // See: issue 32 (item 10): 403 is a valid token without the right to the call. A fake of
+    // its own, so no background call of the backends above takes the injected answer.
+    let forbidding = Fake::with_demo();
+    forbidding
+        .inject("GET", "/v1/apps/demo", 403, 1, json!({}))
+        .await;
+    let error = backend_with(&forbidding, Some("demo"), Some(TOKEN), &[])
+        .validate()
+        .await
+        .unwrap_err();
+    assert!(matches!(error, BackendError::Unavailable(_)));
+    assert_eq!(
+        error.to_string(),
+        "Fly accepted the API token but refused this call (HTTP 403: injected 403). Use a token with access to the app and organization (e.g. 'fly tokens create org'), or set --fly-app/--fly-org to ones this token may use."
     );
 
     // Macaroons go under FlyV1, scheme prefix stripped, pieces trimmed and comma-joined.
@@ -280,10 +306,8 @@ async fn contract_machine_create_exec_list_destroy_against_fake() {
             &format!("/v1/apps/demo/machines/{}", sandbox.sandbox_id),
         )
         .await;
-    assert_eq!(
-        deletes[0]["query"],
-        json!({"force": "true", "kill": "true"})
-    );
+    // `kill` is not in the definition; `force` kills a running Machine.
+    assert_eq!(deletes[0]["query"], json!({"force": "true"}));
     assert!(backend.lookup(&id).await.unwrap().is_none());
     // Removing again is not an error: the goal is met.
     backend.remove(&sandbox).await.unwrap();

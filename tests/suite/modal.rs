@@ -128,10 +128,8 @@ async fn contract_validate_sends_libmodal_metadata_and_auth_token_against_fake()
         ("x-modal-client-version", "1.0.0"),
         ("x-modal-token-id", "ak-fake"),
         ("x-modal-token-secret", "as-fake"),
-        (
-            "x-modal-libmodal-version",
-            concat!("mcp-sandbox-computer-vm-for-ai/", env!("CARGO_PKG_VERSION")),
-        ),
+        // See: issue 32 (item 7): the official Go client's form.
+        ("x-modal-libmodal-version", "modal-go/0.7.4"),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v.to_owned()))
@@ -283,47 +281,57 @@ async fn contract_create_exec_rediscover_and_terminate_against_fake() {
     assert_eq!(code, 3);
     assert_eq!(stdout, format!("{stdin}/tmp\n"));
     assert_eq!(stderr, "oops\n");
+    // See: issue 32 (item 3): exec goes through the task command router, as the official SDKs
+    // do; the ContainerExec fallback has its own test below.
     let calls: Vec<Req> = requests(&fake)[before..].to_vec();
+    // Access was asked for once (for the readiness check) and is cached per task.
+    assert!(
+        requests(&fake)
+            .iter()
+            .any(|r| matches!(r, Req::TaskGetCommandRouterAccess(_)))
+    );
+    assert!(!calls.iter().any(|r| matches!(r, Req::ContainerExec(_))));
     let exec = calls
         .iter()
         .find_map(|r| match r {
-            Req::ContainerExec(e) => Some(e.clone()),
+            Req::TaskExecStart(e) => Some(e.clone()),
             _ => None,
         })
         .unwrap();
-    assert_eq!(exec.command[0], "env");
-    assert!(exec.command[1].starts_with("KILNTAINERS_EXEC_ID="));
-    assert_eq!(&exec.command[2..4], ["/bin/sh", "-c"]);
+    assert_eq!(exec.command_args[0], "env");
+    assert!(exec.command_args[1].starts_with("KILNTAINERS_EXEC_ID="));
+    assert_eq!(&exec.command_args[2..4], ["/bin/sh", "-c"]);
     assert_eq!(exec.workdir.as_deref(), Some("/tmp"));
-    assert_eq!(exec.timeout_secs, 3600);
-    let inputs: Vec<pb::RuntimeInputMessage> = calls
+    assert_eq!(exec.timeout_secs, Some(3600));
+    assert!(!exec.exec_id.is_empty());
+    let inputs: Vec<fake_modal::rpb::TaskExecStdinWriteRequest> = calls
         .iter()
         .filter_map(|r| match r {
-            Req::ContainerExecPutInput(p) => p.input.clone(),
+            Req::TaskExecStdinWrite(w) => Some(w.clone()),
             _ => None,
         })
         .collect();
     assert!(inputs.len() >= 3, "stdin is chunked");
+    let mut offset = 0u64;
     for (n, input) in inputs.iter().enumerate() {
-        assert_eq!(input.message_index, n as u64 + 1);
+        assert_eq!(input.offset, offset, "consecutive byte offsets");
         assert_eq!(input.eof, n + 1 == inputs.len());
-        assert!(input.message.len() <= 64 * 1024);
+        assert!(input.data.len() <= 64 * 1024);
+        assert_eq!(input.exec_id, exec.exec_id);
+        offset += input.data.len() as u64;
     }
-    let outputs: Vec<pb::ContainerExecGetOutputRequest> = calls
+    assert_eq!(offset, stdin.len() as u64);
+    let reads: Vec<fake_modal::rpb::TaskExecStdioReadRequest> = calls
         .iter()
         .filter_map(|r| match r {
-            Req::ContainerExecGetOutput(o) => Some(o.clone()),
+            Req::TaskExecStdioRead(o) => Some(o.clone()),
             _ => None,
         })
         .collect();
-    assert!(
-        outputs
-            .iter()
-            .all(|o| o.get_raw_bytes && o.exec_id == outputs[0].exec_id)
-    );
-    let fds: HashSet<i32> = outputs.iter().map(|o| o.file_descriptor).collect();
-    assert_eq!(fds, HashSet::from([1, 2]));
-    assert!(calls.iter().any(|r| matches!(r, Req::ContainerExecWait(_))));
+    assert!(reads.iter().all(|o| o.exec_id == exec.exec_id));
+    let fds: HashSet<i32> = reads.iter().map(|o| o.file_descriptor).collect();
+    assert_eq!(fds, HashSet::from([0, 1]));
+    assert!(calls.iter().any(|r| matches!(r, Req::TaskExecWait(_))));
 
     // Without stdin the command sees EOF at once.
     let (code, stdout, _) =
@@ -652,4 +660,53 @@ async fn contract_port_route_is_the_tunnel_opened_at_creation_against_fake() {
     assert!(last_create.open_ports_oneof.is_none());
     assert!(plain.port_route(&sandbox, 8080).await.is_err());
     plain.remove(&sandbox).await.unwrap();
+}
+
+#[tokio::test]
+async fn issue_32_exec_falls_back_to_container_exec_without_the_router_against_fake() {
+    // See: issue 32 (item 3): when the task command router is unavailable, exec uses the
+    // ContainerExec* RPCs of the control plane, with the same results.
+    if !enabled("KILNTAINERS_IT_DOCKER") {
+        return;
+    }
+    let fake = FakeModal::start(fake_modal::FakeConfig {
+        router: false,
+        ..fake_modal::FakeConfig::default()
+    })
+    .await
+    .unwrap();
+    let backend = modal(&fake, &[]);
+    let id = computer("modal-fallback");
+    let sandbox = backend
+        .create(&create_spec(&id, true, &InstanceId::random()), &NoProgress)
+        .await
+        .unwrap();
+    let before = fake.log().len();
+    let stdin = "x".repeat(150_000);
+    let (code, stdout, stderr) = completed(
+        run(
+            &*backend,
+            &sandbox,
+            "wc -c; pwd; echo err >&2; exit 4",
+            Some(&stdin),
+            Some("/tmp"),
+            30,
+            2_097_152,
+        )
+        .await,
+    );
+    assert_eq!(
+        (code, stdout.as_str(), stderr.as_str()),
+        (4, "150000\n/tmp\n", "err\n")
+    );
+    let calls: Vec<Req> = requests(&fake)[before..].to_vec();
+    assert!(calls.iter().any(|r| matches!(r, Req::ContainerExec(_))));
+    assert!(
+        calls
+            .iter()
+            .any(|r| matches!(r, Req::ContainerExecPutInput(_)))
+    );
+    assert!(calls.iter().any(|r| matches!(r, Req::ContainerExecWait(_))));
+    assert!(!calls.iter().any(|r| matches!(r, Req::TaskExecStart(_))));
+    backend.remove(&sandbox).await.unwrap();
 }

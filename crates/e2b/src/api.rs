@@ -150,6 +150,10 @@ pub(super) struct Sandbox {
     pub envd_access_token: Option<String>,
     #[serde(default)]
     pub domain: Option<String>,
+    /// The sandbox's envd release; what envd accepts depends on it (see
+    /// `process::EnvdVersion`).
+    #[serde(rename = "envdVersion", default)]
+    pub envd_version: Option<String>,
 }
 
 /// `ListedSandbox` (and the fields of `SandboxDetail` we read).

@@ -32,7 +32,7 @@ use serde::de::DeserializeOwned;
 use serde::{Deserialize, Deserializer, Serialize};
 
 use super::E2bBackend;
-use super::process::{Envd, RunError, envd_transport};
+use super::process::{Envd, EnvdVersion, RunError, envd_transport};
 use kilntainers_backend::files::{
     self, Entry, EntryKind, FileError, FileOpError, FileSystem, Listing, ReadAnswer,
 };
@@ -65,6 +65,7 @@ struct Target {
     base: String,
     sandbox_id: String,
     token: Option<String>,
+    version: EnvdVersion,
 }
 
 impl Target {
@@ -74,6 +75,7 @@ impl Target {
             base: self.base.clone(),
             sandbox_id: &self.sandbox_id,
             token: self.token.as_deref(),
+            version: self.version,
         }
     }
 }
@@ -556,6 +558,7 @@ impl E2bBackend {
                 .envd_base(sandbox.sandbox_id.as_str(), conn.domain.as_deref()),
             sandbox_id: sandbox.sandbox_id.as_str().to_owned(),
             token: conn.token,
+            version: conn.envd,
         })
     }
 
@@ -944,6 +947,7 @@ mod tests {
             base: format!("http://{address}"),
             sandbox_id: "isb".to_owned(),
             token: None,
+            version: EnvdVersion::CURRENT,
         };
         (target, server)
     }

@@ -38,7 +38,7 @@ use kilntainers_backend::{
     Backend, BackendError, ComputerInfo, CreateSpec, ExecEnd, ExecSpec, Found, OutputSink,
     PortRoute, Progress, Restarted, SandboxRef, SinkControl, Stream,
 };
-use process::{Command, Envd, RunError};
+use process::{Command, Envd, EnvdVersion, RunError};
 
 /// Readiness exec after create/attach/restart (docs/decisions.md, "Constants": E2B 10 s).
 const READINESS_TIMEOUT: Duration = Duration::from_secs(10);
@@ -67,6 +67,8 @@ const KILL_ALL_TAGGED: &str = "for n in 1 2; do\n  for d in /proc/[0-9]*; do\n  
 struct Conn {
     token: Option<String>,
     domain: Option<String>,
+    /// The envd release `envdVersion` named (docs/e2b.md, "envd versions").
+    envd: EnvdVersion,
     /// When the lifetime was last set; it ends `sandbox_timeout` after that.
     extended_at: Instant,
 }
@@ -132,6 +134,7 @@ impl E2bBackend {
             Conn {
                 token: sandbox.envd_access_token.clone(),
                 domain: sandbox.domain.clone(),
+                envd: EnvdVersion::parse(sandbox.envd_version.as_deref()),
                 extended_at: Instant::now(),
             },
         );
@@ -246,6 +249,7 @@ impl E2bBackend {
             base: self.config.envd_base(sandbox_id, conn.domain.as_deref()),
             sandbox_id,
             token: conn.token.as_deref(),
+            version: conn.envd,
         }
     }
 

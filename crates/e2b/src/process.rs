@@ -57,11 +57,73 @@ struct ProcessConfig<'a> {
     cwd: Option<&'a str>,
 }
 
-/// `StartRequest` (no `pty`, no `tag`).
+/// `StartRequest` (no `pty`, no `tag`). `stdin` exists from envd 0.3.0 on and is left out for
+/// older ones, as the official SDK does.
 #[derive(Debug, Serialize)]
 struct StartRequest<'a> {
     process: ProcessConfig<'a>,
-    stdin: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    stdin: Option<bool>,
+}
+
+/// A sandbox's envd release, from `envdVersion` of the control plane's answers. The official
+/// SDK changes behaviour by it (`packages/js-sdk/src/envd/versions.ts`): `stdin` on `Start`
+/// needs 0.3.0, acting as the template's default user without naming one needs 0.4.0 (older
+/// ones are told the user in `Authorization: Basic <user>:`), and `CloseStdin` needs 0.5.2.
+/// An absent or unreadable version counts as current.
+/// See: issue 32 (item 5)
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) struct EnvdVersion(pub u32, pub u32, pub u32);
+
+impl EnvdVersion {
+    /// What we assume when the control plane names no version.
+    pub(super) const CURRENT: Self = Self(u32::MAX, 0, 0);
+    const STDIN: Self = Self(0, 3, 0);
+    const DEFAULT_USER: Self = Self(0, 4, 0);
+    const CLOSE_STDIN: Self = Self(0, 5, 2);
+    /// The user older envd must be told: the one E2B templates run commands as.
+    const OLD_DEFAULT_USER: &'static str = "user";
+
+    pub(super) fn parse(text: Option<&str>) -> Self {
+        let Some(text) = text else {
+            return Self::CURRENT;
+        };
+        let mut parts = text.trim().trim_start_matches('v').split(['.', '-', '+']);
+        let mut next = || parts.next().and_then(|p| p.parse::<u32>().ok());
+        match (next(), next(), next()) {
+            (Some(major), Some(minor), patch) => Self(major, minor, patch.unwrap_or(0)),
+            _ => Self::CURRENT,
+        }
+    }
+
+    /// `Authorization: Basic <user>:` for envd older than 0.4.0, which needs the user named.
+    pub(super) fn user_header(self) -> Option<String> {
+        (self < Self::DEFAULT_USER).then(|| {
+            format!(
+                "Basic {}",
+                BASE64.encode(format!("{}:", Self::OLD_DEFAULT_USER))
+            )
+        })
+    }
+
+    /// Why a command with stdin cannot run on this envd, if it cannot.
+    fn stdin_refusal(self) -> Option<String> {
+        (self < Self::CLOSE_STDIN).then(|| {
+            format!(
+                "this sandbox's envd ({self}) is older than 0.5.2 and cannot close a command's stdin, so input cannot be given; rebuild the E2B template (e2b template build) to get a current envd"
+            )
+        })
+    }
+}
+
+impl std::fmt::Display for EnvdVersion {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if *self == Self::CURRENT {
+            f.write_str("current")
+        } else {
+            write!(f, "{}.{}.{}", self.0, self.1, self.2)
+        }
+    }
 }
 
 /// `ProcessSelector` by pid.
@@ -181,6 +243,7 @@ pub(super) struct Envd<'a> {
     pub base: String,
     pub sandbox_id: &'a str,
     pub token: Option<&'a str>,
+    pub version: EnvdVersion,
 }
 
 /// What to run.
@@ -205,12 +268,16 @@ impl Envd<'_> {
     }
 
     /// The headers every envd request carries: which sandbox and port the proxy routes it to,
-    /// and the sandbox's access token. No user is named (no `Authorization` user, no
-    /// `username`), so envd acts as the sandbox's default user for commands and files alike.
+    /// and the sandbox's access token. From envd 0.4.0 on no user is named (no `Authorization`
+    /// user, no `username`), so envd acts as the sandbox's default user for commands and files
+    /// alike; older envd is told that user in `Authorization: Basic`, as the official SDK does.
     pub(super) fn routed(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
-        let request = request
+        let mut request = request
             .header("E2b-Sandbox-Id", self.sandbox_id)
             .header("E2b-Sandbox-Port", ENVD_PORT.to_string());
+        if let Some(user) = self.version.user_header() {
+            request = request.header(reqwest::header::AUTHORIZATION, user);
+        }
         match self.token {
             Some(token) => request.header("X-Access-Token", token),
             None => request,
@@ -292,6 +359,14 @@ impl Envd<'_> {
                 detail: "empty command".to_owned(),
             });
         };
+        if command.stdin.is_some()
+            && let Some(detail) = self.version.stdin_refusal()
+        {
+            return Err(RunError::Failed {
+                started: false,
+                detail,
+            });
+        }
         let body = StartRequest {
             process: ProcessConfig {
                 cmd,
@@ -299,7 +374,7 @@ impl Envd<'_> {
                 envs: command.envs,
                 cwd: command.cwd,
             },
-            stdin: command.stdin.is_some(),
+            stdin: (self.version >= EnvdVersion::STDIN).then_some(command.stdin.is_some()),
         };
         let json = serde_json::to_vec(&body).map_err(|e| RunError::Failed {
             started: false,
@@ -515,6 +590,28 @@ mod tests {
     }
 
     #[test]
+    fn issue_32_envd_versions_decide_user_stdin_and_close_stdin() {
+        // See: issue 32 (item 5)
+        assert_eq!(EnvdVersion::parse(Some("0.2.0")), EnvdVersion(0, 2, 0));
+        assert_eq!(
+            EnvdVersion::parse(Some("v0.5.2-beta")),
+            EnvdVersion(0, 5, 2)
+        );
+        assert_eq!(EnvdVersion::parse(Some("0.4")), EnvdVersion(0, 4, 0));
+        assert_eq!(EnvdVersion::parse(None), EnvdVersion::CURRENT);
+        assert_eq!(EnvdVersion::parse(Some("garbage")), EnvdVersion::CURRENT);
+        // "user:" in base64, below 0.4.0 only.
+        assert_eq!(
+            EnvdVersion(0, 3, 9).user_header().as_deref(),
+            Some("Basic dXNlcjo=")
+        );
+        assert_eq!(EnvdVersion(0, 4, 0).user_header(), None);
+        assert!(EnvdVersion(0, 5, 1).stdin_refusal().is_some());
+        assert_eq!(EnvdVersion(0, 5, 2).stdin_refusal(), None);
+        assert_eq!(EnvdVersion::CURRENT.stdin_refusal(), None);
+    }
+
+    #[test]
     fn request_shapes_follow_the_proto_names() {
         let envs = BTreeMap::from([("KILNTAINERS_EXEC_ID".to_owned(), "x".to_owned())]);
         let args = vec!["-c".to_owned(), "echo hi".to_owned()];
@@ -525,7 +622,7 @@ mod tests {
                 envs: &envs,
                 cwd: None,
             },
-            stdin: false,
+            stdin: Some(false),
         })
         .unwrap();
         assert_eq!(

@@ -1,7 +1,8 @@
 //! The Fly HTTP client: the Machines API (`<base>/v1/...`) and the GraphQL organization lookup
 //! over the shared [`RestClient`], with lazy credentials and Fly's error texts.
 //!
-//! Retries follow [`kilntainers_backend::rest`]. 401/403 become the token message. Other failures
+//! Retries follow [`kilntainers_backend::rest`]. 401 becomes the token message, 403 one saying the
+//! token lacks the right to the call. Other failures
 //! carry the API call (`METHOD /path`) and Fly's own `error` text, so callers only add which
 //! Machine or computer it was about.
 
@@ -41,11 +42,17 @@ pub(super) enum ApiError {
 impl From<RestError> for ApiError {
     fn from(error: RestError) -> Self {
         match error {
-            RestError::Status { status, .. } if status == 401 || status == 403 => {
-                Self::Auth(format!(
-                    "Fly rejected the API token (HTTP {status}). Run 'fly auth login' again or set a valid FLY_API_TOKEN."
-                ))
-            }
+            RestError::Status { status: 401, .. } => Self::Auth(
+                "Fly rejected the API token (HTTP 401). Run 'fly auth login' again or set a valid FLY_API_TOKEN."
+                    .to_owned(),
+            ),
+            // 403 is a valid token without the right to this call (an app- or org-scoped
+            // token used on another app or organization), not a bad token: say so.
+            // See: issue 32 (item 10)
+            RestError::Status { status: 403, body, .. } => Self::Auth(format!(
+                "Fly accepted the API token but refused this call (HTTP 403: {}). Use a token with access to the app and organization (e.g. 'fly tokens create org'), or set --fly-app/--fly-org to ones this token may use.",
+                error_text(&body)
+            )),
             RestError::Status { call, status, body } => Self::Status {
                 call,
                 status,
@@ -219,22 +226,34 @@ impl Api {
     }
 }
 
-/// Fly's error bodies are `{"error": "..."}` (sometimes with `details`); fall back to the raw
-/// text, shortened.
+/// Fly's error bodies are `ErrorResponse` (`{"error": "...", "status": ..., "details": {...}}`;
+/// `details` is an object in the official definition, deprecated, and older answers had a
+/// string there); fall back to the raw text, shortened.
 pub(super) fn error_text(body: &str) -> String {
     #[derive(Deserialize)]
     struct FlyError {
         error: Option<String>,
-        details: Option<String>,
+        #[serde(default)]
+        details: Option<serde_json::Value>,
     }
     match serde_json::from_str::<FlyError>(body) {
         Ok(FlyError {
             error: Some(error),
             details,
-        }) => rest::shorten(&match details.filter(|d| !d.is_empty()) {
-            Some(details) => format!("{error} ({details})"),
-            None => error,
-        }),
+        }) => {
+            let details = match details {
+                Some(serde_json::Value::String(text)) => text,
+                Some(serde_json::Value::Object(map)) if !map.is_empty() => {
+                    serde_json::Value::Object(map).to_string()
+                }
+                _ => String::new(),
+            };
+            rest::shorten(&if details.is_empty() {
+                error
+            } else {
+                format!("{error} ({details})")
+            })
+        }
         _ => rest::shorten(body),
     }
 }
@@ -250,6 +269,12 @@ mod tests {
             error_text(r#"{"error":"bad","details":"why"}"#),
             "bad (why)"
         );
+        // See: issue 32 (item 10): the official definition's `details` is an object.
+        assert_eq!(
+            error_text(r#"{"error":"bad","details":{"field":"name"}}"#),
+            r#"bad ({"field":"name"})"#
+        );
+        assert_eq!(error_text(r#"{"error":"bad","details":{}}"#), "bad");
         assert_eq!(error_text("plain\n"), "plain");
         assert_eq!(error_text(""), "(no message)");
         assert!(error_text(&"é".repeat(400)).ends_with('…'));

@@ -18,9 +18,11 @@ use super::api::{Api, ApiError, CALL_TIMEOUT, Call, Retry, segment};
 use crate::config::FlyConfig;
 use kilntainers_backend::BackendError;
 
-/// The organization lookup (the one call outside the Machines API; its shape comes from public
-/// client code and is pinned by the contract tests).
-pub(super) const ORGANIZATIONS_QUERY: &str = "{ viewer { organizations { nodes { slug type } } } }";
+/// The organization lookup (the one call outside the Machines API, on Fly's GraphQL API): the
+/// top-level `organizations` connection of Fly's current schema (`schema.graphql` in
+/// superfly/fly-go), not the deprecated `viewer { organizations }` path. Pinned by the contract
+/// tests; the schema itself is not vendored (docs/fly.md).
+pub(super) const ORGANIZATIONS_QUERY: &str = "{ organizations { nodes { slug type } } }";
 /// Name prefix of apps this server creates.
 pub(super) const APP_PREFIX: &str = "mcp-sandbox-computers-";
 
@@ -34,12 +36,18 @@ pub(super) async fn resolve(api: &Api, config: &FlyConfig) -> Result<String, Bac
         None => organization(api).await?,
     };
     let app = format!("{APP_PREFIX}{:08x}", rand::rng().random::<u32>());
-    let body = serde_json::json!({ "app_name": app, "org_slug": org });
+    // `name` as the current definition and Fly's own client send it (older documents said
+    // `app_name`); `?wait=true` as Fly's own client asks, so the app is usable when this
+    // returns; an idempotency key so a retry after a lost answer gets this app back instead
+    // of a name conflict. See: issue 32 (items 2 and 9)
+    let key = format!("{app}-{:016x}", rand::rng().random::<u64>());
+    let body = serde_json::json!({ "name": app, "org_slug": org, "idempotency_key": key });
     let call = Call {
         method: Method::POST,
-        path: "/apps".to_owned(),
+        path: "/apps?wait=true".to_owned(),
         body: Some(&body),
-        retry: Retry::RateLimitOnly,
+        // Safe to repeat: the idempotency key makes a retry return the same app.
+        retry: Retry::Idempotent,
         timeout: Some(CALL_TIMEOUT),
     };
     api.unit(&call).await.map_err(|e| match e {
@@ -183,10 +191,6 @@ async fn visible(api: &Api, app: &str) -> Result<bool, BackendError> {
 async fn organization(api: &Api) -> Result<String, BackendError> {
     #[derive(Deserialize)]
     struct Data {
-        viewer: Viewer,
-    }
-    #[derive(Deserialize)]
-    struct Viewer {
         organizations: Organizations,
     }
     #[derive(Deserialize)]
@@ -204,7 +208,7 @@ async fn organization(api: &Api) -> Result<String, BackendError> {
         .graphql(ORGANIZATIONS_QUERY)
         .await
         .map_err(|e| e.into_backend("Fly organization lookup failed"))?;
-    let nodes = data.viewer.organizations.nodes;
+    let nodes = data.organizations.nodes;
     let personal = nodes.iter().find(|o| {
         o.slug == "personal"
             || o.kind

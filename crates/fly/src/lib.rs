@@ -419,7 +419,7 @@ impl FlyInner {
                     .wait(
                         current.sandbox_id.as_str(),
                         "stopped",
-                        machine.instance_id.as_deref(),
+                        machine.version(),
                         machines::MAX_WAIT_SECS,
                     )
                     .await;

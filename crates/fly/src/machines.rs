@@ -22,8 +22,13 @@ pub(super) struct Machine {
     pub id: String,
     #[serde(default)]
     pub state: String,
+    /// The Machine's current version (its boot), what `/wait` takes for `stopped`.
     #[serde(default)]
-    pub instance_id: Option<String>,
+    pub version: Option<String>,
+    /// The deprecated alias of `version` (Fly sends both), read only when `version` is missing.
+    /// See: issue 32 (item 8)
+    #[serde(default)]
+    instance_id: Option<String>,
     #[serde(default)]
     pub created_at: Option<String>,
     #[serde(default)]
@@ -38,6 +43,11 @@ pub(super) struct MachineConfigView {
 }
 
 impl Machine {
+    /// `version`, else its deprecated alias `instance_id`.
+    pub(super) fn version(&self) -> Option<&str> {
+        self.version.as_deref().or(self.instance_id.as_deref())
+    }
+
     pub(super) fn metadata(&self, key: &str) -> Option<&str> {
         self.config
             .as_ref()
@@ -102,7 +112,8 @@ pub(super) struct RestartPolicy {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Waited {
     Reached,
-    /// Fly answered 408: the state was not reached within the asked-for time.
+    /// The state was not reached within the asked-for time: Fly answered 408, or 200 with
+    /// `"ok": false` as the current definition describes (`WaitMachineResponse`).
     TimedOut,
 }
 
@@ -171,37 +182,57 @@ impl Machines<'_> {
         self.api.unit(&call).await
     }
 
-    /// `GET …/{id}/wait?state=<state>&timeout=<secs>`; `secs` is clamped to Fly's 60 s.
+    /// `GET …/{id}/wait?state=<state>&timeout=<secs>[&version=<v>]`; `secs` is clamped to
+    /// Fly's 60 s. `version` (not its deprecated alias `instance_id`) names the boot a
+    /// `stopped` wait is about.
     pub(super) async fn wait(
         &self,
         id: &str,
         state: &str,
-        instance_id: Option<&str>,
+        version: Option<&str>,
         secs: u64,
     ) -> Result<Waited, ApiError> {
+        /// `WaitMachineResponse`: `ok` is false when the state was not reached in time.
+        #[derive(Deserialize)]
+        struct WaitAnswer {
+            #[serde(default = "reached")]
+            ok: bool,
+        }
+        fn reached() -> bool {
+            true
+        }
         let secs = secs.clamp(1, MAX_WAIT_SECS);
         let mut rest = format!(
             "/{}/wait?state={}&timeout={secs}",
             segment(id),
             segment(state)
         );
-        if let Some(instance) = instance_id {
-            rest.push_str(&format!("&instance_id={}", segment(instance)));
+        if let Some(version) = version {
+            rest.push_str(&format!("&version={}", segment(version)));
         }
         let mut call = self.call(Method::GET, &rest, Retry::Idempotent);
         call.timeout = Some(Duration::from_secs(secs) + WAIT_SLACK);
-        match self.api.unit(&call).await {
-            Ok(()) => Ok(Waited::Reached),
+        // See: issue 32 (item 6): 200 with `ok: false` is a timeout too. A 200 whose body
+        // cannot be read as `WaitMachineResponse` counts as reached, as before.
+        match self.api.send(&call).await {
+            Ok(response) => {
+                let text = response.text().await.unwrap_or_default();
+                match serde_json::from_str::<WaitAnswer>(&text) {
+                    Ok(WaitAnswer { ok: false }) => Ok(Waited::TimedOut),
+                    _ => Ok(Waited::Reached),
+                }
+            }
             Err(e) if e.status() == Some(408) => Ok(Waited::TimedOut),
             Err(e) => Err(e),
         }
     }
 
-    /// `DELETE …/{id}?force=true&kill=true`; a Machine already gone counts as destroyed.
+    /// `DELETE …/{id}?force=true` (force kills a running Machine; the definition declares no
+    /// other parameter); a Machine already gone counts as destroyed.
     pub(super) async fn destroy(&self, id: &str) -> Result<(), ApiError> {
         let call = self.call(
             Method::DELETE,
-            &format!("/{}?force=true&kill=true", segment(id)),
+            &format!("/{}?force=true", segment(id)),
             Retry::Idempotent,
         );
         match self.api.unit(&call).await {

@@ -2,8 +2,8 @@
 //!
 //! **What this depends on:** Modal's *internal, undocumented* client API — service
 //! `modal.client.ModalClient` as declared in Modal's published `modal_proto/api.proto`, whose
-//! subset we redeclare in `modal_api.proto` (field numbers read from the modal-client 0.7x/1.0
-//! era; three marked UNVERIFIED there). Modal documents only its Python/JS/Go SDKs, not this
+//! subset we redeclare in `modal_api.proto`, checked field by field against the official file
+//! (`crates/modal/tests/definitions.rs`). Modal documents only its Python/JS/Go SDKs, not this
 //! wire API, so a server-side change can break us without notice; every request built and every
 //! response read is here, so that is the one place to adapt. There is no documented alternative
 //! for a Rust binary: Modal offers no public REST API for sandboxes.
@@ -42,9 +42,13 @@ use pb::modal_client_client::ModalClientClient;
 /// the Go client's protocol behaviour (`x-modal-client-version: 1.0.0`) is the one we follow.
 pub const CLIENT_TYPE: &str = "9";
 pub const CLIENT_VERSION: &str = "1.0.0";
-/// Names this program honestly in the slot where libmodal puts its own version.
-pub const LIBMODAL_VERSION: &str =
-    concat!("mcp-sandbox-computer-vm-for-ai/", env!("CARGO_PKG_VERSION"));
+/// `modal-go/<release>`, the form the official Go client sends (`"modal-go/" + sdkVersion`): with
+/// client type 9 the server may read the release from it, so it names the modal-go release whose
+/// protocol behaviour we follow (0.7.x: exec through the task command router). This program
+/// names itself in the HTTP/2 `user-agent` instead ([`USER_AGENT`]).
+pub const LIBMODAL_VERSION: &str = "modal-go/0.7.4";
+/// Who is really calling, for Modal's logs.
+pub const USER_AGENT: &str = concat!("mcp-sandbox-computer-vm-for-ai/", env!("CARGO_PKG_VERSION"));
 
 /// Bound for one unary call: Modal's slow calls (`SandboxGetTaskId` with its own 55 s server
 /// wait) finish well inside it; streams are bounded by their callers instead.
@@ -65,7 +69,7 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    fn new(call: &'static str, status: &Status) -> Self {
+    pub(super) fn new(call: &'static str, status: &Status) -> Self {
         Self {
             call,
             code: status.code(),
@@ -95,7 +99,7 @@ pub struct Api {
     token: Mutex<Option<CachedToken>>,
 }
 
-fn unix_now() -> i64 {
+pub(super) fn unix_now() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| i64::try_from(d.as_secs()).unwrap_or(i64::MAX))
@@ -103,7 +107,7 @@ fn unix_now() -> i64 {
 }
 
 /// The `exp` claim of a JWT, without verifying it (the server does that).
-fn jwt_expiry(token: &str) -> Option<i64> {
+pub(super) fn jwt_expiry(token: &str) -> Option<i64> {
     let payload = token.split('.').nth(1)?;
     // JWTs use the URL-safe alphabet without padding (RFC 7515, section 2); a padded one is
     // read too.
@@ -120,6 +124,8 @@ impl Api {
         let mut endpoint = Endpoint::from_shared(url.clone())
             .map_err(|e| format!("invalid Modal server URL '{url}': {e}"))?
             .connect_timeout(Duration::from_secs(10))
+            .user_agent(USER_AGENT)
+            .map_err(|e| format!("invalid user agent: {e}"))?
             .http2_keep_alive_interval(Duration::from_secs(30))
             .keep_alive_while_idle(true);
         if url.starts_with("https://") {
@@ -283,6 +289,13 @@ impl Api {
         "ImageJoinStreaming",
         pb::ImageJoinStreamingRequest,
         pb::ImageJoinStreamingResponse
+    );
+    unary!(
+        task_get_command_router_access,
+        task_get_command_router_access,
+        "TaskGetCommandRouterAccess",
+        pb::TaskGetCommandRouterAccessRequest,
+        pb::TaskGetCommandRouterAccessResponse
     );
     unary!(
         sandbox_create,

@@ -1,11 +1,18 @@
-//! Commands in a Modal sandbox (docs/decisions.md, "Modal sandboxes" exec row): `ContainerExec` in the sandbox's
-//! task, stdin through `ContainerExecPutInput` (then EOF; without stdin just EOF, so the process
-//! sees a closed stdin), stdout and stderr each through their own `ContainerExecGetOutput`
-//! stream (raw bytes, resumed from the last batch index when a stream ends early), the exit code
-//! from `ContainerExecWait`.
+//! Commands in a Modal sandbox (docs/decisions.md, "Modal sandboxes" exec row), two ways:
 //!
-//! The exec tag travels in the argv — `env KILNTAINERS_EXEC_ID=<uuid> <argv…>` — because
-//! `ContainerExec` has no environment field; `env` execs the command, so the whole tree carries
+//! * **Through the task command router**, as both official SDKs do since 2026 (the normal path):
+//!   `TaskExecStart` with an exec id of our own, stdin through `TaskExecStdinWrite` (byte
+//!   offsets, then EOF; without stdin just EOF), stdout and stderr each through their own
+//!   `TaskExecStdioRead` stream (resumed from the byte offset when a stream breaks), the exit
+//!   status from `TaskExecWait` ([`super::router`]).
+//! * **Through `ContainerExec*`** on the control plane, only when the router is unavailable for
+//!   the task (`TaskGetCommandRouterAccess` fails, or its answer is unusable); the server logs
+//!   the fallback and why, once per process. Stdin through `ContainerExecPutInput`, output
+//!   through `ContainerExecGetOutput` (raw bytes, resumed from the last batch index), the exit
+//!   code from `ContainerExecWait`.
+//!
+//! The exec tag travels in the argv — `env KILNTAINERS_EXEC_ID=<uuid> <argv…>` — on both paths
+//! (`ContainerExec` has no environment field); `env` execs the command, so the whole tree carries
 //! the tag the kill sweep looks for. Output is pushed into the sink as it arrives; a bounded
 //! channel between the two stream readers and the sink keeps memory at a few chunks.
 
@@ -17,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::ModalInner;
 use super::api::{ApiError, pb};
+use super::router::{Router, rpb};
 use kilntainers_backend::{
     BackendError, ExecEnd, ExecSpec, OutputSink, SandboxRef, SinkControl, Stream,
 };
@@ -162,7 +170,8 @@ async fn send_stdin(
     .await
 }
 
-/// Runs `argv` (already final: tagged or not) and streams its output into `sink`.
+/// Runs `argv` (already final: tagged or not) and streams its output into `sink`: through the
+/// task's command router, or through `ContainerExec*` when the router is unavailable.
 pub(super) async fn run(
     backend: &ModalInner,
     sandbox: &SandboxRef,
@@ -174,6 +183,239 @@ pub(super) async fn run(
 ) -> Result<ExecEnd, BackendError> {
     let api = backend.api().await?;
     let task_id = backend.task_id(sandbox).await?;
+    match backend.routers.get(&api, &task_id).await {
+        Ok(router) => {
+            backend.note_exec_path(None);
+            let ended = run_routed(
+                backend,
+                sandbox,
+                &router,
+                argv,
+                working_dir,
+                stdin,
+                sink,
+                cancel,
+            )
+            .await;
+            if let Err(BackendError::Provider(_)) = &ended {
+                // A refused JWT or a moved router: ask for access again next time.
+                backend.routers.forget(&task_id).await;
+            }
+            ended
+        }
+        Err(error) => {
+            backend.note_exec_path(Some(&error));
+            run_container_exec(
+                backend,
+                sandbox,
+                task_id,
+                argv,
+                working_dir,
+                stdin,
+                sink,
+                cancel,
+            )
+            .await
+        }
+    }
+}
+
+/// Server-side wait of one `TaskExecWait` round before we ask again (and look at `cancel`).
+const ROUTED_WAIT_ROUND: Duration = Duration::from_secs(55);
+
+async fn read_routed(router: Router, exec_id: String, stream: Stream, tx: mpsc::Sender<Event>) {
+    let fd = match stream {
+        Stream::Stdout => rpb::TaskExecStdioFileDescriptor::Stdout,
+        Stream::Stderr => rpb::TaskExecStdioFileDescriptor::Stderr,
+    };
+    let mut offset = 0u64;
+    let mut broken = 0u32;
+    loop {
+        let request = rpb::TaskExecStdioReadRequest {
+            task_id: router.task_id.clone(),
+            exec_id: exec_id.clone(),
+            offset,
+            file_descriptor: fd as i32,
+        };
+        let mut chunks = match router.stdio_read(request).await {
+            Ok(chunks) => chunks,
+            Err(error) => {
+                let _ = tx.send(Event::Failed(error)).await;
+                return;
+            }
+        };
+        loop {
+            match chunks.message().await {
+                Ok(Some(chunk)) => {
+                    broken = 0;
+                    offset += chunk.data.len() as u64;
+                    if !chunk.data.is_empty()
+                        && tx.send(Event::Output(stream, chunk.data)).await.is_err()
+                    {
+                        return;
+                    }
+                }
+                // The stream ends when the command's side of the pipe is closed.
+                Ok(None) => {
+                    let _ = tx.send(Event::Done(None)).await;
+                    return;
+                }
+                Err(status)
+                    if matches!(
+                        status.code(),
+                        tonic::Code::Unavailable | tonic::Code::Internal
+                    ) && broken < MAX_EMPTY_RESUMES =>
+                {
+                    // A broken stream is resumed from the offset already read.
+                    broken += 1;
+                    break;
+                }
+                Err(status) => {
+                    let _ = tx
+                        .send(Event::Failed(ApiError::new("TaskExecStdioRead", &status)))
+                        .await;
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Stdin in chunks at consecutive byte offsets, then EOF (alone when there is no stdin).
+async fn send_routed_stdin(
+    router: &Router,
+    exec_id: &str,
+    stdin: Option<&[u8]>,
+) -> Result<(), ApiError> {
+    let mut offset = 0u64;
+    for chunk in stdin.unwrap_or_default().chunks(STDIN_CHUNK) {
+        router
+            .stdin_write(rpb::TaskExecStdinWriteRequest {
+                task_id: router.task_id.clone(),
+                exec_id: exec_id.to_owned(),
+                offset,
+                data: chunk.to_vec(),
+                eof: false,
+            })
+            .await?;
+        offset += chunk.len() as u64;
+    }
+    router
+        .stdin_write(rpb::TaskExecStdinWriteRequest {
+            task_id: router.task_id.clone(),
+            exec_id: exec_id.to_owned(),
+            offset,
+            data: Vec::new(),
+            eof: true,
+        })
+        .await
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run_routed(
+    backend: &ModalInner,
+    sandbox: &SandboxRef,
+    router: &Router,
+    argv: Vec<String>,
+    working_dir: Option<&str>,
+    stdin: Option<&[u8]>,
+    sink: &mut dyn OutputSink,
+    cancel: &CancellationToken,
+) -> Result<ExecEnd, BackendError> {
+    let exec_id = uuid::Uuid::new_v4().to_string();
+    let started = router
+        .start(rpb::TaskExecStartRequest {
+            task_id: router.task_id.clone(),
+            exec_id: exec_id.clone(),
+            command_args: argv,
+            stdout_config: rpb::TaskExecStdoutConfig::Pipe as i32,
+            stderr_config: rpb::TaskExecStderrConfig::Pipe as i32,
+            timeout_secs: Some(EXEC_SERVER_TIMEOUT_SECS),
+            workdir: working_dir.map(str::to_owned),
+        })
+        .await;
+    if let Err(error) = started {
+        return Err(backend.exec_failure(sandbox, &error).await);
+    }
+    let (tx, mut rx) = mpsc::channel(CHANNEL_CHUNKS);
+    let _readers = Readers(
+        [Stream::Stdout, Stream::Stderr]
+            .into_iter()
+            .map(|s| tokio::spawn(read_routed(router.clone(), exec_id.clone(), s, tx.clone())))
+            .collect(),
+    );
+    drop(tx);
+    let stdin_done = send_routed_stdin(router, &exec_id, stdin);
+    tokio::pin!(stdin_done);
+    let mut stdin_pending = true;
+    let mut open = 2;
+    while open > 0 {
+        tokio::select! {
+            () = cancel.cancelled() => return Ok(ExecEnd::StoppedBySink),
+            result = &mut stdin_done, if stdin_pending => {
+                stdin_pending = false;
+                if let Err(error) = result {
+                    // A process that exits before reading its stdin closes it; that is not a
+                    // failure of the command.
+                    if error.code != tonic::Code::FailedPrecondition {
+                        return Err(backend.exec_failure(sandbox, &error).await);
+                    }
+                }
+            }
+            event = rx.recv() => match event {
+                Some(Event::Output(stream, bytes)) => {
+                    if sink.push(stream, &bytes) == SinkControl::Stop {
+                        return Ok(ExecEnd::StoppedBySink);
+                    }
+                }
+                Some(Event::Done(_)) => open -= 1,
+                Some(Event::Failed(error)) => return Err(backend.exec_failure(sandbox, &error).await),
+                None => break,
+            },
+        }
+    }
+    loop {
+        let waited = tokio::select! {
+            () = cancel.cancelled() => return Ok(ExecEnd::StoppedBySink),
+            waited = tokio::time::timeout(
+                ROUTED_WAIT_ROUND,
+                router.wait(rpb::TaskExecWaitRequest {
+                    task_id: router.task_id.clone(),
+                    exec_id: exec_id.clone(),
+                }),
+            ) => waited,
+        };
+        match waited {
+            Err(_) => {}
+            Ok(Err(error)) if error.code == tonic::Code::DeadlineExceeded => {}
+            Ok(Err(error)) => return Err(backend.exec_failure(sandbox, &error).await),
+            Ok(Ok(answer)) => {
+                return Ok(ExecEnd::Exited(match answer.exit_status {
+                    Some(rpb::task_exec_wait_response::ExitStatus::Code(code)) => i64::from(code),
+                    // A shell's convention for a command ended by a signal.
+                    Some(rpb::task_exec_wait_response::ExitStatus::Signal(signal)) => {
+                        128 + i64::from(signal)
+                    }
+                    None => -1,
+                }));
+            }
+        }
+    }
+}
+
+/// The fallback: `ContainerExec*` on the control plane.
+#[allow(clippy::too_many_arguments)]
+async fn run_container_exec(
+    backend: &ModalInner,
+    sandbox: &SandboxRef,
+    task_id: String,
+    argv: Vec<String>,
+    working_dir: Option<&str>,
+    stdin: Option<&[u8]>,
+    sink: &mut dyn OutputSink,
+    cancel: &CancellationToken,
+) -> Result<ExecEnd, BackendError> {
+    let api = backend.api().await?;
     let started = api
         .container_exec(pb::ContainerExecRequest {
             task_id,

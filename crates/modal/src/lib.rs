@@ -5,13 +5,15 @@
 //! stop and start a sandbox, so restart is terminate + create (`state_preserved: false`), and a
 //! sandbox lives at most `--sandbox-timeout` seconds.
 //!
-//! Split: [`auth`] (credentials, endpoint), [`api`] (the only code that knows Modal's wire API),
-//! [`exec`] (commands). The local stand-in server of the tests is its own crate, `fakes/modal/`.
+//! Split: [`auth`] (credentials, endpoint), [`api`] (the control plane's wire API),
+//! [`router`] (the per-task command router's wire API), [`exec`] (commands: through the router,
+//! or through `ContainerExec*` when it is unavailable). The local stand-in server of the tests is its own crate, `fakes/modal/`.
 
 mod api;
 mod auth;
 pub mod config;
 mod exec;
+mod router;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
@@ -62,8 +64,12 @@ pub(crate) struct ModalInner {
     app_id: OnceCell<String>,
     /// Image name → Modal image id, once built (per process, docs/decisions.md, "Modal sandboxes").
     images: tokio::sync::Mutex<HashMap<String, String>>,
-    /// Sandbox id → task id: `ContainerExec` addresses the task.
+    /// Sandbox id → task id: exec addresses the task.
     tasks: Mutex<HashMap<String, String>>,
+    /// Command router access per task (`router.rs`).
+    routers: router::Routers,
+    /// Which exec path was last logged: 1 router, 2 fallback (each is logged when it changes).
+    exec_path: std::sync::atomic::AtomicU8,
 }
 
 impl ModalBackend {
@@ -78,6 +84,8 @@ impl ModalBackend {
                 app_id: OnceCell::new(),
                 images: tokio::sync::Mutex::new(HashMap::new()),
                 tasks: Mutex::new(HashMap::new()),
+                routers: router::Routers::default(),
+                exec_path: std::sync::atomic::AtomicU8::new(0),
             }),
         }
     }
@@ -304,6 +312,23 @@ impl ModalInner {
     }
 
     /// `SandboxGetTaskId` until the sandbox's container runs (`wait_until_ready`).
+    /// Logs which exec path is in use whenever it changes: the command router (`None`), or the
+    /// `ContainerExec*` fallback and why the router could not be used.
+    fn note_exec_path(&self, router_error: Option<&ApiError>) {
+        use std::sync::atomic::Ordering;
+        let path = if router_error.is_some() { 2 } else { 1 };
+        if self.exec_path.swap(path, Ordering::Relaxed) == path {
+            return;
+        }
+        match router_error {
+            None => info!("Modal exec goes through the task command router"),
+            Some(error) => warn!(
+                error = %error.detail(),
+                "Modal task command router unavailable; exec falls back to ContainerExec"
+            ),
+        }
+    }
+
     async fn task_id(&self, sandbox: &SandboxRef) -> Result<String, BackendError> {
         if let Some(task) = self.cached_task(sandbox.sandbox_id.as_str()) {
             return Ok(task);
@@ -533,6 +558,7 @@ impl ModalInner {
                 },
                 allowed_cidrs: Vec::new(),
             }),
+            verbose: false,
             name: Some(id.to_string()),
         };
         let created = api

@@ -4,8 +4,13 @@
 //! our handling of answers, never a misreading of Modal.
 //!
 //! Strict by design: every call must carry the libmodal metadata (client type 9, version
-//! 1.0.0, the expected token pair, a libmodal version) and, except `AuthTokenGet`, the auth token
-//! it issued; stdin indexes must be consecutive. Every call is recorded (method, `x-modal-*`
+//! 1.0.0, the expected token pair, a libmodal version in the Go client's `modal-go/<x.y.z>`
+//! form) and, except `AuthTokenGet`, the auth token
+//! it issued; stdin indexes must be consecutive. It serves the task command router too, on its
+//! own address: `TaskGetCommandRouterAccess` hands out that URL and a JWT per task, and the
+//! router's `TaskExec*` calls must carry it (`authorization: Bearer`), with consecutive stdin
+//! byte offsets; `FakeConfig::router = false` turns the router off (UNIMPLEMENTED), so clients
+//! must fall back to `ContainerExec*`. Every call is recorded (method, `x-modal-*`
 //! metadata, typed request) for the tests to inspect. Sandboxes are real local Docker
 //! containers (`docker` CLI, label `fake-modal=<label>`), so execs have real semantics: stdin,
 //! working directory, exit codes, /proc for the kill sweep. Everything it started is removed when
@@ -37,7 +42,20 @@ pub mod pb {
     tonic::include_proto!("modal.client");
 }
 
+/// The router's messages and server stubs (`crates/modal/src/task_command_router.proto`).
+#[allow(
+    clippy::all,
+    clippy::pedantic,
+    clippy::unwrap_used,
+    clippy::expect_used,
+    missing_docs
+)]
+pub mod rpb {
+    tonic::include_proto!("modal.task_command_router");
+}
+
 use pb::modal_client_server::{ModalClient, ModalClientServer};
+use rpb::task_command_router_server::{TaskCommandRouter, TaskCommandRouterServer};
 
 /// The metadata keys the fake records (all of Modal's client headers).
 const RECORDED_PREFIX: &str = "x-modal-";
@@ -70,6 +88,11 @@ pub enum Req {
     ContainerExecPutInput(pb::ContainerExecPutInputRequest),
     ContainerExecGetOutput(pb::ContainerExecGetOutputRequest),
     ContainerExecWait(pb::ContainerExecWaitRequest),
+    TaskGetCommandRouterAccess(pb::TaskGetCommandRouterAccessRequest),
+    TaskExecStart(rpb::TaskExecStartRequest),
+    TaskExecStdinWrite(rpb::TaskExecStdinWriteRequest),
+    TaskExecStdioRead(rpb::TaskExecStdioReadRequest),
+    TaskExecWait(rpb::TaskExecWaitRequest),
 }
 
 /// What the fake accepts and how it behaves.
@@ -81,6 +104,10 @@ pub struct FakeConfig {
     pub label: String,
     /// `SandboxList` page size (small values exercise paging).
     pub page_size: usize,
+    /// Serve the task command router (`TaskGetCommandRouterAccess` and the router's calls);
+    /// without it `TaskGetCommandRouterAccess` answers UNIMPLEMENTED, as a service without the
+    /// router would, and clients must fall back to `ContainerExec*`.
+    pub router: bool,
 }
 
 impl Default for FakeConfig {
@@ -90,6 +117,7 @@ impl Default for FakeConfig {
             token_secret: "as-fake".to_owned(),
             label: format!("run-{}", uuid::Uuid::new_v4().simple()),
             page_size: 100,
+            router: true,
         }
     }
 }
@@ -116,6 +144,8 @@ struct ExecOutput {
 struct Exec {
     stdin: tokio::sync::Mutex<Option<ChildStdin>>,
     next_index: Mutex<u64>,
+    /// Stdin bytes written through the command router (its offsets).
+    written: Mutex<u64>,
     output: Mutex<ExecOutput>,
     changed: Notify,
 }
@@ -129,12 +159,16 @@ struct State {
     execs: HashMap<String, Arc<Exec>>,
     counter: u64,
     token: String,
+    /// Task id → the router JWT issued for it.
+    router_jwts: HashMap<String, String>,
 }
 
 #[derive(Clone)]
 struct Service {
     config: Arc<FakeConfig>,
     state: Arc<Mutex<State>>,
+    /// Where this fake serves, also the router URL it hands out.
+    url: String,
 }
 
 /// `(sandbox id, name, tags, definition)` of a sandbox that has not ended.
@@ -191,6 +225,95 @@ async fn docker(args: &[&str]) -> Result<String, String> {
     }
 }
 
+/// The official Go client's form of `x-modal-libmodal-version`: `modal-go/` and a release.
+fn is_libmodal_go_version(value: &str) -> bool {
+    value.strip_prefix("modal-go/").is_some_and(|release| {
+        let parts: Vec<&str> = release.split('.').collect();
+        parts.len() == 3
+            && parts
+                .iter()
+                .all(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit()))
+    })
+}
+
+/// Starts `args` in `container` with `docker exec -i` and collects its output as it comes.
+fn spawn_exec(
+    container: &str,
+    args: &[String],
+    workdir: Option<&str>,
+) -> Result<Arc<Exec>, Status> {
+    let mut command = Command::new("docker");
+    command.args(["exec", "-i"]);
+    if let Some(dir) = workdir {
+        command.args(["-w", dir]);
+    }
+    command
+        .arg(container)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = command
+        .spawn()
+        .map_err(|e| Status::internal(e.to_string()))?;
+    let exec = Arc::new(Exec {
+        stdin: tokio::sync::Mutex::new(child.stdin.take()),
+        next_index: Mutex::new(1),
+        written: Mutex::new(0),
+        output: Mutex::new(ExecOutput::default()),
+        changed: Notify::new(),
+    });
+    let readers: Vec<_> = [
+        child.stdout.take().map(|s| {
+            (
+                true,
+                Box::new(s) as Box<dyn tokio::io::AsyncRead + Send + Unpin>,
+            )
+        }),
+        child.stderr.take().map(|s| {
+            (
+                false,
+                Box::new(s) as Box<dyn tokio::io::AsyncRead + Send + Unpin>,
+            )
+        }),
+    ]
+    .into_iter()
+    .flatten()
+    .map(|(is_stdout, mut pipe)| {
+        let exec = exec.clone();
+        tokio::spawn(async move {
+            let mut buf = vec![0u8; 16 * 1024];
+            while let Ok(n) = pipe.read(&mut buf).await {
+                if n == 0 {
+                    break;
+                }
+                {
+                    let mut out = exec.output.lock().unwrap_or_else(|p| p.into_inner());
+                    let target = if is_stdout {
+                        &mut out.stdout
+                    } else {
+                        &mut out.stderr
+                    };
+                    target.push(buf[..n].to_vec());
+                }
+                exec.changed.notify_waiters();
+            }
+        })
+    })
+    .collect();
+    let waiter = exec.clone();
+    tokio::spawn(async move {
+        let status = child.wait().await;
+        for reader in readers {
+            let _ = reader.await;
+        }
+        let code = status.ok().and_then(|s| s.code()).unwrap_or(-1);
+        waiter.output.lock().unwrap_or_else(|p| p.into_inner()).exit = Some(code);
+        waiter.changed.notify_waiters();
+    });
+    Ok(exec)
+}
+
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
 impl Service {
@@ -231,9 +354,9 @@ impl Service {
                 "unsupported client type or version",
             ));
         }
-        if get("x-modal-libmodal-version").is_none_or(str::is_empty) {
+        if !get("x-modal-libmodal-version").is_some_and(is_libmodal_go_version) {
             return Err(Status::failed_precondition(
-                "missing x-modal-libmodal-version",
+                "x-modal-libmodal-version must be modal-go/<major>.<minor>.<patch> for client type 9",
             ));
         }
         if get("x-modal-token-id") != Some(&self.config.token_id)
@@ -685,6 +808,45 @@ impl ModalClient for Service {
         }))
     }
 
+    async fn task_get_command_router_access(
+        &self,
+        request: Request<pb::TaskGetCommandRouterAccessRequest>,
+    ) -> Result<Response<pb::TaskGetCommandRouterAccessResponse>, Status> {
+        let r = request.get_ref().clone();
+        self.admit(
+            "TaskGetCommandRouterAccess",
+            &request,
+            Req::TaskGetCommandRouterAccess(r.clone()),
+        )?;
+        if !self.config.router {
+            return Err(Status::unimplemented(
+                "the task command router is not available",
+            ));
+        }
+        if self.sandbox_by_task(&r.task_id).is_none() {
+            return Err(Status::not_found(format!("task {} not found", r.task_id)));
+        }
+        let exp = now() as u64 + TOKEN_LIFETIME_SECS;
+        let jwt = format!(
+            "{}.{}.{}",
+            base64url(br#"{"alg":"none"}"#),
+            base64url(
+                format!(
+                    "{{\"exp\":{exp},\"task_id\":\"{}\",\"n\":\"{}\"}}",
+                    r.task_id,
+                    uuid::Uuid::new_v4()
+                )
+                .as_bytes()
+            ),
+            base64url(b"fake")
+        );
+        self.state().router_jwts.insert(r.task_id, jwt.clone());
+        Ok(Response::new(pb::TaskGetCommandRouterAccessResponse {
+            jwt,
+            url: self.url.clone(),
+        }))
+    }
+
     async fn container_exec(
         &self,
         request: Request<pb::ContainerExecRequest>,
@@ -697,74 +859,7 @@ impl ModalClient for Service {
         if r.command.is_empty() {
             return Err(Status::invalid_argument("command is required"));
         }
-        let mut command = Command::new("docker");
-        command.args(["exec", "-i"]);
-        if let Some(dir) = &r.workdir {
-            command.args(["-w", dir]);
-        }
-        command
-            .arg(&container)
-            .args(&r.command)
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped());
-        let mut child = command
-            .spawn()
-            .map_err(|e| Status::internal(e.to_string()))?;
-        let exec = Arc::new(Exec {
-            stdin: tokio::sync::Mutex::new(child.stdin.take()),
-            next_index: Mutex::new(1),
-            output: Mutex::new(ExecOutput::default()),
-            changed: Notify::new(),
-        });
-        let readers: Vec<_> = [
-            child.stdout.take().map(|s| {
-                (
-                    true,
-                    Box::new(s) as Box<dyn tokio::io::AsyncRead + Send + Unpin>,
-                )
-            }),
-            child.stderr.take().map(|s| {
-                (
-                    false,
-                    Box::new(s) as Box<dyn tokio::io::AsyncRead + Send + Unpin>,
-                )
-            }),
-        ]
-        .into_iter()
-        .flatten()
-        .map(|(is_stdout, mut pipe)| {
-            let exec = exec.clone();
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 16 * 1024];
-                while let Ok(n) = pipe.read(&mut buf).await {
-                    if n == 0 {
-                        break;
-                    }
-                    {
-                        let mut out = exec.output.lock().unwrap_or_else(|p| p.into_inner());
-                        let target = if is_stdout {
-                            &mut out.stdout
-                        } else {
-                            &mut out.stderr
-                        };
-                        target.push(buf[..n].to_vec());
-                    }
-                    exec.changed.notify_waiters();
-                }
-            })
-        })
-        .collect();
-        let waiter = exec.clone();
-        tokio::spawn(async move {
-            let status = child.wait().await;
-            for reader in readers {
-                let _ = reader.await;
-            }
-            let code = status.ok().and_then(|s| s.code()).unwrap_or(-1);
-            waiter.output.lock().unwrap_or_else(|p| p.into_inner()).exit = Some(code);
-            waiter.changed.notify_waiters();
-        });
+        let exec = spawn_exec(&container, &r.command, r.workdir.as_deref())?;
         let exec_id = self.next_id("ex");
         self.state().execs.insert(exec_id.clone(), exec);
         Ok(Response::new(pb::ContainerExecResponse { exec_id }))
@@ -914,6 +1009,188 @@ impl ModalClient for Service {
     }
 }
 
+impl Service {
+    /// Records a router call and checks its `authorization: Bearer <jwt>` against the JWT
+    /// issued for its task; router calls carry no `x-modal-*` metadata.
+    fn admit_router<T>(
+        &self,
+        method: &'static str,
+        request: &Request<T>,
+        task_id: &str,
+        req: Req,
+    ) -> Result<(), Status> {
+        let authorization = request
+            .metadata()
+            .get("authorization")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let mut metadata = BTreeMap::new();
+        if let Some(value) = &authorization {
+            metadata.insert("authorization".to_owned(), value.clone());
+        }
+        let mut state = self.state();
+        state.log.push(Recorded {
+            method,
+            metadata,
+            request: req,
+        });
+        if !self.config.router {
+            return Err(Status::unimplemented(
+                "the task command router is not available",
+            ));
+        }
+        let expected = state
+            .router_jwts
+            .get(task_id)
+            .map(|jwt| format!("Bearer {jwt}"));
+        if expected.is_none() || authorization != expected {
+            return Err(Status::unauthenticated(
+                "missing or invalid router JWT for this task",
+            ));
+        }
+        Ok(())
+    }
+
+    fn routed_exec(&self, task_id: &str, exec_id: &str) -> Result<Arc<Exec>, Status> {
+        self.exec(&format!("{task_id}/{exec_id}"))
+    }
+}
+
+#[tonic::async_trait]
+impl TaskCommandRouter for Service {
+    async fn task_exec_start(
+        &self,
+        request: Request<rpb::TaskExecStartRequest>,
+    ) -> Result<Response<rpb::TaskExecStartResponse>, Status> {
+        let r = request.get_ref().clone();
+        self.admit_router(
+            "TaskExecStart",
+            &request,
+            &r.task_id,
+            Req::TaskExecStart(r.clone()),
+        )?;
+        if r.exec_id.is_empty() {
+            return Err(Status::invalid_argument("exec_id is required"));
+        }
+        if r.command_args.is_empty() {
+            return Err(Status::invalid_argument("command_args is required"));
+        }
+        let key = format!("{}/{}", r.task_id, r.exec_id);
+        if self.state().execs.contains_key(&key) {
+            // Idempotent: a retried start of the same exec id starts nothing new.
+            return Ok(Response::new(rpb::TaskExecStartResponse {}));
+        }
+        let (_, container) = self
+            .sandbox_by_task(&r.task_id)
+            .ok_or_else(|| Status::not_found(format!("task {} not found", r.task_id)))?;
+        let exec = spawn_exec(&container, &r.command_args, r.workdir.as_deref())?;
+        self.state().execs.insert(key, exec);
+        Ok(Response::new(rpb::TaskExecStartResponse {}))
+    }
+
+    async fn task_exec_stdin_write(
+        &self,
+        request: Request<rpb::TaskExecStdinWriteRequest>,
+    ) -> Result<Response<rpb::TaskExecStdinWriteResponse>, Status> {
+        let r = request.get_ref().clone();
+        self.admit_router(
+            "TaskExecStdinWrite",
+            &request,
+            &r.task_id,
+            Req::TaskExecStdinWrite(r.clone()),
+        )?;
+        let exec = self.routed_exec(&r.task_id, &r.exec_id)?;
+        {
+            let mut written = exec.written.lock().unwrap_or_else(|p| p.into_inner());
+            if r.offset != *written {
+                return Err(Status::invalid_argument(format!(
+                    "offset {} does not follow the {} bytes written",
+                    r.offset, *written
+                )));
+            }
+            *written += r.data.len() as u64;
+        }
+        let mut stdin = exec.stdin.lock().await;
+        let Some(pipe) = stdin.as_mut() else {
+            return Err(Status::failed_precondition("stdin already closed"));
+        };
+        if !r.data.is_empty() && pipe.write_all(&r.data).await.is_err() {
+            return Err(Status::failed_precondition("process is not reading stdin"));
+        }
+        if r.eof {
+            *stdin = None;
+        }
+        Ok(Response::new(rpb::TaskExecStdinWriteResponse {}))
+    }
+
+    type TaskExecStdioReadStream = BoxStream<rpb::TaskExecStdioReadResponse>;
+
+    async fn task_exec_stdio_read(
+        &self,
+        request: Request<rpb::TaskExecStdioReadRequest>,
+    ) -> Result<Response<Self::TaskExecStdioReadStream>, Status> {
+        let r = request.get_ref().clone();
+        self.admit_router(
+            "TaskExecStdioRead",
+            &request,
+            &r.task_id,
+            Req::TaskExecStdioRead(r.clone()),
+        )?;
+        let exec = self.routed_exec(&r.task_id, &r.exec_id)?;
+        let is_stdout = r.file_descriptor == rpb::TaskExecStdioFileDescriptor::Stdout as i32;
+        // From `offset` on, each answer carries what arrived since; the stream ends once the
+        // command has ended and everything was sent.
+        let stream =
+            futures_util::stream::unfold((exec, r.offset), move |(exec, offset)| async move {
+                loop {
+                    let changed = exec.changed.notified();
+                    {
+                        let out = exec.output.lock().unwrap_or_else(|p| p.into_inner());
+                        let batches = if is_stdout { &out.stdout } else { &out.stderr };
+                        let all: Vec<u8> = batches.concat();
+                        if (all.len() as u64) > offset {
+                            let data = all[offset as usize..].to_vec();
+                            let next = all.len() as u64;
+                            return Some((
+                                Ok(rpb::TaskExecStdioReadResponse { data }),
+                                (exec.clone(), next),
+                            ));
+                        }
+                        if out.exit.is_some() {
+                            return None;
+                        }
+                    }
+                    changed.await;
+                }
+            });
+        Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn task_exec_wait(
+        &self,
+        request: Request<rpb::TaskExecWaitRequest>,
+    ) -> Result<Response<rpb::TaskExecWaitResponse>, Status> {
+        let r = request.get_ref().clone();
+        self.admit_router(
+            "TaskExecWait",
+            &request,
+            &r.task_id,
+            Req::TaskExecWait(r.clone()),
+        )?;
+        let exec = self.routed_exec(&r.task_id, &r.exec_id)?;
+        loop {
+            let changed = exec.changed.notified();
+            let exit = exec.output.lock().unwrap_or_else(|p| p.into_inner()).exit;
+            if let Some(code) = exit {
+                return Ok(Response::new(rpb::TaskExecWaitResponse {
+                    exit_status: Some(rpb::task_exec_wait_response::ExitStatus::Code(code)),
+                }));
+            }
+            changed.await;
+        }
+    }
+}
+
 impl FakeModal {
     /// Starts the fake on a free loopback port.
     pub async fn start(config: FakeConfig) -> std::io::Result<Self> {
@@ -924,13 +1201,15 @@ impl FakeModal {
         let service = Service {
             config: config.clone(),
             state: state.clone(),
+            url: format!("http://{addr}"),
         };
         let stop = CancellationToken::new();
         let stopped = stop.clone();
         tokio::spawn(async move {
             let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
             let _ = tonic::transport::Server::builder()
-                .add_service(ModalClientServer::new(service))
+                .add_service(ModalClientServer::new(service.clone()))
+                .add_service(TaskCommandRouterServer::new(service))
                 .serve_with_incoming_shutdown(incoming, stopped.cancelled_owned())
                 .await;
         });

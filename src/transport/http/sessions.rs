@@ -365,12 +365,14 @@ impl SessionManager for IdleSessions {
         last_event_id: String,
     ) -> Result<impl Stream<Item = ServerSseMessage> + Send + Sync + 'static, Self::Error> {
         // A cut request's kept events first; rmcp's own resume serves the rest (the standalone
-        // stream, a request stream still connected).
+        // stream, a request stream whose cut the server has not noticed yet), kept in turn if
+        // this connection is cut too.
         if let Some(replay) = self.replays.resume(id, &last_event_id) {
             return Ok(futures_util::future::Either::Left(replay));
         }
+        let resumed = self.inner.resume(id, last_event_id).await?;
         Ok(futures_util::future::Either::Right(
-            self.inner.resume(id, last_event_id).await?,
+            self.replays.wrap(id.clone(), resumed),
         ))
     }
 
