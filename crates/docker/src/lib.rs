@@ -7,6 +7,7 @@
 
 pub mod config;
 mod create;
+mod egress;
 mod exec;
 mod helper;
 mod networks;

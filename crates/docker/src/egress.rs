@@ -1,0 +1,523 @@
+//! The egress proxy beside Docker and Podman computers (docs/egress.md, "The proxy"): its image,
+//! built on the engine from the helper binary this server carries (no registry involved); the
+//! internal network it guards; its container; and the server's end of its control channel.
+//!
+//! One proxy serves one internal network and tells computers apart by source address. The
+//! server talks to it through the engine (an attached container's stdin and stdout), so this
+//! works against a remote engine and from a server that runs in a container. Everything read
+//! from the proxy is capped: it shares a network with hostile computers.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+
+use bollard::Docker;
+use bollard::models::{
+    ContainerCreateBody, EndpointSettings, HostConfig, NetworkConnectRequest, NetworkCreateRequest,
+    NetworkingConfig,
+};
+use bollard::query_parameters::{
+    AttachContainerOptionsBuilder, CreateContainerOptionsBuilder, CreateImageOptionsBuilder,
+    InspectContainerOptions, StartContainerOptions,
+};
+use futures_util::StreamExt;
+use tokio::io::AsyncWriteExt;
+use tracing::{debug, warn};
+
+use super::describe;
+use crate::helper::binary;
+use kilntainers_backend::BackendError;
+use kilntainers_backend::egress::{EgressMode, EgressPolicy, EgressSettings, Pattern};
+use kilntainers_backend::labels::docker as label;
+
+/// Repository of the proxy's image; the tag is the hash of the helper's bytes, so a server
+/// finds the image it built and servers of different versions never share one.
+pub(crate) const IMAGE_REPO: &str = "kilntainers-egress-proxy";
+/// Label on the proxy's image, container and internal network: the internal network's name.
+pub(crate) const PROXY_LABEL: &str = "kilntainers.egress-proxy";
+/// The binary's path in the proxy's image.
+const BINARY_PATH: &str = "kilntainers-helper";
+/// Bridge option that leaves the host without an address on the internal network, so a
+/// computer cannot reach the engine host's services there (docs/egress.md, "The proxy").
+const INHIBIT_IPV4: &str = "com.docker.network.bridge.inhibit_ipv4";
+/// The proxy's memory: its connections are capped (1024, one 64 KiB thread and two 16 KiB
+/// buffers each), so this bounds a hostile computer's reach, not a normal load.
+const MEMORY_BYTES: i64 = 256 * 1024 * 1024;
+/// Threads: one per connection and one per direction of a tunnel, under the proxy's caps.
+const PIDS_LIMIT: i64 = 4096;
+/// Longest line read from the proxy; the proxy caps what it writes well below this, so a
+/// longer line means something is wrong and is dropped whole.
+pub(crate) const MAX_LINE_FROM_PROXY: usize = 4096;
+/// Refusals kept per computer for `computer_network`; older ones are dropped first.
+pub(crate) const DENIALS_KEPT: usize = 100;
+
+/// `repo:tag` of this server's proxy image.
+pub(crate) fn image() -> String {
+    format!("{IMAGE_REPO}:{}", *binary::HASH)
+}
+
+/// The root filesystem of the proxy's image: the helper binary alone.
+pub(crate) fn image_archive() -> std::io::Result<Vec<u8>> {
+    let bytes = binary::bytes();
+    let mut builder = tar::Builder::new(Vec::with_capacity(bytes.len() + 1024));
+    let mut file = tar::Header::new_gnu();
+    file.set_entry_type(tar::EntryType::Regular);
+    file.set_mode(0o755);
+    file.set_size(bytes.len() as u64);
+    builder.append_data(&mut file, BINARY_PATH, bytes)?;
+    builder.into_inner()
+}
+
+/// The `docker import` changes that make the archive runnable as the proxy.
+fn image_changes() -> Vec<String> {
+    vec![
+        format!("ENTRYPOINT [\"/{BINARY_PATH}\", \"egress-proxy\"]"),
+        format!("LABEL {PROXY_LABEL}=image"),
+    ]
+}
+
+/// Imports the proxy image unless the engine has it already.
+pub(crate) async fn ensure_image(docker: &Docker) -> Result<String, BackendError> {
+    let image = image();
+    if docker.inspect_image(&image).await.is_ok() {
+        return Ok(image);
+    }
+    binary::available().map_err(|why| {
+        BackendError::Provider(format!("cannot build the egress proxy's image: {why}"))
+    })?;
+    let archive = image_archive()
+        .map_err(|e| BackendError::Provider(format!("cannot pack the egress proxy: {e}")))?;
+    let options = CreateImageOptionsBuilder::default()
+        .from_src("-")
+        .repo(IMAGE_REPO)
+        .tag(binary::HASH.as_str())
+        .changes(image_changes())
+        .build();
+    let mut progress = docker.create_image(
+        Some(options),
+        Some(bollard::body_full(archive.into())),
+        None,
+    );
+    while let Some(step) = progress.next().await {
+        step.map_err(|e| {
+            BackendError::Provider(format!(
+                "cannot build the egress proxy's image: {}",
+                describe(&e)
+            ))
+        })?;
+    }
+    debug!(%image, "built the egress proxy's image");
+    Ok(image)
+}
+
+/// The internal network a proxy guards: no route out, no host address on its bridge.
+pub(crate) fn network_request(name: &str, owner: Option<&str>) -> NetworkCreateRequest {
+    let mut labels = HashMap::from([
+        (label::MANAGED.to_owned(), "true".to_owned()),
+        (PROXY_LABEL.to_owned(), name.to_owned()),
+    ]);
+    if let Some(owner) = owner {
+        labels.insert(label::OWNER.to_owned(), owner.to_owned());
+    }
+    NetworkCreateRequest {
+        name: name.to_owned(),
+        driver: Some("bridge".to_owned()),
+        internal: Some(true),
+        options: Some(HashMap::from([(
+            INHIBIT_IPV4.to_owned(),
+            "true".to_owned(),
+        )])),
+        labels: Some(labels),
+        ..Default::default()
+    }
+}
+
+/// The proxy container's name for an internal network.
+pub(crate) fn proxy_name(network: &str) -> String {
+    format!("{network}-proxy")
+}
+
+/// The proxy's command line after its entrypoint (the helper's `egress-proxy` options).
+pub(crate) fn proxy_args(settings: &EgressSettings) -> Vec<String> {
+    let mut args = Vec::new();
+    if let Some(dns) = settings.dns {
+        args.extend(["--dns".to_owned(), dns.to_string()]);
+    }
+    for (host, ip) in &settings.resolve {
+        args.extend(["--resolve".to_owned(), format!("{host}={ip}")]);
+    }
+    args
+}
+
+/// The proxy container: on the internal network, stdin open for the control channel, no
+/// capability but binding 53/80/443, read-only, memory and threads capped.
+pub(crate) fn proxy_body(
+    image: &str,
+    network: &str,
+    settings: &EgressSettings,
+) -> ContainerCreateBody {
+    let labels = HashMap::from([(PROXY_LABEL.to_owned(), network.to_owned())]);
+    ContainerCreateBody {
+        image: Some(image.to_owned()),
+        cmd: Some(proxy_args(settings)),
+        labels: Some(labels),
+        open_stdin: Some(true),
+        stdin_once: Some(false),
+        attach_stdin: Some(true),
+        attach_stdout: Some(true),
+        attach_stderr: Some(true),
+        tty: Some(false),
+        host_config: Some(HostConfig {
+            network_mode: Some(network.to_owned()),
+            memory: Some(MEMORY_BYTES),
+            pids_limit: Some(PIDS_LIMIT),
+            readonly_rootfs: Some(true),
+            cap_drop: Some(vec!["ALL".to_owned()]),
+            cap_add: Some(vec!["NET_BIND_SERVICE".to_owned()]),
+            security_opt: Some(vec!["no-new-privileges".to_owned()]),
+            ..Default::default()
+        }),
+        networking_config: Some(NetworkingConfig {
+            endpoints_config: Some(HashMap::from([(
+                network.to_owned(),
+                EndpointSettings::default(),
+            )])),
+        }),
+        ..Default::default()
+    }
+}
+
+/// The control line that gives a computer its policy (helper/src/egress/control.rs).
+pub(crate) fn policy_line(computer: IpAddr, policy: &EgressPolicy) -> String {
+    let list = |patterns: &[Pattern]| {
+        patterns
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let mode = match policy.mode {
+        EgressMode::Open => "open",
+        EgressMode::Allowlist => "allowlist",
+        EgressMode::None => "none",
+    };
+    format!(
+        "policy {computer} {mode} ask={} private={} allow={} deny={}\n",
+        u8::from(policy.ask),
+        u8::from(policy.allow_private),
+        list(&policy.allow),
+        list(&policy.deny),
+    )
+}
+
+/// One refusal the proxy reported.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Denial {
+    pub host: String,
+    pub port: u16,
+    pub reason: String,
+}
+
+impl Denial {
+    /// The line appended to a command's stderr (docs/egress.md, "What the model sees").
+    pub(crate) fn stderr_line(&self) -> String {
+        format!(
+            "[kilntainers: network access to {}:{} was blocked: {}]",
+            self.host, self.port, self.reason
+        )
+    }
+}
+
+/// What one line from the proxy says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Event {
+    Ready,
+    Denied(IpAddr, Denial),
+    Ask {
+        id: u64,
+        computer: IpAddr,
+        host: String,
+        port: u16,
+    },
+}
+
+/// Reads one line from the proxy (without its newline); `None` for anything else, which the
+/// caller logs and skips. Hosts and reasons are already cleaned by the proxy; they are checked
+/// again here (printable ASCII only), since the proxy's output is not trusted to be well formed.
+pub(crate) fn parse_event(line: &str) -> Option<Event> {
+    if line.len() > MAX_LINE_FROM_PROXY || !line.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+        return None;
+    }
+    let mut words = line.splitn(5, ' ');
+    match words.next()? {
+        "ready" if words.next().is_none() => Some(Event::Ready),
+        "denied" => {
+            let computer = words.next()?.parse().ok()?;
+            let host = words.next()?.to_owned();
+            let port = words.next()?.parse().ok()?;
+            let reason = words.next()?.to_owned();
+            Some(Event::Denied(computer, Denial { host, port, reason }))
+        }
+        "ask" => {
+            let id = words.next()?.parse().ok()?;
+            let computer = words.next()?.parse().ok()?;
+            let host = words.next()?.to_owned();
+            let port = words.next()?.parse().ok()?;
+            Some(Event::Ask {
+                id,
+                computer,
+                host,
+                port,
+            })
+        }
+        _ => None,
+    }
+}
+
+/// Splits a byte stream from the proxy into lines, dropping any line longer than
+/// [`MAX_LINE_FROM_PROXY`] whole (its rest included) and holding at most that much.
+#[derive(Default)]
+pub(crate) struct Lines {
+    pending: Vec<u8>,
+    /// Inside a line already too long: skip to its end.
+    skipping: bool,
+}
+
+impl Lines {
+    pub(crate) fn push(&mut self, mut bytes: &[u8], mut line: impl FnMut(&str)) {
+        while !bytes.is_empty() {
+            let (chunk, ended) = match bytes.iter().position(|&b| b == b'\n') {
+                Some(at) => (&bytes[..at], true),
+                None => (bytes, false),
+            };
+            bytes = &bytes[(chunk.len() + usize::from(ended))..];
+            if !self.skipping {
+                if self.pending.len() + chunk.len() > MAX_LINE_FROM_PROXY {
+                    self.pending.clear();
+                    self.skipping = true;
+                } else {
+                    self.pending.extend_from_slice(chunk);
+                }
+            }
+            if ended {
+                if !self.skipping {
+                    line(&String::from_utf8_lossy(&self.pending));
+                }
+                self.pending.clear();
+                self.skipping = false;
+            }
+        }
+    }
+}
+
+/// The last refusals of each computer on one proxy, oldest first, [`DENIALS_KEPT`] each.
+#[derive(Default)]
+pub(crate) struct DenialLog {
+    by_computer: HashMap<IpAddr, VecDeque<Denial>>,
+    /// Count of refusals ever recorded per computer, so a reader can ask for "since".
+    counts: HashMap<IpAddr, u64>,
+}
+
+impl DenialLog {
+    pub(crate) fn record(&mut self, computer: IpAddr, denial: Denial) {
+        let log = self.by_computer.entry(computer).or_default();
+        if log.len() == DENIALS_KEPT {
+            log.pop_front();
+        }
+        log.push_back(denial);
+        *self.counts.entry(computer).or_default() += 1;
+    }
+
+    /// How many refusals `computer` has had in all (a mark for [`Self::since`]).
+    pub(crate) fn count(&self, computer: IpAddr) -> u64 {
+        self.counts.get(&computer).copied().unwrap_or(0)
+    }
+
+    /// The refusals recorded after `mark` (at most [`DENIALS_KEPT`]).
+    pub(crate) fn since(&self, computer: IpAddr, mark: u64) -> Vec<Denial> {
+        let total = self.count(computer);
+        let Some(log) = self.by_computer.get(&computer) else {
+            return Vec::new();
+        };
+        let new = usize::try_from(total.saturating_sub(mark)).unwrap_or(usize::MAX);
+        log.iter()
+            .skip(log.len().saturating_sub(new))
+            .cloned()
+            .collect()
+    }
+
+    /// Forgets a removed computer (its address may be given to another).
+    pub(crate) fn forget(&mut self, computer: IpAddr) {
+        self.by_computer.remove(&computer);
+        self.counts.remove(&computer);
+    }
+}
+
+/// A running proxy and this server's end of its control channel.
+pub(crate) struct Proxy {
+    pub container: String,
+    /// The proxy's address on the internal network: the computers' DNS server and proxy.
+    pub address: IpAddr,
+    input: tokio::sync::Mutex<std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>>,
+    pub denials: Arc<Mutex<DenialLog>>,
+}
+
+impl Proxy {
+    /// Creates and starts the proxy of `network` (which exists), joins it to the upstream
+    /// network, attaches to it and waits for `ready`.
+    pub(crate) async fn start(
+        docker: &Docker,
+        network: &str,
+        settings: &EgressSettings,
+    ) -> Result<Self, BackendError> {
+        let failed = |what: &str, e: &bollard::errors::Error| {
+            BackendError::Provider(format!(
+                "cannot start the egress proxy of network {network}: {what}: {}",
+                describe(e)
+            ))
+        };
+        let image = ensure_image(docker).await?;
+        let name = proxy_name(network);
+        let options = CreateContainerOptionsBuilder::default().name(&name).build();
+        let created = docker
+            .create_container(Some(options), proxy_body(&image, network, settings))
+            .await
+            .map_err(|e| failed("create", &e))?;
+        let upstream = settings.upstream_network.as_deref().unwrap_or("bridge");
+        docker
+            .connect_network(
+                upstream,
+                NetworkConnectRequest {
+                    container: created.id.clone(),
+                    ..Default::default()
+                },
+            )
+            .await
+            .map_err(|e| failed("join the upstream network", &e))?;
+        let attach = AttachContainerOptionsBuilder::default()
+            .stdin(true)
+            .stdout(true)
+            .stderr(true)
+            .stream(true)
+            .build();
+        let attached = docker
+            .attach_container(&created.id, Some(attach))
+            .await
+            .map_err(|e| failed("attach", &e))?;
+        docker
+            .start_container(&created.id, None::<StartContainerOptions>)
+            .await
+            .map_err(|e| failed("start", &e))?;
+        let inspect = docker
+            .inspect_container(&created.id, None::<InspectContainerOptions>)
+            .await
+            .map_err(|e| failed("inspect", &e))?;
+        let address = inspect
+            .network_settings
+            .and_then(|s| s.networks)
+            .and_then(|n| n.get(network).and_then(|e| e.ip_address.clone()))
+            .and_then(|ip| ip.parse::<IpAddr>().ok())
+            .ok_or_else(|| {
+                BackendError::Provider(format!(
+                    "the egress proxy of network {network} got no address on it"
+                ))
+            })?;
+        let denials = Arc::new(Mutex::new(DenialLog::default()));
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+        tokio::spawn(read_events(
+            attached.output,
+            name.clone(),
+            Arc::clone(&denials),
+            ready_tx,
+        ));
+        let proxy = Self {
+            container: created.id,
+            address,
+            input: tokio::sync::Mutex::new(attached.input),
+            denials,
+        };
+        proxy.send(&format!("address {address}\n")).await?;
+        match tokio::time::timeout(std::time::Duration::from_secs(10), ready_rx).await {
+            Ok(Ok(())) => Ok(proxy),
+            _ => Err(BackendError::Provider(format!(
+                "the egress proxy of network {network} did not report ready"
+            ))),
+        }
+    }
+
+    /// Writes one control line.
+    pub(crate) async fn send(&self, line: &str) -> Result<(), BackendError> {
+        let mut input = self.input.lock().await;
+        input
+            .write_all(line.as_bytes())
+            .await
+            .and(input.flush().await)
+            .map_err(|e| BackendError::Provider(format!("the egress proxy is unreachable: {e}")))
+    }
+
+    /// Gives `computer` its policy.
+    pub(crate) async fn set_policy(
+        &self,
+        computer: IpAddr,
+        policy: &EgressPolicy,
+    ) -> Result<(), BackendError> {
+        self.send(&policy_line(computer, policy)).await
+    }
+
+    /// Forgets a removed computer.
+    pub(crate) async fn forget(&self, computer: IpAddr) -> Result<(), BackendError> {
+        self.denials
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .forget(computer);
+        self.send(&format!("forget {computer}\n")).await
+    }
+}
+
+/// Reads the proxy's output until it ends: stdout lines are events, stderr is logged.
+async fn read_events(
+    mut output: std::pin::Pin<
+        Box<
+            dyn futures_util::Stream<
+                    Item = Result<bollard::container::LogOutput, bollard::errors::Error>,
+                > + Send,
+        >,
+    >,
+    name: String,
+    denials: Arc<Mutex<DenialLog>>,
+    ready: tokio::sync::oneshot::Sender<()>,
+) {
+    let mut ready = Some(ready);
+    let mut lines = Lines::default();
+    let mut errors = Lines::default();
+    while let Some(Ok(frame)) = output.next().await {
+        match frame {
+            bollard::container::LogOutput::StdOut { message } => {
+                lines.push(&message, |line| match parse_event(line) {
+                    Some(Event::Ready) => {
+                        if let Some(ready) = ready.take() {
+                            let _ = ready.send(());
+                        }
+                    }
+                    Some(Event::Denied(computer, denial)) => denials
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .record(computer, denial),
+                    // Ask-to-allow is answered by the server in a later step; meanwhile the
+                    // proxy refuses the question when it times out.
+                    Some(Event::Ask { .. }) => {}
+                    None => warn!(proxy = %name, "unreadable line from the egress proxy"),
+                });
+            }
+            bollard::container::LogOutput::StdErr { message } => {
+                errors.push(&message, |line| debug!(proxy = %name, "{line}"));
+            }
+            _ => {}
+        }
+    }
+    debug!(proxy = %name, "the egress proxy's output ended");
+}
+
+#[cfg(test)]
+#[path = "egress_tests.rs"]
+mod tests;
