@@ -196,20 +196,21 @@ fn check_backend(cli: &Cli, settings: &EgressSettings) -> Result<(), ConfigError
         }
         // Guests have no network at all: every mode behaves as `none`.
         BackendKind::Wasm | BackendKind::GoBusybox => Ok(()),
-        kind @ (BackendKind::Docker | BackendKind::E2b | BackendKind::Modal)
-            if settings.filters() =>
-        {
-            fail(format!(
-                "--egress {}{} is not enforced by the {} backend in this version; use --egress open without rules, or --egress none.",
-                policy.mode.name(),
-                if policy.deny.is_empty() {
-                    ""
-                } else {
-                    " with --egress-deny"
-                },
-                kind.name()
-            ))
-        }
+        // Docker and Podman: the egress proxy beside the computers, which spares cannot wait
+        // behind yet.
+        BackendKind::Docker if settings.filters() && cli.docker.warm_pool > 0 => fail(
+            "--warm-pool cannot be used with --egress allowlist or --egress-deny rules in this version; drop one of them.",
+        ),
+        kind @ (BackendKind::E2b | BackendKind::Modal) if settings.filters() => fail(format!(
+            "--egress {}{} is not enforced by the {} backend in this version; use --egress open without rules, or --egress none.",
+            policy.mode.name(),
+            if policy.deny.is_empty() {
+                ""
+            } else {
+                " with --egress-deny"
+            },
+            kind.name()
+        )),
         _ => Ok(()),
     }
 }
@@ -372,5 +373,12 @@ mod tests {
                 .contains("not enforced by the e2b backend")
         );
         assert!(settings(&["--backend", "modal", "--egress", "none"]).is_ok());
+        // Docker and Podman enforce it with the proxy, except for warm-pool spares.
+        assert!(settings(&["--egress", "allowlist", "--egress-allow", "a.test"]).is_ok());
+        assert!(settings(&["--egress-deny", "a.test"]).is_ok());
+        assert!(
+            error(&["--egress-deny", "a.test", "--warm-pool", "1"])
+                .starts_with("--warm-pool cannot be used with --egress allowlist")
+        );
     }
 }

@@ -278,6 +278,7 @@ impl Registry {
                     image: None,
                     instance: self.instance.clone(),
                     owner: Some(session.principal().clone()),
+                    egress: None,
                 };
                 let sandbox = self.backend.create(&spec, progress).await?;
                 info!(target: "kilntainers::audit", principal = %session.principal(), computer_id = %id, sandbox_id = %sandbox.sandbox_id, temporary, "created");

@@ -6,11 +6,13 @@ engine's network); Fly's refusal word for word; WASM accepting every mode (it be
 
 from __future__ import annotations
 
+import json
+import secrets
 import subprocess
 
 import pytest
 
-from harness import BIN, BUSYBOX_ARGS, container_for, inspect
+from harness import BIN, BUSYBOX, BUSYBOX_ARGS, container_for, inspect
 
 pytestmark = pytest.mark.anyio
 
@@ -82,9 +84,9 @@ STARTUP_ERRORS = [
     (["--backend", "fly", "--egress-deny", "a.test"], FLY_REFUSAL),
     (["--backend", "fly", "--egress", "none"], FLY_REFUSAL),
     (
-        ["--egress", "allowlist", "--egress-allow", "a.test"],
-        "--egress allowlist is not enforced by the docker backend in this version; use --egress open without "
-        "rules, or --egress none.",
+        ["--egress", "allowlist", "--egress-allow", "a.test", "--warm-pool", "1"],
+        "--warm-pool cannot be used with --egress allowlist or --egress-deny rules in this version; drop one of "
+        "them.",
     ),
     (
         ["--backend", "e2b", "--egress-deny", "a.test"],
@@ -149,3 +151,150 @@ async def test_issue_33_default_open_leaves_the_computer_as_before(kbb):
     async with kbb.server(*BUSYBOX_ARGS, "--egress", "open") as srv:
         tools = await srv.list_tools()
         assert [t["name"] for t in tools] == ["terminal_execute"]
+
+
+# -- Enforcement on Docker (the egress proxy beside the computers) ------------------------------
+
+ALLOW_REFUSAL = "not in this computer's allow-list"
+
+
+@pytest.fixture
+def fake_internet(kbb):
+    """A test network outside the private ranges (198.18.0.0/15) with two web servers made from
+    the local busybox image: `allowed.test` at .10 and `other.test` at .11. Removed after."""
+    name = f"kbb-egress-{secrets.token_hex(4)}"
+    subnet = None
+    for _ in range(8):
+        octet = secrets.randbelow(256)
+        proc = subprocess.run(
+            ["docker", "network", "create", "--subnet", f"198.18.{octet}.0/24", name],
+            capture_output=True, text=True,
+        )
+        if proc.returncode == 0:
+            subnet = octet
+            break
+    assert subnet is not None, proc.stderr
+    hosts = {"allowed.test": f"198.18.{subnet}.10", "other.test": f"198.18.{subnet}.11"}
+    made = []
+    try:
+        for host, ip in hosts.items():
+            box = f"{name}-{host.split('.')[0]}"
+            subprocess.run(
+                ["docker", "run", "-d", "--name", box, "--network", name, "--ip", ip, BUSYBOX, "sh", "-c",
+                 f"mkdir -p /www && echo hello-from-{host} > /www/index.html && exec httpd -f -p 80 -h /www"],
+                check=True, capture_output=True,
+            )
+            made.append(box)
+        yield {"network": name, "hosts": hosts}
+    finally:
+        for box in made:
+            subprocess.run(["docker", "rm", "-f", box], capture_output=True)
+        subprocess.run(["docker", "network", "rm", name], capture_output=True)
+
+
+def proxy_args(net) -> list[str]:
+    args = ["--egress-upstream-network", net["network"]]
+    for host, ip in net["hosts"].items():
+        args += ["--egress-resolve", f"{host}={ip}"]
+    return args
+
+
+def egress_networks() -> set[str]:
+    out = subprocess.run(["docker", "network", "ls", "--format", "{{.Name}}"], capture_output=True, text=True)
+    return {n for n in out.stdout.split() if n.startswith("kilntainers-egress-")}
+
+
+def egress_proxies() -> set[str]:
+    out = subprocess.run(
+        ["docker", "ps", "-a", "--filter", "label=kilntainers.egress-proxy", "--format", "{{.Names}}"],
+        capture_output=True, text=True,
+    )
+    return set(out.stdout.split())
+
+
+# Through the proxy's own port, as a program honouring http_proxy does (busybox nc does not).
+VIA_PROXY = (
+    "p=${{http_proxy#http://}}; printf 'GET http://{host}/ HTTP/1.0\\r\\nHost: {host}\\r\\n\\r\\n' "
+    "| nc -w 5 ${{p%:*}} ${{p##*:}}"
+)
+# Straight to port 80 of a name, ignoring proxy settings.
+RAW = "printf 'GET / HTTP/1.0\\r\\nHost: {host}\\r\\n\\r\\n' | nc -w 5 {target} 80"
+
+
+@pytest.mark.parametrize("helper", ["on", "off"])
+async def test_issue_33_allowlist_reaches_only_allowed_hosts_and_says_why(kbb, fake_internet, helper):
+    # See: issue 33
+    net = fake_internet
+    networks_before, proxies_before = egress_networks(), egress_proxies()
+    async with kbb.server(
+        *BUSYBOX_ARGS, "--exec-helper", helper, "--egress", "allowlist", "--egress-allow", "allowed.test",
+        *proxy_args(net),
+    ) as srv:
+        res = await srv.run(RAW.format(host="allowed.test", target="allowed.test"))
+        assert "hello-from-allowed.test" in res.structured["stdout"], res
+        assert "[kilntainers:" not in res.structured["stderr"]
+        res = await srv.run(VIA_PROXY.format(host="allowed.test"))
+        assert "hello-from-allowed.test" in res.structured["stdout"], res
+
+        res = await srv.run(VIA_PROXY.format(host="other.test"))
+        assert "hello-from" not in res.structured["stdout"]
+        assert res.structured["stderr"].endswith(
+            f"[kilntainers: network access to other.test:80 was blocked: {ALLOW_REFUSAL}]\n"
+        ), res
+        # Host must name the host the connection was routed by.
+        res = await srv.run(RAW.format(host="other.test", target="allowed.test"))
+        assert "hello-from" not in res.structured["stdout"], res
+        assert "network access to other.test:80 was blocked" in res.structured["stderr"], res
+        # Other names do not resolve; addresses have no route.
+        res = await srv.call({"command": "nslookup other.test"})
+        assert "NXDOMAIN" in res.structured["stdout"] + res.structured["stderr"], res
+        res = await srv.call({"command": RAW.format(host="other.test", target=net["hosts"]["other.test"])})
+        assert "hello-from" not in res.structured["stdout"], res
+
+        cid = res.structured["computer_id"]
+        info = inspect(container_for(cid))
+        assert json.loads(info["Config"]["Labels"]["kilntainers.egress"]) == {
+            "mode": "allowlist", "allow": ["allowed.test"], "deny": [], "ask": False, "allow_private": False,
+        }
+        (network,) = info["NetworkSettings"]["Networks"]
+        assert network.startswith("kilntainers-egress-")
+        assert info["HostConfig"]["Dns"], info["HostConfig"]
+        net_info = json.loads(subprocess.run(["docker", "network", "inspect", network], capture_output=True,
+                                             text=True, check=True).stdout)[0]
+        assert net_info["Internal"] is True
+        assert net_info["Options"].get("com.docker.network.bridge.inhibit_ipv4") == "true"
+    # The temporary computer went with the server, and its network and proxy with it.
+    assert egress_networks() <= networks_before
+    assert egress_proxies() <= proxies_before
+
+
+async def test_issue_33_deny_rules_in_open_mode(kbb, fake_internet):
+    # See: issue 33
+    async with kbb.server(*BUSYBOX_ARGS, "--egress-deny", "other.test", *proxy_args(fake_internet)) as srv:
+        res = await srv.run(RAW.format(host="allowed.test", target="allowed.test"))
+        assert "hello-from-allowed.test" in res.structured["stdout"], res
+        res = await srv.run(VIA_PROXY.format(host="other.test"))
+        assert "hello-from" not in res.structured["stdout"]
+        assert res.structured["stderr"].endswith(
+            "[kilntainers: network access to other.test:80 was blocked: denied by rule other.test]\n"
+        ), res
+
+
+async def test_issue_33_the_policy_survives_a_server_restart(kbb, fake_internet):
+    # See: issue 33
+    cid = kbb.new_id("egress")
+    args = [*BUSYBOX_ARGS, "--lifecycle-tools", "--egress", "allowlist", "--egress-allow", "allowed.test", *proxy_args(fake_internet)]
+    home = kbb.home()
+    async with kbb.server(*args, home=home) as srv:
+        await srv.run("true", computer_id=cid, temporary=False)
+    async with kbb.server(*args, home=home) as srv:
+        res = await srv.run(RAW.format(host="allowed.test", target="allowed.test"), computer_id=cid, temporary=False)
+        assert "hello-from-allowed.test" in res.structured["stdout"], res
+        res = await srv.run(VIA_PROXY.format(host="other.test"), computer_id=cid, temporary=False)
+        assert res.structured["stderr"].endswith(
+            f"[kilntainers: network access to other.test:80 was blocked: {ALLOW_REFUSAL}]\n"
+        ), res
+        (network,) = inspect(container_for(cid))["NetworkSettings"]["Networks"]
+        await srv.call({"computer_id": cid}, name="computer_delete")
+    assert network not in egress_networks()
+    assert f"{network}-proxy" not in egress_proxies()

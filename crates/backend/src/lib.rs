@@ -42,6 +42,9 @@ pub struct Common {
     pub network: bool,
     /// `--timeout`: a command's default time limit.
     pub default_timeout_secs: u64,
+    /// `--egress*` (docs/egress.md): the policy new computers get and how its enforcement
+    /// resolves and connects. Open without rules by default.
+    pub egress: egress::EgressSettings,
 }
 
 /// The provider's current incarnation of a computer, as plain data.
@@ -74,6 +77,9 @@ pub struct CreateSpec {
     /// Recorded as the owner label or metadata (docs/auth.md); `computer_id` is already
     /// scoped. `None` only when re-creating a computer that had no owner label.
     pub owner: Option<Principal>,
+    /// The computer's own egress policy when it narrows the server's (docs/egress.md, "Per
+    /// computer"); `None` = the server's, as [`Common::egress`] has it.
+    pub egress: Option<egress::EgressPolicy>,
 }
 
 /// One command to run. Built by `exec` from a validated request; backends only translate it.

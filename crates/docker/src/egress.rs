@@ -35,6 +35,10 @@ use kilntainers_backend::labels::docker as label;
 pub(crate) const IMAGE_REPO: &str = "kilntainers-egress-proxy";
 /// Label on the proxy's image, container and internal network: the internal network's name.
 pub(crate) const PROXY_LABEL: &str = "kilntainers.egress-proxy";
+/// A computer's recorded policy.
+pub(crate) const POLICY_LABEL: &str = label::EGRESS;
+/// The proxy's HTTP(S) proxy port (helper/src/egress).
+pub(crate) const PROXY_PORT: u16 = 3128;
 /// The binary's path in the proxy's image.
 const BINARY_PATH: &str = "kilntainers-helper";
 /// Bridge option that leaves the host without an address on the internal network, so a
@@ -210,6 +214,23 @@ pub(crate) fn policy_line(computer: IpAddr, policy: &EgressPolicy) -> String {
     )
 }
 
+/// What a computer behind the proxy has in its environment: programs that honour proxy
+/// settings use the proxy's port; the rest reach allowed names on 80 and 443 through its DNS.
+pub(crate) fn proxy_env(proxy: IpAddr) -> Vec<String> {
+    let url = match proxy {
+        IpAddr::V6(ip) => format!("http://[{ip}]:{PROXY_PORT}"),
+        IpAddr::V4(ip) => format!("http://{ip}:{PROXY_PORT}"),
+    };
+    let mut env = Vec::new();
+    for key in ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"] {
+        env.push(format!("{key}={url}"));
+        env.push(format!("{}={url}", key.to_ascii_lowercase()));
+    }
+    env.push("NO_PROXY=localhost,127.0.0.1,::1".to_owned());
+    env.push("no_proxy=localhost,127.0.0.1,::1".to_owned());
+    env
+}
+
 /// One refusal the proxy reported.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Denial {
@@ -225,6 +246,77 @@ impl Denial {
             "[kilntainers: network access to {}:{} was blocked: {}]",
             self.host, self.port, self.reason
         )
+    }
+}
+
+/// Refusal lines shown per command; the rest are counted.
+pub(crate) const LINES_SHOWN: usize = 5;
+
+/// What ends a command's stderr after refusals while it ran (docs/egress.md, "What the model
+/// sees"): one line per refused host and port, the first [`LINES_SHOWN`], then a count; empty
+/// without refusals. Starts with a newline unless `at_line_start`.
+pub(crate) fn stderr_tail(denials: &[Denial], at_line_start: bool) -> String {
+    let mut distinct: Vec<&Denial> = Vec::new();
+    for denial in denials {
+        if !distinct
+            .iter()
+            .any(|d| d.host == denial.host && d.port == denial.port)
+        {
+            distinct.push(denial);
+        }
+    }
+    if distinct.is_empty() {
+        return String::new();
+    }
+    let mut text = String::new();
+    if !at_line_start {
+        text.push('\n');
+    }
+    for denial in distinct.iter().take(LINES_SHOWN) {
+        text.push_str(&denial.stderr_line());
+        text.push('\n');
+    }
+    if distinct.len() > LINES_SHOWN {
+        text.push_str(&format!(
+            "[kilntainers: {} more network accesses were blocked]\n",
+            distinct.len() - LINES_SHOWN
+        ));
+    }
+    text
+}
+
+/// Passes a command's output on and notes whether its stderr ends a line, so that refusal
+/// lines start on a line of their own.
+pub(crate) struct WatchedSink<'a> {
+    inner: &'a mut dyn kilntainers_backend::OutputSink,
+    stderr_ends_line: bool,
+}
+
+impl<'a> WatchedSink<'a> {
+    pub(crate) fn new(inner: &'a mut dyn kilntainers_backend::OutputSink) -> Self {
+        Self {
+            inner,
+            stderr_ends_line: true,
+        }
+    }
+
+    pub(crate) fn at_line_start(&self) -> bool {
+        self.stderr_ends_line
+    }
+}
+
+impl kilntainers_backend::OutputSink for WatchedSink<'_> {
+    fn push(
+        &mut self,
+        stream: kilntainers_backend::Stream,
+        bytes: &[u8],
+    ) -> kilntainers_backend::SinkControl {
+        if stream == kilntainers_backend::Stream::Stderr
+            && let Some(last) = bytes.last()
+        {
+            self.stderr_ends_line = *last == b'\n';
+        }
+        self.inner.push(stream, bytes)
     }
 }
 
@@ -355,7 +447,6 @@ impl DenialLog {
 
 /// A running proxy and this server's end of its control channel.
 pub(crate) struct Proxy {
-    pub container: String,
     /// The proxy's address on the internal network: the computers' DNS server and proxy.
     pub address: IpAddr,
     input: tokio::sync::Mutex<std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>>,
@@ -369,6 +460,7 @@ impl Proxy {
         docker: &Docker,
         network: &str,
         settings: &EgressSettings,
+        default_upstream: &str,
     ) -> Result<Self, BackendError> {
         let failed = |what: &str, e: &bollard::errors::Error| {
             BackendError::Provider(format!(
@@ -383,7 +475,10 @@ impl Proxy {
             .create_container(Some(options), proxy_body(&image, network, settings))
             .await
             .map_err(|e| failed("create", &e))?;
-        let upstream = settings.upstream_network.as_deref().unwrap_or("bridge");
+        let upstream = settings
+            .upstream_network
+            .as_deref()
+            .unwrap_or(default_upstream);
         docker
             .connect_network(
                 upstream,
@@ -431,7 +526,6 @@ impl Proxy {
             ready_tx,
         ));
         let proxy = Self {
-            container: created.id,
             address,
             input: tokio::sync::Mutex::new(attached.input),
             denials,

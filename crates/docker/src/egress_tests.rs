@@ -91,6 +91,25 @@ fn a_refusal_becomes_the_stderr_line() {
 }
 
 #[test]
+fn the_stderr_tail_shows_each_host_once_and_counts_past_five() {
+    let denial = |host: &str, port: u16| Denial {
+        host: host.to_owned(),
+        port,
+        reason: "why".to_owned(),
+    };
+    assert_eq!(stderr_tail(&[], false), "");
+    assert_eq!(
+        stderr_tail(&[denial("a.test", 443), denial("a.test", 443)], false),
+        "\n[kilntainers: network access to a.test:443 was blocked: why]\n"
+    );
+    let many: Vec<Denial> = (0..8).map(|n| denial(&format!("h{n}.test"), 80)).collect();
+    let tail = stderr_tail(&many, true);
+    assert_eq!(tail.lines().count(), 6);
+    assert!(tail.starts_with("[kilntainers: network access to h0.test:80"));
+    assert!(tail.ends_with("[kilntainers: 3 more network accesses were blocked]\n"));
+}
+
+#[test]
 fn lines_are_split_across_frames_and_overlong_ones_dropped_whole() {
     let mut lines = Lines::default();
     let mut seen = Vec::new();
@@ -222,7 +241,7 @@ async fn a_real_proxy_refuses_and_reports_it() {
 }
 
 async fn exercise(docker: &Docker, network: &str) {
-    let proxy = Proxy::start(docker, network, &EgressSettings::default())
+    let proxy = Proxy::start(docker, network, &EgressSettings::default(), "bridge")
         .await
         .unwrap();
     let client = format!("{network}-client");

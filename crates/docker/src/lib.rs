@@ -72,15 +72,30 @@ pub struct DockerBackend {
     helpers: helper::Helpers,
     /// Started spares handed out as temporary computers (`--warm-pool`).
     pool: pool::WarmPool,
+    /// The server's egress policy: new computers get it unless they narrow it.
+    egress_policy: kilntainers_backend::egress::EgressPolicy,
+    /// Behind the egress proxy: each running computer's proxy and address there, by
+    /// container id, for the refusal lines of its commands.
+    egress_addresses:
+        std::sync::Mutex<HashMap<String, (std::sync::Arc<egress::Proxy>, std::net::IpAddr)>>,
 }
 
 impl DockerBackend {
     pub fn new(config: &DockerConfig, common: &Common) -> Result<Self, BackendError> {
+        if common.egress.filters() && config.warm_pool > 0 {
+            // Spares wait on a network of their own and would need the proxy's policy moved
+            // with them; not done yet (docs/egress.md, "Status").
+            return Err(BackendError::Provider(
+                "--warm-pool cannot be used with an egress policy (--egress allowlist or --egress-deny) in this version.".to_owned(),
+            ));
+        }
         Ok(Self {
             config: config.clone(),
             shell: common.shell.clone(),
             default_timeout_secs: common.default_timeout_secs,
-            networks: networks::Networks::new(config.network, config.engine),
+            networks: networks::Networks::new(config.network, config.engine, &common.egress),
+            egress_policy: common.egress.policy.clone(),
+            egress_addresses: std::sync::Mutex::new(HashMap::new()),
             client: OnceCell::new(),
             pulls: create::PullGate::default(),
             starts: tokio::sync::Semaphore::new(create::PARALLEL_STARTS),
@@ -235,6 +250,46 @@ impl DockerBackend {
         }
     }
 
+    /// Behind the egress proxy: gives the proxy this running container's policy at its
+    /// current address and remembers both for its commands' refusal lines.
+    async fn egress_attach(&self, inspect: &ContainerInspectResponse) -> Result<(), BackendError> {
+        if !self.networks.egress() {
+            return Ok(());
+        }
+        let docker = self.client().await?;
+        let attached = self
+            .networks
+            .apply_policy(docker, inspect, &self.egress_policy)
+            .await?;
+        if let (Some(attached), Some(id)) = (attached, inspect.id.as_deref()) {
+            self.egress_addresses
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .insert(id.chars().take(12).collect(), attached);
+        }
+        Ok(())
+    }
+
+    /// Where to read the refusals of `sandbox`'s commands: its proxy, its address and the
+    /// count of refusals so far.
+    fn egress_mark(
+        &self,
+        sandbox: &SandboxRef,
+    ) -> Option<(std::sync::Arc<egress::Proxy>, std::net::IpAddr, u64)> {
+        let (proxy, address) = self
+            .egress_addresses
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(sandbox.sandbox_id.as_str())
+            .cloned()?;
+        let mark = proxy
+            .denials
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .count(address);
+        Some((proxy, address, mark))
+    }
+
     /// Starts the container if needed, checks it stayed up, then runs the readiness exec.
     async fn start_and_check(&self, sandbox: &SandboxRef) -> Result<(), BackendError> {
         let docker = self.client().await?;
@@ -271,6 +326,15 @@ impl DockerBackend {
             if !is_running(&inspect) {
                 return Err(self.exited_immediately(sandbox.sandbox_id.as_str()));
             }
+            self.egress_attach(&inspect).await?;
+        } else if self.networks.egress() {
+            // Running already (this server restarted, or another one started it): its address
+            // is unchanged, but this process may not know it yet.
+            let inspect = self
+                .inspect(&name)
+                .await?
+                .ok_or_else(|| BackendError::Vanished(sandbox.computer_id.clone()))?;
+            self.egress_attach(&inspect).await?;
         }
         self.readiness(sandbox).await
     }
@@ -542,6 +606,17 @@ impl Backend for DockerBackend {
             None => Vec::new(),
         };
         self.remove_container(&name).await?;
+        let behind_proxy = self
+            .egress_addresses
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(sandbox.sandbox_id.as_str());
+        if let Some((proxy, address)) = behind_proxy {
+            // Its address may be given to the next computer, which must not inherit this policy.
+            if let Err(error) = proxy.forget(address).await {
+                warn!(%error, "could not tell the egress proxy a computer is gone");
+            }
+        }
         if !networks.is_empty() {
             let docker = self.client().await?;
             self.networks
@@ -558,7 +633,21 @@ impl Backend for DockerBackend {
         sink: &mut dyn OutputSink,
         cancel: &CancellationToken,
     ) -> Result<ExecEnd, BackendError> {
-        exec::exec(self, sandbox, spec, sink, cancel).await
+        let Some((proxy, address, mark)) = self.egress_mark(sandbox) else {
+            return exec::exec(self, sandbox, spec, sink, cancel).await;
+        };
+        let mut watched = egress::WatchedSink::new(sink);
+        let end = exec::exec(self, sandbox, spec, &mut watched, cancel).await?;
+        let denials = proxy
+            .denials
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .since(address, mark);
+        let tail = egress::stderr_tail(&denials, watched.at_line_start());
+        if !tail.is_empty() {
+            watched.push(kilntainers_backend::Stream::Stderr, tail.as_bytes());
+        }
+        Ok(end)
     }
 
     async fn port_route(&self, _: &SandboxRef, _: u16) -> Result<PortRoute, BackendError> {

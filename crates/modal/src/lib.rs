@@ -804,6 +804,7 @@ impl Backend for ModalBackend {
             // Unused: the instance tag is carried over (or stays absent) below.
             instance: InstanceId::random(),
             owner,
+            egress: None,
         };
         let created = inner
             .create(&spec, instance, &kilntainers_backend::NoProgress)
