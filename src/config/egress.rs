@@ -198,6 +198,21 @@ fn check_backend(cli: &Cli, settings: &EgressSettings) -> Result<(), ConfigError
         BackendKind::Wasm | BackendKind::GoBusybox => Ok(()),
         // Docker and Podman: the egress proxy beside the computers, which spares cannot wait
         // behind yet.
+        // Podman: containers on an internal network could not reach each other where Docker's
+        // firewall shares the host (docs/egress.md, "Backends"), so the proxy is not offered.
+        BackendKind::Docker
+            if settings.filters() && cli.docker.engine.trim().eq_ignore_ascii_case("podman") =>
+        {
+            fail(format!(
+                "--egress {}{} is not enforced with --engine podman in this version; use --engine docker, --egress open without rules, or --egress none.",
+                policy.mode.name(),
+                if policy.deny.is_empty() {
+                    ""
+                } else {
+                    " with --egress-deny"
+                },
+            ))
+        }
         BackendKind::Docker if settings.filters() && cli.docker.warm_pool > 0 => fail(
             "--warm-pool cannot be used with --egress allowlist or --egress-deny rules in this version; drop one of them.",
         ),
@@ -376,6 +391,10 @@ mod tests {
         // Docker and Podman enforce it with the proxy, except for warm-pool spares.
         assert!(settings(&["--egress", "allowlist", "--egress-allow", "a.test"]).is_ok());
         assert!(settings(&["--egress-deny", "a.test"]).is_ok());
+        assert_eq!(
+            error(&["--egress-deny", "a.test", "--engine", "podman"]),
+            "--egress open with --egress-deny is not enforced with --engine podman in this version; use --engine docker, --egress open without rules, or --egress none."
+        );
         assert!(
             error(&["--egress-deny", "a.test", "--warm-pool", "1"])
                 .starts_with("--warm-pool cannot be used with --egress allowlist")

@@ -7,9 +7,14 @@ engine's network); Fly's refusal word for word; WASM accepting every mode (it be
 from __future__ import annotations
 
 import json
+import os
 import secrets
+import signal
 import subprocess
+import time
+from contextlib import contextmanager
 
+import anyio
 import pytest
 
 from harness import BIN, BUSYBOX, BUSYBOX_ARGS, container_for, inspect
@@ -158,8 +163,8 @@ async def test_issue_33_default_open_leaves_the_computer_as_before(kbb):
 ALLOW_REFUSAL = "not in this computer's allow-list"
 
 
-@pytest.fixture
-def fake_internet(kbb):
+@contextmanager
+def fake_internet_on(env: dict | None, image: str):
     """A test network outside the private ranges (198.18.0.0/15) with two web servers made from
     the local busybox image: `allowed.test` at .10 and `other.test` at .11. Removed after."""
     name = f"kbb-egress-{secrets.token_hex(4)}"
@@ -168,7 +173,7 @@ def fake_internet(kbb):
         octet = secrets.randbelow(256)
         proc = subprocess.run(
             ["docker", "network", "create", "--subnet", f"198.18.{octet}.0/24", name],
-            capture_output=True, text=True,
+            capture_output=True, text=True, env=env,
         )
         if proc.returncode == 0:
             subnet = octet
@@ -180,16 +185,22 @@ def fake_internet(kbb):
         for host, ip in hosts.items():
             box = f"{name}-{host.split('.')[0]}"
             subprocess.run(
-                ["docker", "run", "-d", "--name", box, "--network", name, "--ip", ip, BUSYBOX, "sh", "-c",
+                ["docker", "run", "-d", "--name", box, "--network", name, "--ip", ip, image, "sh", "-c",
                  f"mkdir -p /www && echo hello-from-{host} > /www/index.html && exec httpd -f -p 80 -h /www"],
-                check=True, capture_output=True,
+                check=True, capture_output=True, env=env,
             )
             made.append(box)
         yield {"network": name, "hosts": hosts}
     finally:
         for box in made:
-            subprocess.run(["docker", "rm", "-f", box], capture_output=True)
-        subprocess.run(["docker", "network", "rm", name], capture_output=True)
+            subprocess.run(["docker", "rm", "-f", box], capture_output=True, env=env)
+        subprocess.run(["docker", "network", "rm", name], capture_output=True, env=env)
+
+
+@pytest.fixture
+def fake_internet():
+    with fake_internet_on(None, BUSYBOX) as net:
+        yield net
 
 
 def proxy_args(net) -> list[str]:
@@ -298,3 +309,43 @@ async def test_issue_33_the_policy_survives_a_server_restart(kbb, fake_internet)
         await srv.call({"computer_id": cid}, name="computer_delete")
     assert network not in egress_networks()
     assert f"{network}-proxy" not in egress_proxies()
+
+
+async def test_issue_33_a_killed_server_leaves_no_proxy_or_network_after_the_next_start(kbb, fake_internet):
+    # See: issue 33
+    args = [*BUSYBOX_ARGS, "--egress", "allowlist", "--egress-allow", "allowed.test", *proxy_args(fake_internet)]
+    home = kbb.home()
+    async with kbb.server(*args, home=home) as a:
+        cid = (await a.run("true")).structured["computer_id"]
+        (network,) = inspect(container_for(cid))["NetworkSettings"]["Networks"]
+        assert f"{network}-proxy" in egress_proxies()
+        os.kill(a.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        while a.returncode() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert a.returncode() == -signal.SIGKILL
+    assert network in egress_networks(), "the killed server could not clean up"
+    async with kbb.server(*args, home=home) as b:
+        deadline = time.monotonic() + 15
+        while (network in egress_networks() or f"{network}-proxy" in egress_proxies()) and time.monotonic() < deadline:
+            await anyio.sleep(0.2)
+        assert network not in egress_networks()
+        assert f"{network}-proxy" not in egress_proxies()
+        res = await b.run(RAW.format(host="allowed.test", target="allowed.test"))
+        assert "hello-from-allowed.test" in res.structured["stdout"], res
+
+
+PODMAN_SOCKET = os.environ.get("KILNTAINERS_PODMAN_SOCKET", "unix:///run/podman/podman.sock")
+
+
+async def test_issue_33_podman_allowlist_core_case(kbb):
+    # See: issue 33. On this kind of host (Docker and Podman side by side), Docker's FORWARD
+    # policy drops the bridged traffic of Podman's internal networks, so a computer cannot reach
+    # its proxy there; the server refuses at startup rather than leave computers without network
+    # or filtering (docs/egress.md, "Backends").
+    proc = run_cli(kbb, "--engine", "podman", "--docker-host", PODMAN_SOCKET, "--egress", "allowlist",
+                   "--egress-allow", "allowed.test")
+    assert error_lines(proc) == [
+        "kilntainers: error: --egress allowlist is not enforced with --engine podman in this version; use "
+        "--engine docker, --egress open without rules, or --egress none."
+    ], proc.stderr

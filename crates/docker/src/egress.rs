@@ -30,9 +30,10 @@ use kilntainers_backend::BackendError;
 use kilntainers_backend::egress::{EgressMode, EgressPolicy, EgressSettings, Pattern};
 use kilntainers_backend::labels::docker as label;
 
-/// Repository of the proxy's image; the tag is the hash of the helper's bytes, so a server
+/// Repository of the proxy's image (under `localhost/`, which Podman gives imported images and
+/// Docker takes as it is); the tag is the hash of the helper's bytes, so a server
 /// finds the image it built and servers of different versions never share one.
-pub(crate) const IMAGE_REPO: &str = "kilntainers-egress-proxy";
+pub(crate) const IMAGE_REPO: &str = "localhost/kilntainers-egress-proxy";
 /// Label on the proxy's image, container and internal network: the internal network's name.
 pub(crate) const PROXY_LABEL: &str = "kilntainers.egress-proxy";
 /// A computer's recorded policy.
@@ -72,12 +73,10 @@ pub(crate) fn image_archive() -> std::io::Result<Vec<u8>> {
     builder.into_inner()
 }
 
-/// The `docker import` changes that make the archive runnable as the proxy.
+/// The `docker import` changes: a label only. The entrypoint is set on the container, since
+/// Podman's import does not apply an exec-form `ENTRYPOINT`.
 fn image_changes() -> Vec<String> {
-    vec![
-        format!("ENTRYPOINT [\"/{BINARY_PATH}\", \"egress-proxy\"]"),
-        format!("LABEL {PROXY_LABEL}=image"),
-    ]
+    vec![format!("LABEL {PROXY_LABEL}=image")]
 }
 
 /// Imports the proxy image unless the engine has it already.
@@ -93,8 +92,8 @@ pub(crate) async fn ensure_image(docker: &Docker) -> Result<String, BackendError
         .map_err(|e| BackendError::Provider(format!("cannot pack the egress proxy: {e}")))?;
     let options = CreateImageOptionsBuilder::default()
         .from_src("-")
-        .repo(IMAGE_REPO)
-        .tag(binary::HASH.as_str())
+        // The tag inside `repo`: Podman ignores the separate `tag` of an import.
+        .repo(&image)
         .changes(image_changes())
         .build();
     let mut progress = docker.create_image(
@@ -163,6 +162,7 @@ pub(crate) fn proxy_body(
     let labels = HashMap::from([(PROXY_LABEL.to_owned(), network.to_owned())]);
     ContainerCreateBody {
         image: Some(image.to_owned()),
+        entrypoint: Some(vec![format!("/{BINARY_PATH}"), "egress-proxy".to_owned()]),
         cmd: Some(proxy_args(settings)),
         labels: Some(labels),
         open_stdin: Some(true),
@@ -331,6 +331,8 @@ pub(crate) enum Event {
         host: String,
         port: u16,
     },
+    /// The answer to `sync <id>`: every refusal written before it has been read.
+    Synced(u64),
 }
 
 /// Reads one line from the proxy (without its newline); `None` for anything else, which the
@@ -343,6 +345,10 @@ pub(crate) fn parse_event(line: &str) -> Option<Event> {
     let mut words = line.splitn(5, ' ');
     match words.next()? {
         "ready" if words.next().is_none() => Some(Event::Ready),
+        "synced" => {
+            let id = words.next()?.parse().ok()?;
+            words.next().is_none().then_some(Event::Synced(id))
+        }
         "denied" => {
             let computer = words.next()?.parse().ok()?;
             let host = words.next()?.to_owned();
@@ -451,7 +457,20 @@ pub(crate) struct Proxy {
     pub address: IpAddr,
     input: tokio::sync::Mutex<std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>>,
     pub denials: Arc<Mutex<DenialLog>>,
+    syncs: Arc<Syncs>,
 }
+
+/// `sync` round trips under way, by id.
+#[derive(Default)]
+struct Syncs {
+    next: std::sync::atomic::AtomicU64,
+    waiting: Mutex<HashMap<u64, tokio::sync::oneshot::Sender<()>>>,
+}
+
+/// Longest wait for a `sync` answer: past it a command's refusal lines may miss the last ones.
+const SYNC_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+/// `sync` round trips waiting at once; more are not sent (the lines are then best effort).
+const MAX_SYNCS: usize = 1024;
 
 impl Proxy {
     /// Creates and starts the proxy of `network` (which exists), joins it to the upstream
@@ -518,17 +537,20 @@ impl Proxy {
                 ))
             })?;
         let denials = Arc::new(Mutex::new(DenialLog::default()));
+        let syncs = Arc::new(Syncs::default());
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
         tokio::spawn(read_events(
             attached.output,
             name.clone(),
             Arc::clone(&denials),
+            Arc::clone(&syncs),
             ready_tx,
         ));
         let proxy = Self {
             address,
             input: tokio::sync::Mutex::new(attached.input),
             denials,
+            syncs,
         };
         proxy.send(&format!("address {address}\n")).await?;
         match tokio::time::timeout(std::time::Duration::from_secs(10), ready_rx).await {
@@ -547,6 +569,35 @@ impl Proxy {
             .await
             .and(input.flush().await)
             .map_err(|e| BackendError::Provider(format!("the egress proxy is unreachable: {e}")))
+    }
+
+    /// Waits until every refusal the proxy made before now has been read (a `sync` round
+    /// trip), at most [`SYNC_TIMEOUT`]; `false` when it could not tell.
+    pub(crate) async fn sync(&self) -> bool {
+        let id = self
+            .syncs
+            .next
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        {
+            let mut waiting = self
+                .syncs
+                .waiting
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if waiting.len() >= MAX_SYNCS {
+                return false;
+            }
+            waiting.insert(id, tx);
+        }
+        let answered = self.send(&format!("sync {id}\n")).await.is_ok()
+            && matches!(tokio::time::timeout(SYNC_TIMEOUT, rx).await, Ok(Ok(())));
+        self.syncs
+            .waiting
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&id);
+        answered
     }
 
     /// Gives `computer` its policy.
@@ -579,6 +630,7 @@ async fn read_events(
     >,
     name: String,
     denials: Arc<Mutex<DenialLog>>,
+    syncs: Arc<Syncs>,
     ready: tokio::sync::oneshot::Sender<()>,
 ) {
     let mut ready = Some(ready);
@@ -597,6 +649,16 @@ async fn read_events(
                         .lock()
                         .unwrap_or_else(std::sync::PoisonError::into_inner)
                         .record(computer, denial),
+                    Some(Event::Synced(id)) => {
+                        let waiter = syncs
+                            .waiting
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)
+                            .remove(&id);
+                        if let Some(waiter) = waiter {
+                            let _ = waiter.send(());
+                        }
+                    }
                     // Ask-to-allow is answered by the server in a later step; meanwhile the
                     // proxy refuses the question when it times out.
                     Some(Event::Ask { .. }) => {}

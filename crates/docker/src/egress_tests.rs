@@ -36,6 +36,7 @@ fn a_policy_line_names_every_rule_in_the_proxys_syntax() {
 #[test]
 fn events_are_read_strictly() {
     assert_eq!(parse_event("ready"), Some(Event::Ready));
+    assert_eq!(parse_event("synced 3"), Some(Event::Synced(3)));
     assert_eq!(
         parse_event("denied 172.30.0.5 other.test 443 not in this computer's allow-list"),
         Some(Event::Denied(
@@ -59,6 +60,8 @@ fn events_are_read_strictly() {
     for bad in [
         "",
         "ready now",
+        "synced",
+        "synced 3 4",
         "denied",
         "denied 172.30.0.5 other.test",
         "denied 172.30.0.5 other.test 443",

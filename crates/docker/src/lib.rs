@@ -638,6 +638,8 @@ impl Backend for DockerBackend {
         };
         let mut watched = egress::WatchedSink::new(sink);
         let end = exec::exec(self, sandbox, spec, &mut watched, cancel).await?;
+        // A refusal is on its way to this process before the computer hears of it.
+        proxy.sync().await;
         let denials = proxy
             .denials
             .lock()

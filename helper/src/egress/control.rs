@@ -6,8 +6,10 @@
 //! skipped, never half applied.
 //!
 //! In: `policy <ip> <open|allowlist|none> ask=<0|1> private=<0|1> allow=<p,…> deny=<p,…>`,
-//! `forget <ip>`, `address <ip>`, `answer <id> <once|computer|deny|decline>`.
-//! Out: `ready`, `denied <ip> <host> <port> <reason>`, `ask <id> <ip> <host> <port>`.
+//! `forget <ip>`, `address <ip>`, `answer <id> <once|computer|deny|decline>`, `sync <id>`.
+//! Out: `ready`, `denied <ip> <host> <port> <reason>`, `ask <id> <ip> <host> <port>`,
+//! `synced <id>`. A refusal is written before the computer hears of it, so once `synced <id>`
+//! arrives every refusal the computer saw before the server sent `sync <id>` has arrived too.
 
 use std::io::BufRead;
 use std::net::IpAddr;
@@ -25,6 +27,7 @@ pub enum Message {
     Forget(IpAddr),
     Address(IpAddr),
     Answer(u64, Answer),
+    Sync(u64),
 }
 
 fn rules(list: &str) -> Option<Vec<Rule>> {
@@ -71,6 +74,7 @@ pub fn parse(line: &str) -> Option<Message> {
         }
         "forget" => Message::Forget(words.next()?.parse().ok()?),
         "address" => Message::Address(words.next()?.parse().ok()?),
+        "sync" => Message::Sync(words.next()?.parse().ok()?),
         "answer" => {
             let id = words.next()?.parse().ok()?;
             let answer = match words.next()? {
@@ -117,6 +121,7 @@ pub fn read(state: &State, mut input: impl BufRead) {
             Some(Message::Forget(ip)) => state.set_policy(ip, None),
             Some(Message::Address(ip)) => state.set_address(ip),
             Some(Message::Answer(id, answer)) => state.answer(id, answer),
+            Some(Message::Sync(id)) => state.emit(&format!("synced {id}")),
             None => eprintln!("kilntainers-helper egress-proxy: unreadable control line, skipped"),
         }
     }
@@ -168,6 +173,7 @@ mod tests {
             parse("forget ::1"),
             Some(Message::Forget("::1".parse().unwrap()))
         );
+        assert_eq!(parse("sync 12"), Some(Message::Sync(12)));
         for bad in [
             "",
             "policy 172.30.0.5 allowlist ask=1 private=0 allow=A.test deny=",
@@ -177,6 +183,9 @@ mod tests {
             "policy x open ask=0 private=0 allow= deny=",
             "answer x once",
             "answer 1 maybe",
+            "sync",
+            "sync x",
+            "sync 1 2",
             "unknown",
         ] {
             assert_eq!(parse(bad), None, "{bad:?}");
