@@ -10,6 +10,7 @@ import json
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import time
 from contextlib import contextmanager
@@ -274,6 +275,16 @@ async def test_issue_33_allowlist_reaches_only_allowed_hosts_and_says_why(kbb, f
                                              text=True, check=True).stdout)[0]
         assert net_info["Internal"] is True
         assert net_info["Options"].get("com.docker.network.bridge.inhibit_ipv4") == "true"
+        # The engine host has no address on the computer's network: a listener on every host
+        # address is out of reach at the network's gateway address.
+        gateway = net_info["IPAM"]["Config"][0]["Gateway"]
+        with socket.create_server(("0.0.0.0", 0)) as listener:
+            port = listener.getsockname()[1]
+            res = await srv.call({"command": f"echo x | nc -w 2 {gateway} {port}; echo rc=$?"})
+            listener.settimeout(0.5)
+            with pytest.raises(TimeoutError):
+                listener.accept()
+        assert "rc=0" not in res.structured["stdout"], res
     # The temporary computer went with the server, and its network and proxy with it.
     assert egress_networks() <= networks_before
     assert egress_proxies() <= proxies_before
