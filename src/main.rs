@@ -108,6 +108,12 @@ async fn run(config: Config) -> i32 {
         config.lifecycle_tools,
         jobs,
         config.file_tools,
+        // `computer_network` is listed when a policy is enforced (not with `--no-network` or
+        // `--egress none`, whose tool list stays as it was).
+        config
+            .egress
+            .filters()
+            .then(|| config.egress.policy.clone()),
     );
 
     if backend.warm_pool().is_some() {

@@ -66,7 +66,7 @@ fn surface(backend: Arc<FakeBackend>, on: On) -> Arc<Surface> {
             },
         )
     });
-    Surface::new(registry, "DESCRIPTION", on.lifecycle, jobs, on.files)
+    Surface::new(registry, "DESCRIPTION", on.lifecycle, jobs, on.files, None)
 }
 
 fn golden_path(name: &str) -> PathBuf {

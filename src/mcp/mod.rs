@@ -16,6 +16,7 @@ pub mod format;
 mod golden;
 mod jobs;
 mod lifecycle;
+mod network;
 pub mod ports;
 mod progress;
 mod routes;
@@ -59,6 +60,9 @@ pub struct Surface {
     switches: Switches,
     /// `port_url`'s forwarders; present with the file tools.
     pub ports: Option<Arc<Ports>>,
+    /// The server's egress policy when it is not `open` without rules: `computer_network` is
+    /// listed then (docs/egress.md).
+    pub egress: Option<crate::backends::egress::EgressPolicy>,
     /// The HTTP transport's base URL, for `port_url`'s `proxy_url` (unset in stdio mode).
     proxy_base: std::sync::OnceLock<String>,
     instructions: String,
@@ -71,11 +75,13 @@ impl Surface {
         lifecycle_tools: bool,
         jobs: Option<Arc<Jobs>>,
         file_tools: bool,
+        egress: Option<crate::backends::egress::EgressPolicy>,
     ) -> Arc<Self> {
         let switches = Switches {
             jobs: jobs.is_some(),
             files: file_tools,
             lifecycle: lifecycle_tools,
+            egress: egress.is_some(),
         };
         let definitions = Definitions {
             description: tool_description,
@@ -106,6 +112,7 @@ impl Surface {
             tools,
             switches,
             ports,
+            egress,
             proxy_base: std::sync::OnceLock::new(),
             instructions,
         })

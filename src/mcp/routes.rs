@@ -9,7 +9,7 @@ use rmcp::model::Tool;
 
 use super::call::{Call, CallError, Payload};
 use super::format::ErrorText;
-use super::{execute, files, jobs, lifecycle, ports};
+use super::{execute, files, jobs, lifecycle, network, ports};
 
 /// Which startup switch turns a tool on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -21,6 +21,8 @@ pub(super) enum Switch {
     Files,
     /// `--lifecycle-tools` (docs/decisions.md, "Tool list").
     Lifecycle,
+    /// An egress policy other than `open` without rules (docs/egress.md).
+    Egress,
 }
 
 /// The switches one process runs with.
@@ -29,6 +31,7 @@ pub(super) struct Switches {
     pub jobs: bool,
     pub files: bool,
     pub lifecycle: bool,
+    pub egress: bool,
 }
 
 impl Switches {
@@ -38,6 +41,7 @@ impl Switches {
             Switch::Jobs => self.jobs,
             Switch::Files => self.files,
             Switch::Lifecycle => self.lifecycle,
+            Switch::Egress => self.egress,
         }
     }
 }
@@ -181,6 +185,13 @@ pub(super) static ROUTES: &[Route] = &[
         handler: handler!(lifecycle::delete),
         errors: ErrorText::Json,
     },
+    Route {
+        name: network::COMPUTER_NETWORK,
+        switch: Switch::Egress,
+        tool: network::tool,
+        handler: handler!(network::computer_network),
+        errors: ErrorText::Message,
+    },
 ];
 
 /// The routes `switches` turn on, in listing order.
@@ -208,6 +219,7 @@ mod tests {
         jobs: true,
         files: true,
         lifecycle: true,
+        egress: true,
     };
 
     #[test]
@@ -236,6 +248,7 @@ mod tests {
             jobs: false,
             files: true,
             lifecycle: false,
+            egress: false,
         };
         assert!(find(off, jobs::OUTPUT).is_none());
         assert!(find(off, lifecycle::LIST).is_none());

@@ -285,6 +285,18 @@ async def test_issue_33_allowlist_reaches_only_allowed_hosts_and_says_why(kbb, f
             with pytest.raises(TimeoutError):
                 listener.accept()
         assert "rc=0" not in res.structured["stdout"], res
+        # computer_network: the policy and the refusals, each host once with its count.
+        tools = [t["name"] for t in await srv.list_tools()]
+        assert tools == ["terminal_execute", "computer_network"], tools
+        shown = (await srv.call({"computer_id": cid}, name="computer_network")).structured
+        assert (shown["computer_id"], shown["mode"], shown["allow"], shown["deny"], shown["secrets"]) == (
+            cid, "allowlist", ["allowed.test"], [], []
+        )
+        (other,) = [d for d in shown["denied"] if d["host"] == "other.test" and d["reason"] == ALLOW_REFUSAL]
+        assert other["port"] == 80 and other["count"] == 2, shown
+        assert other["first_at"] <= other["last_at"]
+        implicit = (await srv.call({}, name="computer_network")).structured
+        assert implicit["computer_id"] == cid
     # The temporary computer went with the server, and its network and proxy with it.
     assert egress_networks() <= networks_before
     assert egress_proxies() <= proxies_before

@@ -548,6 +548,19 @@ impl EgressPolicy {
     }
 }
 
+/// One refused destination of a computer, as `computer_network` lists it: the same host, port
+/// and reason refused again counts up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeniedEntry {
+    pub host: String,
+    pub port: u16,
+    pub reason: String,
+    pub count: u64,
+    /// RFC 3339 UTC, whole seconds ([`crate::clock::rfc3339_utc`]).
+    pub first_at: String,
+    pub last_at: String,
+}
+
 /// The server's egress settings as every backend gets them (`Common`): the policy new
 /// computers get unless they narrow it, and how the enforcing proxy resolves and connects.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

@@ -301,6 +301,16 @@ pub trait Backend: Send + Sync {
         false
     }
 
+    /// The refusals recorded for `sandbox` by the enforcement of its egress policy, the last
+    /// 100 distinct ones, oldest first (docs/egress.md, "Docker wiring"); `None` when this
+    /// backend records none.
+    async fn egress_denials(
+        &self,
+        _sandbox: &SandboxRef,
+    ) -> Result<Option<Vec<egress::DeniedEntry>>, BackendError> {
+        Ok(None)
+    }
+
     async fn create(
         &self,
         spec: &CreateSpec,

@@ -27,7 +27,7 @@ use tracing::{debug, warn};
 use super::describe;
 use crate::helper::binary;
 use kilntainers_backend::BackendError;
-use kilntainers_backend::egress::{EgressMode, EgressPolicy, EgressSettings, Pattern};
+use kilntainers_backend::egress::{DeniedEntry, EgressMode, EgressPolicy, EgressSettings, Pattern};
 use kilntainers_backend::labels::docker as label;
 
 /// Repository of the proxy's image (under `localhost/`, which Podman gives imported images and
@@ -408,16 +408,43 @@ impl Lines {
     }
 }
 
-/// The last refusals of each computer on one proxy, oldest first, [`DENIALS_KEPT`] each.
+/// The last refusals of each computer on one proxy, oldest first, [`DENIALS_KEPT`] each; and
+/// the last [`DENIALS_KEPT`] distinct ones with their counts, for `computer_network`.
 #[derive(Default)]
 pub(crate) struct DenialLog {
     by_computer: HashMap<IpAddr, VecDeque<Denial>>,
+    distinct: HashMap<IpAddr, VecDeque<DeniedEntry>>,
     /// Count of refusals ever recorded per computer, so a reader can ask for "since".
     counts: HashMap<IpAddr, u64>,
 }
 
 impl DenialLog {
     pub(crate) fn record(&mut self, computer: IpAddr, denial: Denial) {
+        self.record_at(computer, denial, &kilntainers_backend::clock::now_rfc3339());
+    }
+
+    pub(crate) fn record_at(&mut self, computer: IpAddr, denial: Denial, now: &str) {
+        let distinct = self.distinct.entry(computer).or_default();
+        let same = distinct.iter().position(|e| {
+            e.host == denial.host && e.port == denial.port && e.reason == denial.reason
+        });
+        let mut entry = match same.and_then(|at| distinct.remove(at)) {
+            Some(entry) => entry,
+            None => DeniedEntry {
+                host: denial.host.clone(),
+                port: denial.port,
+                reason: denial.reason.clone(),
+                count: 0,
+                first_at: now.to_owned(),
+                last_at: String::new(),
+            },
+        };
+        entry.count += 1;
+        now.clone_into(&mut entry.last_at);
+        if distinct.len() == DENIALS_KEPT {
+            distinct.pop_front();
+        }
+        distinct.push_back(entry);
         let log = self.by_computer.entry(computer).or_default();
         if log.len() == DENIALS_KEPT {
             log.pop_front();
@@ -444,9 +471,18 @@ impl DenialLog {
             .collect()
     }
 
+    /// The distinct refusals of `computer`, least recently refused first.
+    pub(crate) fn distinct(&self, computer: IpAddr) -> Vec<DeniedEntry> {
+        self.distinct
+            .get(&computer)
+            .map(|d| d.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
     /// Forgets a removed computer (its address may be given to another).
     pub(crate) fn forget(&mut self, computer: IpAddr) {
         self.by_computer.remove(&computer);
+        self.distinct.remove(&computer);
         self.counts.remove(&computer);
     }
 }

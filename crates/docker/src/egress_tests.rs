@@ -148,9 +148,42 @@ fn the_denial_log_keeps_the_last_ones_and_answers_since_a_mark() {
     let all = log.since(a, 0);
     assert_eq!(all.len(), DENIALS_KEPT);
     assert_eq!(all.last(), Some(&denial(DENIALS_KEPT as u16 * 2 - 1)));
+    let distinct = log.distinct(a);
+    assert_eq!(distinct.len(), DENIALS_KEPT);
     log.forget(a);
     assert_eq!(log.count(a), 0);
+    assert!(log.distinct(a).is_empty());
     assert_eq!(log.since(b, 0), [denial(2)]);
+}
+
+#[test]
+fn distinct_refusals_count_up_and_move_to_the_end() {
+    let mut log = DenialLog::default();
+    let a: IpAddr = "172.30.0.5".parse().unwrap();
+    let denial = |host: &str| Denial {
+        host: host.to_owned(),
+        port: 443,
+        reason: "r".to_owned(),
+    };
+    log.record_at(a, denial("x.test"), "2026-01-01T00:00:00Z");
+    log.record_at(a, denial("y.test"), "2026-01-01T00:00:01Z");
+    log.record_at(a, denial("x.test"), "2026-01-01T00:00:02Z");
+    let entries = log.distinct(a);
+    assert_eq!(
+        entries
+            .iter()
+            .map(|e| (
+                e.host.as_str(),
+                e.count,
+                e.first_at.as_str(),
+                e.last_at.as_str()
+            ))
+            .collect::<Vec<_>>(),
+        [
+            ("y.test", 1, "2026-01-01T00:00:01Z", "2026-01-01T00:00:01Z"),
+            ("x.test", 2, "2026-01-01T00:00:00Z", "2026-01-01T00:00:02Z"),
+        ]
+    );
 }
 
 #[test]

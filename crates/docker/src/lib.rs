@@ -626,6 +626,26 @@ impl Backend for DockerBackend {
         Ok(())
     }
 
+    async fn egress_denials(
+        &self,
+        sandbox: &SandboxRef,
+    ) -> Result<Option<Vec<kilntainers_backend::egress::DeniedEntry>>, BackendError> {
+        if !self.networks.egress() {
+            return Ok(None);
+        }
+        let Some((proxy, address, _)) = self.egress_mark(sandbox) else {
+            // Not started by this process since it began: nothing recorded here yet.
+            return Ok(Some(Vec::new()));
+        };
+        proxy.sync().await;
+        let entries = proxy
+            .denials
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .distinct(address);
+        Ok(Some(entries))
+    }
+
     async fn exec(
         &self,
         sandbox: &SandboxRef,
