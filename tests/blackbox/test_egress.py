@@ -329,6 +329,12 @@ async def test_issue_33_the_policy_survives_a_server_restart(kbb, fake_internet)
             f"[kilntainers: network access to other.test:80 was blocked: {ALLOW_REFUSAL}]\n"
         ), res
         (network,) = inspect(container_for(cid))["NetworkSettings"]["Networks"]
+        # A restart may give the computer another address; the proxy is told the new one.
+        (await srv.call({"computer_id": cid}, name="computer_restart")).ok()
+        res = await srv.run(RAW.format(host="allowed.test", target="allowed.test"), computer_id=cid, temporary=False)
+        assert "hello-from-allowed.test" in res.structured["stdout"], res
+        res = await srv.run(VIA_PROXY.format(host="other.test"), computer_id=cid, temporary=False)
+        assert "was blocked" in res.structured["stderr"], res
         await srv.call({"computer_id": cid}, name="computer_delete")
     assert network not in egress_networks()
     assert f"{network}-proxy" not in egress_proxies()
