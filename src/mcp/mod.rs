@@ -88,6 +88,7 @@ impl Surface {
             job_tools: jobs.is_some(),
             jobs_in_server: registry.backend().runs_jobs_in_server(),
             output_limit: registry.limits().output_limit,
+            egress: egress.is_some(),
         };
         let tools = routes::tools(switches, &definitions);
         let mut instructions = INSTRUCTIONS.to_owned();

@@ -74,11 +74,15 @@ pub(super) async fn computer_network(call: &Call<'_>) -> Result<Payload, CallErr
         .egress_denials(&sandbox)
         .await?
         .unwrap_or_default();
-    let policy = call
-        .surface
-        .egress
-        .clone()
-        .unwrap_or_else(EgressPolicy::open);
+    // The computer's own policy as recorded on it, else the server's.
+    let policy = match registry.backend().egress_policy(&sandbox).await? {
+        Some(policy) => policy,
+        None => call
+            .surface
+            .egress
+            .clone()
+            .unwrap_or_else(EgressPolicy::open),
+    };
     let texts = |patterns: &[crate::backends::egress::Pattern]| -> Vec<Value> {
         patterns.iter().map(|p| json!(p.to_string())).collect()
     };

@@ -56,6 +56,8 @@ pub(super) struct Definitions<'a> {
     pub jobs_in_server: bool,
     /// `--output-limit`, `file_read`'s largest page.
     pub output_limit: u64,
+    /// An egress policy is enforced: `computer_create` takes `egress` (docs/egress.md).
+    pub egress: bool,
 }
 
 /// A tool's handler: `async fn(&Call) -> Result<Payload, CallError>`, boxed so that one table
@@ -229,6 +231,7 @@ mod tests {
             job_tools: true,
             jobs_in_server: false,
             output_limit: 1,
+            egress: true,
         };
         let names: Vec<String> = tools(ALL_ON, &definitions)
             .into_iter()

@@ -93,6 +93,11 @@ pub enum RegistryError {
     ShuttingDown(ComputerId),
     #[error("Computer '{}' was not found.", .0.slug())]
     NotFound(ComputerId),
+    #[error(
+        "Computer '{}' already exists; its egress policy was fixed when it was created, so computer_create's egress cannot change it.",
+        .0.slug()
+    )]
+    EgressFixed(ComputerId),
     #[error("Command interrupted because computer '{}' is being {}.", .id.slug(), .op.verb())]
     Interrupted { id: ComputerId, op: Interruption },
     /// The client cancelled the call; no result is expected.

@@ -378,3 +378,33 @@ async def test_issue_33_podman_allowlist_core_case(kbb):
         "kilntainers: error: --egress allowlist is not enforced with --engine podman in this version; use "
         "--engine docker, --egress open without rules, or --egress none."
     ], proc.stderr
+
+
+async def test_issue_33_computer_create_narrows_the_servers_policy(kbb, fake_internet):
+    # See: issue 33
+    args = [*BUSYBOX_ARGS, "--lifecycle-tools", "--egress", "allowlist", "--egress-allow", "allowed.test",
+            "--egress-allow", "other.test", *proxy_args(fake_internet)]
+    async with kbb.server(*args) as srv:
+        create = next(t for t in await srv.list_tools() if t["name"] == "computer_create")
+        assert "egress" in create["inputSchema"]["properties"]
+        wide = await srv.call({"egress": {"allow": ["*.test"]}}, name="computer_create")
+        assert wide.is_error
+        assert "'*.test' is wider than this server allows" in wide.text, wide
+        bad = await srv.call({"egress": {"allow": ["a..test"]}}, name="computer_create")
+        assert bad.is_error and "egress.allow: invalid pattern 'a..test'" in bad.text, bad
+
+        made = await srv.call({"egress": {"allow": ["allowed.test"]}}, name="computer_create")
+        narrow = made.ok().structured["computer_id"]
+        res = await srv.run(RAW.format(host="allowed.test", target="allowed.test"), computer_id=narrow)
+        assert "hello-from-allowed.test" in res.structured["stdout"], res
+        res = await srv.run(VIA_PROXY.format(host="other.test"), computer_id=narrow)
+        assert res.structured["stderr"].endswith(
+            f"[kilntainers: network access to other.test:80 was blocked: {ALLOW_REFUSAL}]\n"
+        ), res
+        shown = (await srv.call({"computer_id": narrow}, name="computer_network")).structured
+        assert (shown["mode"], shown["allow"]) == ("allowlist", ["allowed.test"]), shown
+        # A computer without egress gets the server's policy.
+        res = await srv.run(VIA_PROXY.format(host="other.test"))
+        assert "hello-from-other.test" in res.structured["stdout"], res
+        again = await srv.call({"computer_id": narrow, "egress": {"allow": ["allowed.test"]}}, name="computer_create")
+        assert again.is_error and "already exists" in again.text, again

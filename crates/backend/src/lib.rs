@@ -301,6 +301,15 @@ pub trait Backend: Send + Sync {
         false
     }
 
+    /// The egress policy recorded on `sandbox` (docs/egress.md, "Recorded"); `None` when this
+    /// backend records none, or the computer has none (open without rules).
+    async fn egress_policy(
+        &self,
+        _sandbox: &SandboxRef,
+    ) -> Result<Option<egress::EgressPolicy>, BackendError> {
+        Ok(None)
+    }
+
     /// The refusals recorded for `sandbox` by the enforcement of its egress policy, the last
     /// 100 distinct ones, oldest first (docs/egress.md, "Docker wiring"); `None` when this
     /// backend records none.

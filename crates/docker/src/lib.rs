@@ -626,6 +626,26 @@ impl Backend for DockerBackend {
         Ok(())
     }
 
+    async fn egress_policy(
+        &self,
+        sandbox: &SandboxRef,
+    ) -> Result<Option<kilntainers_backend::egress::EgressPolicy>, BackendError> {
+        let name = Self::container_name(&sandbox.computer_id);
+        let Some(inspect) = self.inspect(&name).await? else {
+            return Err(BackendError::Vanished(sandbox.computer_id.clone()));
+        };
+        inspect
+            .config
+            .and_then(|c| c.labels)
+            .and_then(|mut labels| labels.remove(label::EGRESS))
+            .map(|text| {
+                kilntainers_backend::egress::EgressPolicy::from_label(&text).map_err(|e| {
+                    BackendError::Provider(format!("computer '{}': {e}", sandbox.computer_id))
+                })
+            })
+            .transpose()
+    }
+
     async fn egress_denials(
         &self,
         sandbox: &SandboxRef,
