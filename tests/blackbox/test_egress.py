@@ -195,6 +195,13 @@ def fake_internet_on(env: dict | None, image: str):
     finally:
         for box in made:
             subprocess.run(["docker", "rm", "-f", box], capture_output=True, env=env)
+        # A failed test may leave its server's proxy joined to this network (as its upstream).
+        proxies = subprocess.run(
+            ["docker", "ps", "-aq", "--filter", f"network={name}", "--filter", "label=kilntainers.egress-proxy"],
+            capture_output=True, text=True, env=env,
+        ).stdout.split()
+        if proxies:
+            subprocess.run(["docker", "rm", "-f", *proxies], capture_output=True, env=env)
         subprocess.run(["docker", "network", "rm", name], capture_output=True, env=env)
 
 
