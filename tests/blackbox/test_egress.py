@@ -415,3 +415,31 @@ async def test_issue_33_computer_create_narrows_the_servers_policy(kbb, fake_int
         assert "hello-from-other.test" in res.structured["stdout"], res
         again = await srv.call({"computer_id": narrow, "egress": {"allow": ["allowed.test"]}}, name="computer_create")
         assert again.is_error and "already exists" in again.text, again
+
+
+async def test_issue_33_ip_literals_mismatched_tunnels_and_private_answers_are_refused(kbb, fake_internet):
+    # See: issue 33
+    net = fake_internet
+    # `private.test` is allowed by name but resolves to loopback: refused after resolution, so
+    # nothing is sent anywhere.
+    async with kbb.server(
+        *BUSYBOX_ARGS, "--egress", "allowlist", "--egress-allow", "allowed.test", "--egress-allow", "private.test",
+        *proxy_args(net), "--egress-resolve", "private.test=127.0.0.1",
+    ) as srv:
+        other_ip = net["hosts"]["other.test"]
+        res = await srv.run(VIA_PROXY.format(host=other_ip))
+        assert "hello-from" not in res.structured["stdout"], res
+        assert f"[kilntainers: network access to {other_ip}:80 was blocked: {ALLOW_REFUSAL}]" in res.structured["stderr"]
+        # CONNECT to the allowed host, then a request for another one inside the tunnel.
+        tunnel = (
+            "p=${http_proxy#http://}; printf 'CONNECT allowed.test:80 HTTP/1.1\\r\\nHost: allowed.test:80\\r\\n\\r\\n"
+            "GET / HTTP/1.0\\r\\nHost: other.test\\r\\n\\r\\n' | nc -w 5 ${p%:*} ${p##*:}"
+        )
+        res = await srv.run(tunnel)
+        assert "hello-from" not in res.structured["stdout"], res
+        assert "network access to allowed.test:80 was blocked" in res.structured["stderr"], res
+        res = await srv.run(VIA_PROXY.format(host="private.test"))
+        assert "hello-from" not in res.structured["stdout"], res
+        assert "[kilntainers: network access to private.test:80 was blocked: private address]" in res.structured[
+            "stderr"
+        ], res
