@@ -156,11 +156,15 @@ fn parse_stat(stat: &str) -> Option<(i32, u64)> {
 /// oldest start time seen across passes, so a later pass still recognises orphans once every
 /// tagged process is gone. A root need not be in `procs`: a killed process that is still exiting
 /// is unreadable, and its children are not reparented yet, so they are found as its descendants.
-/// `supervisor_of` is [`recorded_supervisor`] (a fixed answer in tests).
+/// `keeper` is the process orphans are reparented to: PID 1, the computer's keep-alive, in
+/// every computer; the tests' own process (a child subreaper) when they run on a host, whose
+/// other orphans are not ours to kill. `supervisor_of` is [`recorded_supervisor`] (a fixed
+/// answer in tests).
 pub fn targets(
     procs: &[Proc],
     tag: &[u8],
     roots: &[i32],
+    keeper: i32,
     since: &mut Option<u64>,
     supervisor_of: &dyn Fn(&str) -> Option<i32>,
 ) -> Vec<i32> {
@@ -186,7 +190,7 @@ pub fn targets(
             let foreign = proc.tag.as_deref().is_some_and(|tag| {
                 older_tags.contains(tag) || of_running_job(procs, tag, supervisor_of)
             });
-            if proc.ppid == 1 && proc.start >= since && !foreign {
+            if proc.ppid == keeper && proc.start >= since && !foreign {
                 chosen.insert(proc.pid);
             }
         }
@@ -257,7 +261,7 @@ mod tests {
         ];
         let mut since = None;
         assert_eq!(
-            targets(&procs, TAG, &[], &mut since, &no_jobs),
+            targets(&procs, TAG, &[], 1, &mut since, &no_jobs),
             vec![10, 11, 12, 13, 15]
         );
         assert_eq!(since, Some(30));
@@ -275,7 +279,14 @@ mod tests {
         let running = |job: &str| (job == "j-0000000a").then_some(11);
         let mut since = None;
         assert_eq!(
-            targets(&procs, b"KILNTAINERS_EXEC_ID=c", &[], &mut since, &running),
+            targets(
+                &procs,
+                b"KILNTAINERS_EXEC_ID=c",
+                &[],
+                1,
+                &mut since,
+                &running
+            ),
             vec![10, 14]
         );
         let mut since = None;
@@ -284,6 +295,7 @@ mod tests {
                 &procs,
                 b"KILNTAINERS_EXEC_ID=job-j-0000000a",
                 &[],
+                1,
                 &mut since,
                 &running
             ),
@@ -319,6 +331,7 @@ mod tests {
                 &procs,
                 b"KILNTAINERS_EXEC_ID=c",
                 &[],
+                1,
                 &mut since,
                 &supervisor_of
             ),
@@ -346,7 +359,7 @@ mod tests {
             proc(13, 1, 33, None),
             proc(7, 1, 22, None),
         ];
-        assert_eq!(targets(&procs, TAG, &[], &mut since, &no_jobs), vec![13]);
+        assert_eq!(targets(&procs, TAG, &[], 1, &mut since, &no_jobs), vec![13]);
     }
 
     #[test]
@@ -358,14 +371,17 @@ mod tests {
             proc(1, 0, 0, None),
             proc(15, 1, 41, Some("KILNTAINERS_EXEC_ID=x")),
         ];
-        assert_eq!(targets(&procs, TAG, &[10], &mut since, &no_jobs), vec![15]);
+        assert_eq!(
+            targets(&procs, TAG, &[10], 1, &mut since, &no_jobs),
+            vec![15]
+        );
     }
 
     #[test]
     fn without_a_tagged_process_or_root_no_orphan_is_chosen() {
         let mut since = None;
         let procs = [proc(1, 0, 0, None), proc(13, 1, 33, None)];
-        assert!(targets(&procs, TAG, &[], &mut since, &no_jobs).is_empty());
+        assert!(targets(&procs, TAG, &[], 1, &mut since, &no_jobs).is_empty());
     }
 
     #[test]
@@ -377,7 +393,7 @@ mod tests {
             proc(13, 1, 33, None),
         ];
         assert_eq!(
-            targets(&procs, TAG, &[10], &mut since, &no_jobs),
+            targets(&procs, TAG, &[10], 1, &mut since, &no_jobs),
             vec![10, 13]
         );
     }
@@ -389,12 +405,12 @@ mod tests {
         let procs = [proc(21, 20, 50, None), proc(30, 7, 50, None)];
         let mut since = Some(40);
         assert_eq!(
-            targets(&procs, TAG.as_bytes(), &[20], &mut since, &no_jobs),
+            targets(&procs, TAG.as_bytes(), &[20], 1, &mut since, &no_jobs),
             [21]
         );
         // A root that is gone is never returned itself.
         assert_eq!(
-            targets(&[], TAG.as_bytes(), &[20], &mut since, &no_jobs),
+            targets(&[], TAG.as_bytes(), &[20], 1, &mut since, &no_jobs),
             Vec::<i32>::new()
         );
     }

@@ -1,6 +1,7 @@
 //! The helper's only foreign calls, `poll` and `kill`, behind safe wrappers: std has no way to
 //! wait on several pipes with a timeout or to signal a process group, and the helper takes no
-//! dependencies (it is compiled with plain `rustc`). This is the crate's only `unsafe`.
+//! dependencies (it is compiled with plain `rustc`). This is the crate's only `unsafe`. The tests
+//! add `prctl`, to stand in for a computer's PID 1.
 
 use std::ffi::{c_int, c_short, c_ulong};
 use std::io;
@@ -36,6 +37,24 @@ impl PollFd {
 unsafe extern "C" {
     safe fn kill(pid: c_int, sig: c_int) -> c_int;
     fn poll(fds: *mut PollFd, nfds: c_ulong, timeout: c_int) -> c_int;
+    #[cfg(test)]
+    fn prctl(option: c_int, ...) -> c_int;
+}
+
+/// Makes this process the one its descendants' orphans are reparented to, as PID 1 is in a
+/// computer: the tests run the helper on a host, where the kill sweep's orphan rule must see
+/// only what the tests started.
+#[cfg(test)]
+pub(crate) fn become_child_subreaper() {
+    const PR_SET_CHILD_SUBREAPER: c_int = 36;
+    // SAFETY: this option takes one integer argument and touches none of our memory.
+    let done = unsafe { prctl(PR_SET_CHILD_SUBREAPER, c_ulong::from(1u8)) };
+    assert_eq!(
+        done,
+        0,
+        "prctl(PR_SET_CHILD_SUBREAPER): {}",
+        io::Error::last_os_error()
+    );
 }
 
 /// Waits until one of `fds` is ready or `timeout` passes; returns how many are ready.

@@ -34,6 +34,7 @@ pub(super) fn kill_tagged(shared: &Shared, tag: &str) {
             &procs,
             tag.as_bytes(),
             &roots,
+            shared.keeper,
             &mut since,
             &sweep::recorded_supervisor,
         );

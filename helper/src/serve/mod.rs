@@ -96,14 +96,27 @@ pub fn serve() -> i32 {
         file: input,
         broken: Arc::clone(&broken),
     };
-    serve_with(input, Box::new(output), broken)
+    serve_with(input, Box::new(output), broken, COMPUTER_KEEPER)
 }
 
 /// [`serve`] over any pair of streams: requests come from `input`, events go to `output`.
 /// Returns once `input` ends (0) or breaks the protocol (1), after killing what still runs.
-pub fn serve_on<R: Read, W: Write + Send + 'static>(input: R, output: W) -> i32 {
-    serve_with(input, Box::new(output), Arc::new(AtomicBool::new(false)))
+/// `keeper` is the process the commands' orphans are reparented to ([`sweep::targets`]): a
+/// `Kill` also ends the keeper's children started since the command. In a computer that is
+/// PID 1; anywhere else it must be a child subreaper of our own, or the sweep would take the
+/// host's freshly started daemons for the command's leftovers.
+pub fn serve_on<R: Read, W: Write + Send + 'static>(input: R, output: W, keeper: i32) -> i32 {
+    serve_with(
+        input,
+        Box::new(output),
+        Arc::new(AtomicBool::new(false)),
+        keeper,
+    )
 }
+
+/// PID 1 of a Docker/Podman computer: our keep-alive, whose only child is its `sleep`, so any
+/// other child it has is an orphan.
+const COMPUTER_KEEPER: i32 = 1;
 
 /// The server's stream as seen by the request loop: it reads as end of input once the server
 /// can no longer be written to, so a server that vanished is handled like one that hung up.
@@ -162,6 +175,8 @@ struct Shared {
     commands: Mutex<HashMap<u32, Entry>>,
     /// Signalled whenever a command leaves `commands`; shutdown waits on it.
     left: Condvar,
+    /// Where orphans go ([`serve_on`]).
+    keeper: i32,
 }
 
 impl Shared {
@@ -184,7 +199,12 @@ struct Entry {
     stdin: Option<Sender<Vec<u8>>>,
 }
 
-fn serve_with(input: impl Read, output: Box<dyn Write + Send>, broken: Arc<AtomicBool>) -> i32 {
+fn serve_with(
+    input: impl Read,
+    output: Box<dyn Write + Send>,
+    broken: Arc<AtomicBool>,
+    keeper: i32,
+) -> i32 {
     let shared = Arc::new(Shared {
         writer: Writer {
             out: Mutex::new(output),
@@ -192,6 +212,7 @@ fn serve_with(input: impl Read, output: Box<dyn Write + Send>, broken: Arc<Atomi
         },
         commands: Mutex::default(),
         left: Condvar::new(),
+        keeper,
     });
     let mut input = BufReader::with_capacity(wire::CHUNK + 1024, input);
     let code = loop {

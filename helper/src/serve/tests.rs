@@ -3,15 +3,31 @@
 
 use super::*;
 use std::sync::atomic::AtomicU32;
+use std::sync::{Once, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 /// Guards every wait on the helper: a broken helper fails the test instead of hanging it.
 const EVENT_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// A server stand-in: runs `serve_on` in a thread over two pipes.
+/// Taken by every client for its whole life: shared by most, exclusively by those that send a
+/// `Kill`. The sweep's orphan rule ends every child of the keeper (this process) started since
+/// the killed command, so another test's commands and background processes must not be there
+/// to be taken for the command's leftovers, as no other exec's are in a computer whose
+/// commands all started before the killed one.
+static TURNS: RwLock<()> = RwLock::new(());
+
+enum Turn {
+    Shared(#[allow(dead_code)] RwLockReadGuard<'static, ()>),
+    Alone(#[allow(dead_code)] RwLockWriteGuard<'static, ()>),
+}
+
+/// A server stand-in: runs `serve_on` in a thread over two pipes, this process standing in for
+/// the computer's PID 1.
 struct Client {
     requests: Option<io::PipeWriter>,
     events: Receiver<Event>,
     server: Option<thread::JoinHandle<i32>>,
+    /// Released after the server's thread ended (fields drop after `Drop::drop`).
+    _turn: Turn,
 }
 
 #[derive(Debug, Default)]
@@ -23,9 +39,23 @@ struct Outcome {
 
 impl Client {
     fn new() -> Self {
+        let turn = TURNS.read().unwrap_or_else(PoisonError::into_inner);
+        Self::start(Turn::Shared(turn))
+    }
+
+    /// A client for a test that sends `Kill`: no other test's client runs meanwhile.
+    fn alone() -> Self {
+        let turn = TURNS.write().unwrap_or_else(PoisonError::into_inner);
+        Self::start(Turn::Alone(turn))
+    }
+
+    fn start(turn: Turn) -> Self {
+        static SUBREAPER: Once = Once::new();
+        SUBREAPER.call_once(crate::sys::become_child_subreaper);
+        let keeper = i32::try_from(std::process::id()).unwrap();
         let (request_reader, request_writer) = io::pipe().unwrap();
         let (mut event_reader, event_writer) = io::pipe().unwrap();
-        let server = thread::spawn(move || serve_on(request_reader, event_writer));
+        let server = thread::spawn(move || serve_on(request_reader, event_writer, keeper));
         let (events_tx, events) = mpsc::channel();
         thread::spawn(move || {
             while let Ok(Some(payload)) = wire::read_payload(&mut event_reader) {
@@ -39,6 +69,7 @@ impl Client {
             requests: Some(request_writer),
             events,
             server: Some(server),
+            _turn: turn,
         }
     }
 
@@ -356,7 +387,7 @@ fn output_waits_for_credit() {
 #[test]
 fn kill_leaves_nothing_with_the_tag() {
     let tag = Tag::new();
-    let mut client = Client::new();
+    let mut client = Client::alone();
     client.send(Request::Start(Start {
         env: vec![tag.0.clone()],
         ..sh(1, "sleep 1000 & sleep 1000 & echo started; wait")
@@ -505,24 +536,106 @@ fn start_failures_read_like_docker_exec() {
 #[test]
 fn background_process_holding_the_output_is_not_waited_for() {
     let tag = Tag::new();
-    let mut client = Client::new();
+    let mut client = Client::alone();
     let outcome = client.run(Start {
         env: vec![tag.0.clone()],
         ..sh(1, "sleep 100 & echo hi")
     });
     assert_eq!(outcome.stdout, b"hi\n");
     assert_eq!(outcome.code, 0);
-    assert_eq!(
-        tagged_processes(&tag.0).len(),
-        1,
-        "the background sleep runs on"
-    );
+    // The background child may be in the middle of its exec of `sleep`, when its environment
+    // reads as empty: look again until it shows (bounded), it must still be there.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut running = tagged_processes(&tag.0).len();
+    while running != 1 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+        running = tagged_processes(&tag.0).len();
+    }
+    assert_eq!(running, 1, "the background sleep runs on");
     client.send(Request::Kill {
         id: 2,
         tag: tag.0.clone(),
     });
     assert_eq!(client.next(), Event::Killed { id: 2 });
     tag.assert_gone();
+    assert_eq!(client.finish(), 0);
+}
+
+/// Clock ticks since boot, the unit of a process's start time.
+fn ticks_now() -> u64 {
+    let uptime = std::fs::read_to_string("/proc/uptime").unwrap();
+    let seconds: f64 = uptime.split_whitespace().next().unwrap().parse().unwrap();
+    // USER_HZ is 100 on every Linux architecture we run on.
+    (seconds * 100.0) as u64
+}
+
+fn parent_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after = &stat[stat.rfind(')')? + 1..];
+    after.split_ascii_whitespace().nth(1)?.parse().ok()
+}
+
+#[test]
+fn kill_ends_the_orphans_the_command_left_and_only_those() {
+    let tag = Tag::new();
+    let mut client = Client::alone();
+    let keeper = i32::try_from(std::process::id()).unwrap();
+    // An orphan left by an earlier command: untagged, but older than the killed one.
+    let earlier = client.run(sh(1, "(env -i /bin/sh -c 'echo $$; exec sleep 1000' &)"));
+    let earlier: i32 = String::from_utf8(earlier.stdout)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let earlier_start = crate::sweep::start_time(earlier).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while ticks_now() <= earlier_start + 1 {
+        assert!(Instant::now() < deadline, "the clock did not move on");
+        thread::sleep(Duration::from_millis(5));
+    }
+    // The killed command's own: dropped the tag, left its session and lost its parent.
+    client.send(Request::Start(Start {
+        env: vec![tag.0.clone()],
+        ..sh(
+            2,
+            "(setsid env -i /bin/sh -c 'echo $$; exec sleep 1000' &); exec sleep 1000",
+        )
+    }));
+    let escaped: i32 = pid_of(client.next(), 2).parse().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while parent_of(escaped) != Some(keeper) {
+        assert!(
+            Instant::now() < deadline,
+            "{escaped} was not reparented to the keeper"
+        );
+        thread::sleep(Duration::from_millis(5));
+    }
+    client.send(Request::Kill {
+        id: 3,
+        tag: tag.0.clone(),
+    });
+    let (mut killed, mut exited) = (false, false);
+    while !(killed && exited) {
+        match client.next() {
+            Event::Killed { id: 3 } => killed = true,
+            Event::Exited { id: 2, code } => {
+                assert_eq!(code, 128 + 9);
+                exited = true;
+            }
+            other => panic!("unexpected event {other:?}"),
+        }
+    }
+    // SIGKILL completes asynchronously.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while kill::is_running(escaped) {
+        assert!(Instant::now() < deadline, "the escaped orphan survived");
+        thread::sleep(Duration::from_millis(5));
+    }
+    assert!(
+        kill::is_running(earlier),
+        "an earlier command's orphan was killed"
+    );
+    kill_process(earlier);
     assert_eq!(client.finish(), 0);
 }
 
