@@ -503,7 +503,7 @@ fn docker_config(
     }
     // Only the docker backend connects; a stray DOCKER_TLS_VERIFY must not stop the others.
     let connection = if cli.backend == BackendKind::Docker {
-        engine::connection(engine, &cli.docker, env, engine::current_uid())?
+        engine::connection(engine, &cli.docker, &env, engine::current_uid())?
     } else {
         EngineConnection::unused()
     };
@@ -535,6 +535,9 @@ fn docker_config(
         } else {
             ComputerNetwork::EngineDefault
         },
+        state_dir: env("HOME")
+            .filter(|h| !h.is_empty())
+            .map(|h| std::path::PathBuf::from(h).join(crate::state::STATE_DIR_NAME)),
     })
 }
 

@@ -7,6 +7,7 @@
 //! **API boundary:** everything a client can observe is produced here or in [`format`].
 
 pub mod args;
+mod ask;
 mod call;
 pub mod description;
 mod execute;
@@ -30,7 +31,7 @@ use rmcp::model::{
     ReadResourceResponse, ReadResourceResult, Resource, ResourceContents, ResourcesCapability,
     ServerCapabilities, ServerConfig, Tool, ToolsCapability,
 };
-use rmcp::service::RequestContext;
+use rmcp::service::{NotificationContext, RequestContext};
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -63,6 +64,9 @@ pub struct Surface {
     /// The server's egress policy when it is not `open` without rules: `computer_network` is
     /// listed then (docs/egress.md).
     pub egress: Option<crate::backends::egress::EgressPolicy>,
+    /// Ask-to-allow: the backend's egress questions put to the sessions' people, when the
+    /// backend asks any (docs/egress.md, "Ask-to-allow").
+    asks: Option<Arc<ask::Asks>>,
     /// The HTTP transport's base URL, for `port_url`'s `proxy_url` (unset in stdio mode).
     proxy_base: std::sync::OnceLock<String>,
     instructions: String,
@@ -107,7 +111,9 @@ impl Surface {
             instructions.push_str(files::INSTRUCTIONS);
             ports = Some(Ports::new(registry.clone()));
         }
+        let asks = ask::Asks::start(Arc::clone(&registry));
         Arc::new(Self {
+            asks,
             registry,
             jobs,
             tools,
@@ -196,6 +202,7 @@ impl SessionHandler {
     fn with_session(surface: Arc<Surface>, session: Arc<Session>) -> Self {
         let release = ReleaseOnDrop {
             registry: surface.registry.clone(),
+            asks: surface.asks.clone(),
             jobs: surface.jobs.clone(),
             session: session.clone(),
         };
@@ -211,12 +218,16 @@ impl SessionHandler {
 /// runtime; the shutdown sweep covers anything a dying runtime no longer runs.
 struct ReleaseOnDrop {
     registry: Arc<Registry>,
+    asks: Option<Arc<ask::Asks>>,
     jobs: Option<Arc<Jobs>>,
     session: Arc<Session>,
 }
 
 impl Drop for ReleaseOnDrop {
     fn drop(&mut self) {
+        if let Some(asks) = &self.asks {
+            asks.closed(self.session.id());
+        }
         if let Some(jobs) = &self.jobs {
             jobs.close_session(self.session.id());
         }
@@ -257,6 +268,13 @@ impl ServerHandler for SessionHandler {
                     .with_title("MCP Sandbox Computer VM for AI"),
             )
             .with_instructions(self.surface.instructions.clone())
+    }
+
+    async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
+        tracing::info!("client initialized");
+        if let Some(asks) = &self.surface.asks {
+            asks.connected(self.session.id(), &context.peer);
+        }
     }
 
     async fn list_tools(
@@ -346,6 +364,9 @@ impl ServerHandler for SessionHandler {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
+        if let Some(asks) = &self.surface.asks {
+            asks.connected(self.session.id(), &context.peer);
+        }
         let progress = progress::McpProgress::start(&context);
         let arguments = request.arguments.as_ref();
         let answer = self

@@ -583,6 +583,98 @@ impl EgressSettings {
     }
 }
 
+/// Reasons a question is refused without asking anyone (docs/egress.md, "Ask-to-allow").
+pub mod reasons {
+    /// The user chose `deny`, declined or cancelled.
+    pub const DECLINED: &str = "the user declined";
+    /// The user chose `deny` for this computer and host less than 10 minutes ago.
+    pub const DECLINED_EARLIER: &str = "the user declined (remembered for 10 minutes)";
+    /// No answer within the proxy's hold.
+    pub const NO_ANSWER: &str = "no answer from the user in 60 s";
+    /// The session's client did not declare the elicitation capability.
+    pub const NO_ELICITATION: &str =
+        "no way to ask the user (the client does not support elicitation)";
+    /// No live session holds or runs the computer.
+    pub const NO_SESSION: &str = "no way to ask the user (no session holds this computer)";
+    /// The session speaks protocol 2026-07-28, whose `input_required` this version does not
+    /// use for questions.
+    pub const NO_MRTR: &str = "no way to ask the user (protocol 2026-07-28 questions are not supported by this server yet)";
+    /// The session already has [`super::MAX_QUESTIONS_PER_SESSION`] questions open.
+    pub const TOO_MANY: &str = "too many questions are open for this session (at most 3)";
+}
+
+/// Questions open at once per MCP session; more are refused with [`reasons::TOO_MANY`].
+pub const MAX_QUESTIONS_PER_SESSION: usize = 3;
+
+/// How long a connection waits for the person (the proxy's hold).
+pub const ASK_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// How long a `deny` is remembered for a computer and host.
+pub const DENY_REMEMBERED: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// What the person (or the server for them) answered to an [`EgressQuestion`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EgressAnswer {
+    /// `allow once`: this connection (and those waiting on the same question).
+    Once,
+    /// `allow for this computer`: the backend adds `host:port` to the computer's recorded
+    /// policy and lets this connection through.
+    ForComputer,
+    /// Refused, with the reason line the computer's command shows (§2 of the contract).
+    Refuse(String),
+}
+
+/// A connection from a computer to a host no rule covers, held by the enforcing backend until
+/// [`EgressQuestion::answer`] is called (or its hold ends). Backends with ask-to-allow hand
+/// these to the server ([`crate::Backend::egress_questions`]); the server asks the person.
+#[derive(Debug)]
+pub struct EgressQuestion {
+    pub computer_id: crate::ids::ComputerId,
+    /// The host as the computer named it (normalised), and the port.
+    pub host: String,
+    pub port: u16,
+    answer: tokio::sync::oneshot::Sender<EgressAnswer>,
+}
+
+impl EgressQuestion {
+    /// A question and the receiver its answer arrives on (for the backend that asks).
+    pub fn new(
+        computer_id: crate::ids::ComputerId,
+        host: String,
+        port: u16,
+    ) -> (Self, tokio::sync::oneshot::Receiver<EgressAnswer>) {
+        let (answer, rx) = tokio::sync::oneshot::channel();
+        (
+            Self {
+                computer_id,
+                host,
+                port,
+                answer,
+            },
+            rx,
+        )
+    }
+
+    /// Answers it; a question dropped unanswered counts as [`reasons::NO_ANSWER`].
+    pub fn answer(self, answer: EgressAnswer) {
+        let _ = self.answer.send(answer);
+    }
+
+    /// The pattern `allow for this computer` adds: exactly this host and port.
+    pub fn pattern(&self) -> Result<Pattern, PatternError> {
+        pattern_for(&self.host, self.port)
+    }
+}
+
+/// `host:port` as a pattern (an IPv6 literal in brackets).
+pub fn pattern_for(host: &str, port: u16) -> Result<Pattern, PatternError> {
+    if host.parse::<std::net::Ipv6Addr>().is_ok() {
+        Pattern::parse(&format!("[{host}]:{port}"))
+    } else {
+        Pattern::parse(&format!("{host}:{port}"))
+    }
+}
+
 fn join(patterns: &[Pattern]) -> String {
     patterns
         .iter()

@@ -320,6 +320,13 @@ pub trait Backend: Send + Sync {
         Ok(None)
     }
 
+    /// The questions of ask-to-allow (docs/egress.md, "Ask-to-allow"): connections held until
+    /// the server answers each. The receiving end is handed out once (to the server); `None`
+    /// when this backend never asks, or it was taken already.
+    fn egress_questions(&self) -> Option<tokio::sync::mpsc::Receiver<egress::EgressQuestion>> {
+        None
+    }
+
     async fn create(
         &self,
         spec: &CreateSpec,

@@ -27,7 +27,11 @@ use tracing::{debug, warn};
 use super::describe;
 use crate::helper::binary;
 use kilntainers_backend::BackendError;
-use kilntainers_backend::egress::{DeniedEntry, EgressMode, EgressPolicy, EgressSettings, Pattern};
+use kilntainers_backend::egress::{
+    ASK_TIMEOUT, DeniedEntry, EgressAnswer, EgressMode, EgressPolicy, EgressQuestion,
+    EgressSettings, Pattern, reasons,
+};
+use kilntainers_backend::ids::ComputerId;
 use kilntainers_backend::labels::docker as label;
 
 /// Repository of the proxy's image (under `localhost/`, which Podman gives imported images and
@@ -487,13 +491,121 @@ impl DenialLog {
     }
 }
 
+/// The proxy's stdin, shared by the server's calls and the answers to its questions.
+type Input = Arc<tokio::sync::Mutex<std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>>>;
+
 /// A running proxy and this server's end of its control channel.
 pub(crate) struct Proxy {
     /// The proxy's address on the internal network: the computers' DNS server and proxy.
     pub address: IpAddr,
-    input: tokio::sync::Mutex<std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>>,
+    input: Input,
     pub denials: Arc<Mutex<DenialLog>>,
     syncs: Arc<Syncs>,
+    /// The computers behind it by address, with the policy each was given.
+    computers: Arc<Mutex<HashMap<IpAddr, Attached>>>,
+}
+
+/// A computer behind a proxy: who it is and the policy the proxy has for it.
+#[derive(Debug, Clone)]
+pub(crate) struct Attached {
+    pub computer_id: ComputerId,
+    /// The container's full id: the key of its grants.
+    pub container: String,
+    pub policy: EgressPolicy,
+}
+
+/// Where a proxy's questions go (docs/egress.md, "Ask-to-allow"): to the server, and the
+/// hosts allowed for a computer by the person, kept outside the computer.
+#[derive(Clone)]
+pub(crate) struct Asking {
+    pub questions: tokio::sync::mpsc::Sender<EgressQuestion>,
+    pub grants: Grants,
+}
+
+/// Questions handed to the server and not yet taken; past that they are refused at once.
+pub(crate) const QUESTIONS_QUEUED: usize = 64;
+
+/// The hosts a person allowed for a computer (`allow for this computer`), one file per
+/// container under the state dir, `egress-grants/<container id>`, one pattern a line. The
+/// `kilntainers.egress` label cannot change on a container, and nothing inside the computer may
+/// hold its own policy, so they live beside the server's other state and are read whenever the
+/// recorded policy is: after a restart of the server or the computer they still apply.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Grants {
+    dir: Option<std::path::PathBuf>,
+}
+
+/// Grants kept per computer; more are refused (each answer adds one).
+pub(crate) const MAX_GRANTS: usize = 256;
+
+impl Grants {
+    pub(crate) fn new(state_dir: Option<&std::path::Path>) -> Self {
+        Self {
+            dir: state_dir.map(|d| d.join("egress-grants")),
+        }
+    }
+
+    fn path(&self, container: &str) -> Option<std::path::PathBuf> {
+        // A container id is hex; anything else is never a file name here.
+        if container.is_empty() || !container.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return None;
+        }
+        self.dir.as_ref().map(|d| d.join(container))
+    }
+
+    /// The patterns granted to `container`; unreadable lines are skipped.
+    pub(crate) fn load(&self, container: &str) -> Vec<Pattern> {
+        let Some(text) = self
+            .path(container)
+            .and_then(|p| std::fs::read_to_string(p).ok())
+        else {
+            return Vec::new();
+        };
+        text.lines()
+            .filter_map(|line| Pattern::parse(line.trim()).ok())
+            .take(MAX_GRANTS)
+            .collect()
+    }
+
+    /// Adds `pattern` to `container`'s grants (written whole to a temporary file, then renamed).
+    pub(crate) fn add(&self, container: &str, pattern: &Pattern) -> Result<(), String> {
+        let path = self
+            .path(container)
+            .ok_or("the server has no state directory to keep it in")?;
+        let mut patterns = self.load(container);
+        if patterns.contains(pattern) {
+            return Ok(());
+        }
+        if patterns.len() >= MAX_GRANTS {
+            return Err(format!(
+                "this computer has {MAX_GRANTS} hosts allowed already"
+            ));
+        }
+        patterns.push(pattern.clone());
+        let text: String = patterns.iter().map(|p| format!("{p}\n")).collect();
+        let dir = path.parent().ok_or("no directory")?;
+        std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+        let temporary = path.with_extension("new");
+        std::fs::write(&temporary, text).map_err(|e| e.to_string())?;
+        std::fs::rename(&temporary, &path).map_err(|e| e.to_string())
+    }
+
+    /// Forgets a removed container's grants.
+    pub(crate) fn remove(&self, container: &str) {
+        if let Some(path) = self.path(container) {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+
+    /// `policy` with `container`'s grants added to its allow rules.
+    pub(crate) fn apply(&self, container: &str, mut policy: EgressPolicy) -> EgressPolicy {
+        for pattern in self.load(container) {
+            if !policy.allow.contains(&pattern) {
+                policy.allow.push(pattern);
+            }
+        }
+        policy
+    }
 }
 
 /// `sync` round trips under way, by id.
@@ -516,6 +628,7 @@ impl Proxy {
         network: &str,
         settings: &EgressSettings,
         default_upstream: &str,
+        asking: Option<Asking>,
     ) -> Result<Self, BackendError> {
         let failed = |what: &str, e: &bollard::errors::Error| {
             BackendError::Provider(format!(
@@ -574,19 +687,27 @@ impl Proxy {
             })?;
         let denials = Arc::new(Mutex::new(DenialLog::default()));
         let syncs = Arc::new(Syncs::default());
+        let input: Input = Arc::new(tokio::sync::Mutex::new(attached.input));
+        let computers = Arc::new(Mutex::new(HashMap::new()));
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
         tokio::spawn(read_events(
             attached.output,
             name.clone(),
-            Arc::clone(&denials),
-            Arc::clone(&syncs),
+            Shared {
+                denials: Arc::clone(&denials),
+                syncs: Arc::clone(&syncs),
+                input: Arc::clone(&input),
+                computers: Arc::clone(&computers),
+                asking,
+            },
             ready_tx,
         ));
         let proxy = Self {
             address,
-            input: tokio::sync::Mutex::new(attached.input),
+            input,
             denials,
             syncs,
+            computers,
         };
         proxy.send(&format!("address {address}\n")).await?;
         match tokio::time::timeout(std::time::Duration::from_secs(10), ready_rx).await {
@@ -599,12 +720,7 @@ impl Proxy {
 
     /// Writes one control line.
     pub(crate) async fn send(&self, line: &str) -> Result<(), BackendError> {
-        let mut input = self.input.lock().await;
-        input
-            .write_all(line.as_bytes())
-            .await
-            .and(input.flush().await)
-            .map_err(|e| BackendError::Provider(format!("the egress proxy is unreachable: {e}")))
+        send(&self.input, line).await
     }
 
     /// Waits until every refusal the proxy made before now has been read (a `sync` round
@@ -636,13 +752,18 @@ impl Proxy {
         answered
     }
 
-    /// Gives `computer` its policy.
-    pub(crate) async fn set_policy(
+    /// Gives the computer at `address` its policy, and remembers who it is for its questions.
+    pub(crate) async fn attach(
         &self,
-        computer: IpAddr,
-        policy: &EgressPolicy,
+        address: IpAddr,
+        attached: Attached,
     ) -> Result<(), BackendError> {
-        self.send(&policy_line(computer, policy)).await
+        let line = policy_line(address, &attached.policy);
+        self.computers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(address, attached);
+        self.send(&line).await
     }
 
     /// Forgets a removed computer.
@@ -651,8 +772,107 @@ impl Proxy {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .forget(computer);
+        self.computers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&computer);
         self.send(&format!("forget {computer}\n")).await
     }
+}
+
+/// Writes one control line to a proxy.
+async fn send(input: &Input, line: &str) -> Result<(), BackendError> {
+    let mut input = input.lock().await;
+    input
+        .write_all(line.as_bytes())
+        .await
+        .and(input.flush().await)
+        .map_err(|e| BackendError::Provider(format!("the egress proxy is unreachable: {e}")))
+}
+
+/// What the reader of a proxy's output shares with the proxy.
+struct Shared {
+    denials: Arc<Mutex<DenialLog>>,
+    syncs: Arc<Syncs>,
+    input: Input,
+    computers: Arc<Mutex<HashMap<IpAddr, Attached>>>,
+    asking: Option<Asking>,
+}
+
+/// One question from the proxy, as the server will answer it: handed to the server (through
+/// [`Asking::questions`]) and its answer written back as `answer <id> …`. `allow for this
+/// computer` is granted (kept, and the policy sent again) before the answer lets the
+/// connection through.
+async fn answer_question(shared: Arc<Shared>, id: u64, address: IpAddr, host: String, port: u16) {
+    let attached = shared
+        .computers
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .get(&address)
+        .cloned();
+    let answer = match (attached, &shared.asking) {
+        (Some(attached), Some(asking)) => {
+            let (question, answered) =
+                EgressQuestion::new(attached.computer_id.clone(), host.clone(), port);
+            let answer = match asking.questions.try_send(question) {
+                Err(_) => EgressAnswer::Refuse(reasons::TOO_MANY.to_owned()),
+                Ok(()) => match tokio::time::timeout(ASK_TIMEOUT, answered).await {
+                    Ok(Ok(answer)) => answer,
+                    _ => EgressAnswer::Refuse(reasons::NO_ANSWER.to_owned()),
+                },
+            };
+            if answer == EgressAnswer::ForComputer {
+                grant(&shared, asking, &attached, address, &host, port).await
+            } else {
+                answer
+            }
+        }
+        _ => EgressAnswer::Refuse(reasons::NO_SESSION.to_owned()),
+    };
+    let line = match answer {
+        EgressAnswer::Once => format!("answer {id} once\n"),
+        EgressAnswer::ForComputer => format!("answer {id} computer\n"),
+        EgressAnswer::Refuse(reason) => format!("answer {id} refuse {reason}\n"),
+    };
+    if let Err(error) = send(&shared.input, &line).await {
+        warn!(%error, "could not answer the egress proxy's question");
+    }
+}
+
+/// `allow for this computer`: keeps `host:port` with the computer's grants and sends the proxy
+/// its widened policy; when that fails, the connection is refused with the reason.
+async fn grant(
+    shared: &Shared,
+    asking: &Asking,
+    attached: &Attached,
+    address: IpAddr,
+    host: &str,
+    port: u16,
+) -> EgressAnswer {
+    let pattern = match kilntainers_backend::egress::pattern_for(host, port) {
+        Ok(pattern) => pattern,
+        Err(e) => return EgressAnswer::Refuse(format!("cannot allow it: {e}")),
+    };
+    if let Err(why) = asking.grants.add(&attached.container, &pattern) {
+        return EgressAnswer::Refuse(format!("cannot allow it for this computer: {why}"));
+    }
+    let policy = {
+        let mut computers = shared
+            .computers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Some(current) = computers.get_mut(&address) else {
+            return EgressAnswer::Refuse(reasons::NO_SESSION.to_owned());
+        };
+        if !current.policy.allow.contains(&pattern) {
+            current.policy.allow.push(pattern);
+        }
+        current.policy.clone()
+    };
+    if let Err(error) = send(&shared.input, &policy_line(address, &policy)).await {
+        return EgressAnswer::Refuse(error.to_string());
+    }
+    EgressAnswer::ForComputer
 }
 
 /// Reads the proxy's output until it ends: stdout lines are events, stderr is logged.
@@ -665,10 +885,10 @@ async fn read_events(
         >,
     >,
     name: String,
-    denials: Arc<Mutex<DenialLog>>,
-    syncs: Arc<Syncs>,
+    shared: Shared,
     ready: tokio::sync::oneshot::Sender<()>,
 ) {
+    let shared = Arc::new(shared);
     let mut ready = Some(ready);
     let mut lines = Lines::default();
     let mut errors = Lines::default();
@@ -681,12 +901,14 @@ async fn read_events(
                             let _ = ready.send(());
                         }
                     }
-                    Some(Event::Denied(computer, denial)) => denials
+                    Some(Event::Denied(computer, denial)) => shared
+                        .denials
                         .lock()
                         .unwrap_or_else(std::sync::PoisonError::into_inner)
                         .record(computer, denial),
                     Some(Event::Synced(id)) => {
-                        let waiter = syncs
+                        let waiter = shared
+                            .syncs
                             .waiting
                             .lock()
                             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -695,9 +917,20 @@ async fn read_events(
                             let _ = waiter.send(());
                         }
                     }
-                    // Ask-to-allow is answered by the server in a later step; meanwhile the
-                    // proxy refuses the question when it times out.
-                    Some(Event::Ask { .. }) => {}
+                    Some(Event::Ask {
+                        id,
+                        computer,
+                        host,
+                        port,
+                    }) => {
+                        tokio::spawn(answer_question(
+                            Arc::clone(&shared),
+                            id,
+                            computer,
+                            host,
+                            port,
+                        ));
+                    }
                     None => warn!(proxy = %name, "unreadable line from the egress proxy"),
                 });
             }

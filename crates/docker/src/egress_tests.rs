@@ -277,7 +277,7 @@ async fn a_real_proxy_refuses_and_reports_it() {
 }
 
 async fn exercise(docker: &Docker, network: &str) {
-    let proxy = Proxy::start(docker, network, &EgressSettings::default(), "bridge")
+    let proxy = Proxy::start(docker, network, &EgressSettings::default(), "bridge", None)
         .await
         .unwrap();
     let client = format!("{network}-client");
@@ -303,6 +303,7 @@ async fn exercise(docker: &Docker, network: &str) {
         .inspect_container(&client, None::<InspectContainerOptions>)
         .await
         .unwrap();
+    let inspect_id = inspect.id.clone().unwrap_or_default();
     let address: IpAddr = inspect.network_settings.unwrap().networks.unwrap()[network]
         .ip_address
         .clone()
@@ -314,7 +315,12 @@ async fn exercise(docker: &Docker, network: &str) {
         allow: vec![pattern("allowed.test")],
         ..EgressPolicy::open()
     };
-    proxy.set_policy(address, &policy).await.unwrap();
+    let attached = Attached {
+        computer_id: ComputerId::parse("client").unwrap(),
+        container: inspect_id.clone(),
+        policy,
+    };
+    proxy.attach(address, attached).await.unwrap();
     // Through the proxy port, as a program honouring HTTP_PROXY would.
     // Through the proxy port, as a program honouring HTTP_PROXY would (busybox `nc`).
     let request = format!(
@@ -370,4 +376,199 @@ async fn run(docker: &Docker, container: &str, cmd: &[&str]) -> String {
         }
     }
     text
+}
+
+/// A fresh directory under the system's temporary one, removed by the caller.
+fn scratch(name: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!(
+        "kilntainers-egress-test-{name}-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+#[test]
+fn grants_are_kept_per_container_outside_it_and_applied_to_its_policy() {
+    let dir = scratch("grants");
+    let grants = Grants::new(Some(&dir));
+    let container = "0123456789abcdef";
+    assert!(grants.load(container).is_empty());
+    grants.add(container, &pattern("other.test:443")).unwrap();
+    grants.add(container, &pattern("other.test:443")).unwrap();
+    grants.add(container, &pattern("[2001:db8::1]:22")).unwrap();
+    assert_eq!(
+        grants.load(container),
+        vec![pattern("other.test:443"), pattern("[2001:db8::1]:22")]
+    );
+    // Another container has none; a name that is not a container id is never a path.
+    assert!(grants.load("fedcba9876543210").is_empty());
+    assert!(grants.add("../x", &pattern("a.test")).is_err());
+    let policy = EgressPolicy {
+        mode: EgressMode::Allowlist,
+        allow: vec![pattern("allowed.test"), pattern("other.test:443")],
+        deny: vec![],
+        ask: true,
+        allow_private: false,
+    };
+    let applied = grants.apply(container, policy.clone());
+    assert_eq!(
+        applied.allow,
+        vec![
+            pattern("allowed.test"),
+            pattern("other.test:443"),
+            pattern("[2001:db8::1]:22")
+        ]
+    );
+    grants.remove(container);
+    assert_eq!(grants.apply(container, policy.clone()), policy);
+    // Without a state dir nothing can be kept, and saying so is the answer.
+    assert!(
+        Grants::new(None)
+            .add(container, &pattern("a.test"))
+            .is_err()
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Reads the lines a proxy would get, as they come.
+async fn read_lines(
+    reader: &mut (impl tokio::io::AsyncBufReadExt + Unpin),
+    count: usize,
+) -> Vec<String> {
+    let mut lines = Vec::new();
+    for _ in 0..count {
+        let mut line = String::new();
+        reader.read_line(&mut line).await.unwrap();
+        lines.push(line);
+    }
+    lines
+}
+
+fn shared_with(
+    computer: IpAddr,
+    asking: Option<Asking>,
+) -> (Arc<Shared>, tokio::io::BufReader<tokio::io::DuplexStream>) {
+    let (ours, theirs) = tokio::io::duplex(64 * 1024);
+    let input: Input = Arc::new(tokio::sync::Mutex::new(Box::pin(ours)));
+    let attached = Attached {
+        computer_id: ComputerId::parse("dev-box").unwrap(),
+        container: "0123456789abcdef".to_owned(),
+        policy: EgressPolicy {
+            mode: EgressMode::Allowlist,
+            allow: vec![pattern("allowed.test")],
+            deny: vec![],
+            ask: true,
+            allow_private: false,
+        },
+    };
+    let shared = Shared {
+        denials: Arc::default(),
+        syncs: Arc::default(),
+        input,
+        computers: Arc::new(Mutex::new(HashMap::from([(computer, attached)]))),
+        asking,
+    };
+    (Arc::new(shared), tokio::io::BufReader::new(theirs))
+}
+
+#[tokio::test]
+async fn a_question_goes_to_the_server_and_its_answer_back_to_the_proxy() {
+    let dir = scratch("answers");
+    let computer: IpAddr = "172.30.0.5".parse().unwrap();
+    let (tx, mut questions) = tokio::sync::mpsc::channel(4);
+    let asking = Asking {
+        questions: tx,
+        grants: Grants::new(Some(&dir)),
+    };
+    let (shared, mut proxy) = shared_with(computer, Some(asking));
+
+    // allow for this computer: the widened policy first, then the answer.
+    let task = tokio::spawn(answer_question(
+        Arc::clone(&shared),
+        7,
+        computer,
+        "other.test".to_owned(),
+        443,
+    ));
+    let question = questions.recv().await.unwrap();
+    assert_eq!(
+        (
+            question.computer_id.as_str(),
+            question.host.as_str(),
+            question.port
+        ),
+        ("dev-box", "other.test", 443)
+    );
+    question.answer(EgressAnswer::ForComputer);
+    task.await.unwrap();
+    assert_eq!(
+        read_lines(&mut proxy, 2).await,
+        [
+            "policy 172.30.0.5 allowlist ask=1 private=0 allow=allowed.test,other.test:443 deny=\n",
+            "answer 7 computer\n"
+        ]
+    );
+    assert_eq!(
+        Grants::new(Some(&dir)).load("0123456789abcdef"),
+        vec![pattern("other.test:443")]
+    );
+
+    // The server's refusal carries its reason; a question the server drops is no answer.
+    let task = tokio::spawn(answer_question(
+        Arc::clone(&shared),
+        8,
+        computer,
+        "third.test".to_owned(),
+        80,
+    ));
+    questions
+        .recv()
+        .await
+        .unwrap()
+        .answer(EgressAnswer::Refuse(reasons::NO_ELICITATION.to_owned()));
+    task.await.unwrap();
+    let task = tokio::spawn(answer_question(
+        Arc::clone(&shared),
+        9,
+        computer,
+        "third.test".to_owned(),
+        80,
+    ));
+    drop(questions.recv().await.unwrap());
+    task.await.unwrap();
+    assert_eq!(
+        read_lines(&mut proxy, 2).await,
+        [
+            format!("answer 8 refuse {}\n", reasons::NO_ELICITATION),
+            format!("answer 9 refuse {}\n", reasons::NO_ANSWER),
+        ]
+    );
+
+    // An address the proxy has no computer for is refused without asking.
+    let task = tokio::spawn(answer_question(
+        Arc::clone(&shared),
+        10,
+        "172.30.0.9".parse().unwrap(),
+        "x.test".to_owned(),
+        80,
+    ));
+    task.await.unwrap();
+    assert_eq!(
+        read_lines(&mut proxy, 1).await,
+        [format!("answer 10 refuse {}\n", reasons::NO_SESSION)]
+    );
+    assert!(questions.try_recv().is_err());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[tokio::test]
+async fn without_a_server_to_ask_questions_are_refused() {
+    let computer: IpAddr = "172.30.0.5".parse().unwrap();
+    let (shared, mut proxy) = shared_with(computer, None);
+    answer_question(shared, 3, computer, "other.test".to_owned(), 80).await;
+    assert_eq!(
+        read_lines(&mut proxy, 1).await,
+        [format!("answer 3 refuse {}\n", reasons::NO_SESSION)]
+    );
 }

@@ -78,6 +78,10 @@ pub struct DockerBackend {
     /// container id, for the refusal lines of its commands.
     egress_addresses:
         std::sync::Mutex<HashMap<String, (std::sync::Arc<egress::Proxy>, std::net::IpAddr)>>,
+    /// The proxies' questions (ask-to-allow), until the server takes them.
+    egress_questions: std::sync::Mutex<
+        Option<tokio::sync::mpsc::Receiver<kilntainers_backend::egress::EgressQuestion>>,
+    >,
 }
 
 impl DockerBackend {
@@ -89,11 +93,28 @@ impl DockerBackend {
                 "--warm-pool cannot be used with an egress policy (--egress allowlist or --egress-deny) in this version.".to_owned(),
             ));
         }
+        // Questions flow only where a proxy can ask them (docs/egress.md, "Ask-to-allow").
+        let (asking, questions) = if common.egress.filters() && common.egress.policy.ask {
+            let (tx, rx) = tokio::sync::mpsc::channel(egress::QUESTIONS_QUEUED);
+            let asking = egress::Asking {
+                questions: tx,
+                grants: egress::Grants::new(config.state_dir.as_deref()),
+            };
+            (Some(asking), Some(rx))
+        } else {
+            (None, None)
+        };
         Ok(Self {
             config: config.clone(),
             shell: common.shell.clone(),
             default_timeout_secs: common.default_timeout_secs,
-            networks: networks::Networks::new(config.network, config.engine, &common.egress),
+            networks: networks::Networks::new(
+                config.network,
+                config.engine,
+                &common.egress,
+                asking,
+            ),
+            egress_questions: std::sync::Mutex::new(questions),
             egress_policy: common.egress.policy.clone(),
             egress_addresses: std::sync::Mutex::new(HashMap::new()),
             client: OnceCell::new(),
@@ -601,11 +622,14 @@ impl Backend for DockerBackend {
         self.helpers.forget(sandbox.sandbox_id.as_str());
         let name = Self::container_name(&sandbox.computer_id);
         // The networks it was on, to remove those it was the last computer on.
-        let networks = match self.inspect(&name).await? {
-            Some(inspect) => joined_networks(&inspect),
-            None => Vec::new(),
+        let (networks, full_id) = match self.inspect(&name).await? {
+            Some(inspect) => (joined_networks(&inspect), inspect.id.clone()),
+            None => (Vec::new(), None),
         };
         self.remove_container(&name).await?;
+        if let (Some(grants), Some(full_id)) = (self.networks.grants(), full_id) {
+            grants.remove(&full_id);
+        }
         let behind_proxy = self
             .egress_addresses
             .lock()
@@ -634,7 +658,8 @@ impl Backend for DockerBackend {
         let Some(inspect) = self.inspect(&name).await? else {
             return Err(BackendError::Vanished(sandbox.computer_id.clone()));
         };
-        inspect
+        let full_id = inspect.id.clone().unwrap_or_default();
+        let recorded = inspect
             .config
             .and_then(|c| c.labels)
             .and_then(|mut labels| labels.remove(label::EGRESS))
@@ -643,7 +668,21 @@ impl Backend for DockerBackend {
                     BackendError::Provider(format!("computer '{}': {e}", sandbox.computer_id))
                 })
             })
-            .transpose()
+            .transpose()?;
+        // With the hosts people allowed for it (docs/egress.md, "Ask-to-allow").
+        Ok(recorded.map(|policy| match self.networks.grants() {
+            Some(grants) => grants.apply(&full_id, policy),
+            None => policy,
+        }))
+    }
+
+    fn egress_questions(
+        &self,
+    ) -> Option<tokio::sync::mpsc::Receiver<kilntainers_backend::egress::EgressQuestion>> {
+        self.egress_questions
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
     }
 
     async fn egress_denials(

@@ -26,10 +26,10 @@ use tracing::{debug, info, warn};
 
 use super::{describe, status_of};
 use crate::config::{ComputerNetwork, Engine};
-use crate::egress::{self, Proxy};
+use crate::egress::{self, Asking, Attached, Proxy};
 use kilntainers_backend::BackendError;
 use kilntainers_backend::egress::{EgressPolicy, EgressSettings};
-use kilntainers_backend::ids::Principal;
+use kilntainers_backend::ids::{ComputerId, Principal};
 use kilntainers_backend::labels::docker as label;
 
 /// Names of the networks this server makes; the rest of the name is the principal's hash.
@@ -64,6 +64,8 @@ pub(super) struct Networks {
     egress: Option<EgressSettings>,
     /// The proxies this process started or took over, by network name.
     proxies: Mutex<HashMap<String, Arc<Proxy>>>,
+    /// Where the proxies' questions go, and the hosts people allowed per computer.
+    asking: Option<Asking>,
 }
 
 /// This process's coordination around one network name.
@@ -80,7 +82,12 @@ struct Gate {
 }
 
 impl Networks {
-    pub(super) fn new(mode: ComputerNetwork, engine: Engine, egress: &EgressSettings) -> Self {
+    pub(super) fn new(
+        mode: ComputerNetwork,
+        engine: Engine,
+        egress: &EgressSettings,
+        asking: Option<Asking>,
+    ) -> Self {
         let egress =
             (mode != ComputerNetwork::Disabled && egress.filters()).then(|| egress.clone());
         Self {
@@ -94,6 +101,20 @@ impl Networks {
             gates: Mutex::new(HashMap::new()),
             egress,
             proxies: Mutex::new(HashMap::new()),
+            asking,
+        }
+    }
+
+    /// The hosts people allowed per computer, when questions are asked at all.
+    pub(super) fn grants(&self) -> Option<&egress::Grants> {
+        self.asking.as_ref().map(|a| &a.grants)
+    }
+
+    /// A recorded policy with the computer's grants added.
+    fn with_grants(&self, container: &str, policy: EgressPolicy) -> EgressPolicy {
+        match self.grants() {
+            Some(grants) => grants.apply(container, policy),
+            None => policy,
         }
     }
 
@@ -206,9 +227,11 @@ impl Networks {
             Engine::Docker => "bridge",
             Engine::Podman => "podman",
         };
-        let proxy = Arc::new(Proxy::start(docker, name, settings, upstream).await?);
-        for (address, policy) in recorded_policies(docker, name).await? {
-            proxy.set_policy(address, &policy).await?;
+        let proxy =
+            Arc::new(Proxy::start(docker, name, settings, upstream, self.asking.clone()).await?);
+        for (address, mut attached) in recorded_policies(docker, name).await? {
+            attached.policy = self.with_grants(&attached.container, attached.policy);
+            proxy.attach(address, attached).await?;
         }
         self.proxies
             .lock()
@@ -264,6 +287,15 @@ impl Networks {
                 .map_err(|e| BackendError::Provider(format!("container {computer}: {e}")))?,
             None => fallback.clone(),
         };
+        let container = inspect.id.clone().unwrap_or_default();
+        let policy = self.with_grants(&container, policy);
+        let labels = inspect.config.as_ref().and_then(|c| c.labels.as_ref());
+        let computer_id = labels
+            .and_then(|l| super::claimed_id(l, inspect.name.as_deref().unwrap_or_default()))
+            .and_then(|raw| ComputerId::parse_stored(raw).ok())
+            .ok_or_else(|| {
+                BackendError::Provider(format!("container {computer} names no computer"))
+            })?;
         let proxy = match self.proxy(&network) {
             Some(proxy) => proxy,
             None => {
@@ -272,7 +304,12 @@ impl Networks {
                 self.ensure_proxy(docker, &network, settings).await?
             }
         };
-        proxy.set_policy(address, &policy).await?;
+        let attached = Attached {
+            computer_id,
+            container,
+            policy,
+        };
+        proxy.attach(address, attached).await?;
         Ok(Some((proxy, address)))
     }
 
@@ -607,12 +644,12 @@ async fn remove_proxy_container(docker: &Docker, network: &str) {
     }
 }
 
-/// The address and recorded policy of each container on egress network `network` (the proxy
-/// itself excluded).
+/// The address, computer and recorded policy of each container on egress network `network`
+/// (the proxy itself excluded).
 async fn recorded_policies(
     docker: &Docker,
     network: &str,
-) -> Result<Vec<(IpAddr, EgressPolicy)>, BackendError> {
+) -> Result<Vec<(IpAddr, Attached)>, BackendError> {
     let filters = HashMap::from([
         ("network".to_owned(), vec![network.to_owned()]),
         ("label".to_owned(), vec![egress::POLICY_LABEL.to_owned()]),
@@ -635,8 +672,23 @@ async fn recorded_policies(
             .as_ref()
             .and_then(|l| l.get(egress::POLICY_LABEL))
             .and_then(|text| EgressPolicy::from_label(text).ok());
-        if let (Some(address), Some(policy)) = (address, policy) {
-            found.push((address, policy));
+        let computer_id = summary.labels.as_ref().and_then(|labels| {
+            summary
+                .names
+                .iter()
+                .flatten()
+                .filter_map(|name| super::claimed_id(labels, name))
+                .find_map(|raw| ComputerId::parse_stored(raw).ok())
+        });
+        if let (Some(address), Some(policy), Some(computer_id), Some(container)) =
+            (address, policy, computer_id, summary.id.clone())
+        {
+            let attached = Attached {
+                computer_id,
+                container,
+                policy,
+            };
+            found.push((address, attached));
         }
     }
     Ok(found)

@@ -6,7 +6,8 @@
 //! skipped, never half applied.
 //!
 //! In: `policy <ip> <open|allowlist|none> ask=<0|1> private=<0|1> allow=<p,…> deny=<p,…>`,
-//! `forget <ip>`, `address <ip>`, `answer <id> <once|computer|deny|decline>`, `sync <id>`.
+//! `forget <ip>`, `address <ip>`, `answer <id> <once|computer|deny|decline>`,
+//! `answer <id> refuse <reason>` (the server's own refusal, shown as the reason), `sync <id>`.
 //! Out: `ready`, `denied <ip> <host> <port> <reason>`, `ask <id> <ip> <host> <port>`,
 //! `synced <id>`. A refusal is written before the computer hears of it, so once `synced <id>`
 //! arrives every refusal the computer saw before the server sent `sync <id>` has arrived too.
@@ -78,6 +79,14 @@ pub fn parse(line: &str) -> Option<Message> {
         "answer" => {
             let id = words.next()?.parse().ok()?;
             let answer = match words.next()? {
+                "refuse" => {
+                    // The reason is the rest of the line, shown to the computer as it is.
+                    let reason = clean(&words.collect::<Vec<_>>().join(" "), 200, true);
+                    if reason.is_empty() {
+                        return None;
+                    }
+                    return Some(Message::Answer(id, Answer::Refuse(reason)));
+                }
                 "once" => Answer::Once,
                 "computer" => Answer::Computer,
                 "deny" => Answer::Deny,
@@ -168,6 +177,22 @@ mod tests {
         assert_eq!(
             parse("answer 7 computer"),
             Some(Message::Answer(7, Answer::Computer))
+        );
+        assert_eq!(
+            parse(
+                "answer 8 refuse no way to ask the user (the client does not support elicitation)"
+            ),
+            Some(Message::Answer(
+                8,
+                Answer::Refuse(
+                    "no way to ask the user (the client does not support elicitation)".to_owned()
+                )
+            ))
+        );
+        assert_eq!(parse("answer 9 refuse"), None);
+        assert_eq!(
+            parse("answer 9 refuse a\u{7}b"),
+            Some(Message::Answer(9, Answer::Refuse("ab".to_owned())))
         );
         assert_eq!(
             parse("forget ::1"),

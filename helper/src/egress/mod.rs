@@ -90,13 +90,16 @@ pub struct Upstream {
 }
 
 /// An answer to a question.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Answer {
     Once,
     Computer,
     Deny,
     /// Declined or cancelled: deny this connection only.
     Decline,
+    /// Refused by the server with this reason (no one could be asked, too many questions, no
+    /// answer in time, a remembered deny).
+    Refuse(String),
 }
 
 #[derive(Default)]
@@ -176,7 +179,16 @@ impl State {
     }
 
     pub fn answer(&self, id: u64, answer: Answer) {
-        lock(&self.questions).answers.insert(id, answer);
+        let mut q = lock(&self.questions);
+        // An answer to no open question (it timed out, or was never asked) is dropped, and
+        // those of finished questions go with the next answer, so answers cannot pile up.
+        if !q.open.values().any(|open| *open == id) {
+            return;
+        }
+        q.answers.insert(id, answer);
+        let open: std::collections::HashSet<u64> = q.open.values().copied().collect();
+        q.answers.retain(|id, _| open.contains(id));
+        drop(q);
         self.answered.notify_all();
     }
 
@@ -205,12 +217,12 @@ impl State {
         };
         let deadline = Instant::now() + ASK_TIMEOUT;
         loop {
-            if let Some(answer) = q.answers.get(&id).copied() {
+            if let Some(answer) = q.answers.get(&id).cloned() {
                 q.open.remove(&key);
                 return match answer {
                     Answer::Once | Answer::Computer => Ok(()),
-                    Answer::Deny => Err("the user declined".to_owned()),
-                    Answer::Decline => Err("the user declined".to_owned()),
+                    Answer::Deny | Answer::Decline => Err("the user declined".to_owned()),
+                    Answer::Refuse(reason) => Err(reason),
                 };
             }
             let now = Instant::now();

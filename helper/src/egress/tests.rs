@@ -341,6 +341,18 @@ fn unknown_hosts_are_asked_about_once_and_wait_for_the_answer() {
     p.events.wait_for("ask 2 ");
     p.state.answer(2, Answer::Decline);
     assert!(third.join().unwrap().contains("the user declined"));
+    // The server's own refusal is the reason; an answer to no open question is dropped.
+    p.state.answer(40, Answer::Once);
+    let fifth = thread::spawn(move || exchange(proxy, b"CONNECT fifth.test:443 HTTP/1.1\r\n\r\n"));
+    p.events.wait_for("ask 3 ");
+    p.state
+        .answer(3, Answer::Refuse("too many questions are open".to_owned()));
+    assert!(
+        fifth
+            .join()
+            .unwrap()
+            .contains("too many questions are open")
+    );
     p.state.detach();
     let out = exchange(p.proxy, b"CONNECT fourth.test:443 HTTP/1.1\r\n\r\n");
     assert!(out.contains("no way to ask the user"), "{out:?}");
