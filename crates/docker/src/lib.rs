@@ -806,6 +806,9 @@ impl Backend for DockerBackend {
                 continue;
             }
             self.remove_container(container).await?;
+            if let Some(grants) = self.networks.grants() {
+                grants.remove(container);
+            }
             match id {
                 Some(id) => removed.push(id),
                 None => spares += 1,
