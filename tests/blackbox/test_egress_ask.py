@@ -5,10 +5,12 @@ without elicitation, a host a deny rule matches, and concurrent connections to o
 
 from __future__ import annotations
 
+import json
 import subprocess
 import time
 
 import anyio
+import httpx
 import mcp.types as types
 import pytest
 
@@ -23,6 +25,7 @@ DECLINED_EARLIER = "the user declined (remembered for 10 minutes)"
 NO_ELICITATION = "no way to ask the user (the client does not support elicitation)"
 NO_ANSWER = "no answer from the user in 60 s"
 TOO_MANY = "too many questions are open for this session (at most 3)"
+NO_MRTR = "no way to ask the user (protocol 2026-07-28 questions are not supported by this server yet)"
 
 
 def ask_args(net, *extra: str) -> list[str]:
@@ -250,3 +253,42 @@ async def test_issue_33_at_most_three_questions_are_open_per_session(kbb, fake_i
         assert res.structured["stdout"].count("hello-from-other.test") == 3, res
         assert res.structured["stderr"].count(f"was blocked: {TOO_MANY}]") == 1, res
         assert len(person.asked) == 3
+
+
+def rpc_messages(response) -> list[dict]:
+    """JSON-RPC messages of a POST response, a JSON body or an SSE stream."""
+    if response.headers.get("content-type", "").startswith("application/json"):
+        return [response.json()]
+    return [json.loads(line[5:]) for line in response.text.splitlines()
+            if line.startswith("data:") and line[5:].strip()]
+
+
+async def test_issue_33_a_2026_07_28_request_is_refused_with_the_reason(kbb, fake_internet):
+    # See: issue 33. Such a request would be asked through `input_required`, which this server
+    # does not use for questions yet (docs/egress.md, "Ask-to-allow"): it is refused at once
+    # with the reason, even with the elicitation capability declared.
+    cid = kbb.new_id("ask-mrtr")
+    async with kbb.http_server(*ask_args(fake_internet)) as srv:
+        body = {
+            "jsonrpc": "2.0", "id": 7, "method": "tools/call",
+            "params": {
+                "name": "terminal_execute",
+                "arguments": {"command": VIA_PROXY.format(host="other.test"), "computer_id": cid},
+                "_meta": {
+                    "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                    "io.modelcontextprotocol/clientCapabilities": {"elicitation": {"form": {}}},
+                },
+            },
+        }
+        headers = {**srv.auth(), "Content-Type": "application/json",
+                   "Accept": "application/json, text/event-stream", "mcp-protocol-version": "2026-07-28",
+                   "mcp-method": "tools/call", "mcp-name": "terminal_execute"}
+        started = time.monotonic()
+        async with httpx.AsyncClient(timeout=90) as client:
+            response = await client.post(srv.mcp_url, headers=headers, json=body)
+        assert response.status_code == 200, response.text
+        (answer,) = [m for m in rpc_messages(response) if m.get("id") == 7]
+        result = answer["result"]["structuredContent"]
+        assert "hello-from" not in result["stdout"], result
+        assert result["stderr"].endswith(blocked("other.test", NO_MRTR) + "\n"), result
+        assert time.monotonic() - started < 30
