@@ -7,8 +7,10 @@
 //! then the owner's other live sessions, most recently opened first (`Registry::egress_audience`).
 //! The first of them that has connected decides how it is asked: `elicitation/create` (form
 //! mode, one enum field) when it negotiated 2025-06-18 or 2025-11-25 and declared the
-//! capability; otherwise the question is refused at once with the reason the computer's command
-//! shows. At most [`MAX_QUESTIONS_PER_SESSION`] open per session; a `deny` is remembered for the
+//! capability; for a 2026-07-28 request that declared it, the running `tools/call` is answered
+//! with `input_required` and the client's retry carries the answer ([`Asks::run_call`],
+//! [`Asks::resume`]); otherwise the question is refused at once with the reason the computer's
+//! command shows. At most [`MAX_QUESTIONS_PER_SESSION`] open per session; a `deny` is remembered for the
 //! computer and host for [`DENY_REMEMBERED`]; `decline`, `cancel` and no answer refuse this
 //! connection only.
 
@@ -17,16 +19,21 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
 use rmcp::model::{
-    ElicitRequestParams, ElicitationAction, ElicitationSchema, EnumSchema, ProtocolVersion,
+    CallToolResponse, CallToolResult, ClientCapabilities, ElicitRequest, ElicitRequestParams,
+    ElicitResult, ElicitationAction, ElicitationSchema, EnumSchema, InputRequest,
+    InputRequiredResult, InputResponses, ProtocolVersion,
 };
 use rmcp::service::ServiceError;
-use rmcp::{Peer, RoleServer};
+use rmcp::{ErrorData, Peer, RoleServer};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use crate::backends::egress::{
     ASK_TIMEOUT, DENY_REMEMBERED, EgressAnswer, EgressQuestion, MAX_QUESTIONS_PER_SESSION, reasons,
 };
-use crate::ids::ComputerId;
+use crate::ids::{ComputerId, Principal};
 use crate::registry::Registry;
 
 /// The form's one field and its three choices (the contract's words).
@@ -37,6 +44,14 @@ pub const DENY: &str = "deny";
 
 /// Remembered denies kept at most; the oldest go first past this.
 const MAX_REMEMBERED: usize = 4096;
+/// The key of the one input request of an `input_required` answer.
+const INPUT_KEY: &str = "egress";
+/// Calls parked on a question at once (2026-07-28); past this a question is refused as too
+/// many.
+const MAX_PARKED: usize = 256;
+/// How long a parked call waits for the client's retry before it is let go (its command runs
+/// on; its result is dropped).
+const PARKED_FOR: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// How one session can be asked.
 #[derive(Clone)]
@@ -44,18 +59,27 @@ enum Asker {
     Elicit(Peer<RoleServer>),
     /// Connected without the elicitation capability (or with a protocol before 2025-06-18).
     NoElicitation,
-    /// Protocol 2026-07-28 (or a sessionless request): questions would need `input_required`.
+    /// Protocol 2026-07-28 (a sessionless request) with the elicitation capability: its call
+    /// answers a question with `input_required`.
     Mrtr,
 }
 
 impl Asker {
-    fn of(peer: &Peer<RoleServer>) -> Self {
+    /// `capabilities`: those a 2026-07-28 request carries in its `_meta`.
+    fn of(peer: &Peer<RoleServer>, capabilities: Option<ClientCapabilities>) -> Self {
+        let modern = |capabilities: Option<ClientCapabilities>| {
+            if capabilities.is_some_and(|c| c.elicitation.is_some()) {
+                Self::Mrtr
+            } else {
+                Self::NoElicitation
+            }
+        };
         let Some(info) = peer.peer_info() else {
-            return Self::Mrtr;
+            return modern(capabilities);
         };
         let version = &info.protocol_version;
         if *version >= ProtocolVersion::V_2026_07_28 {
-            return Self::Mrtr;
+            return modern(capabilities.or_else(|| Some(info.capabilities.clone())));
         }
         let speaks =
             *version == ProtocolVersion::V_2025_06_18 || *version == ProtocolVersion::V_2025_11_25;
@@ -78,6 +102,33 @@ pub struct Asks {
     askers: Mutex<HashMap<u64, Asker>>,
     open: Mutex<HashMap<u64, usize>>,
     declined: Mutex<HashMap<(ComputerId, String, u16), Instant>>,
+    /// 2026-07-28 calls running now that can answer `input_required`, by session.
+    calls: Mutex<HashMap<u64, mpsc::Sender<Pending>>>,
+    /// Calls waiting for the client's retry, by their `requestState`.
+    parked: Mutex<HashMap<String, Parked>>,
+}
+
+/// A question put to a 2026-07-28 call: the form, and where the person's answer goes.
+struct Pending {
+    form: ElicitRequestParams,
+    reply: oneshot::Sender<Asked>,
+}
+
+/// A 2026-07-28 call carried across `input_required` rounds: its work runs on in a task.
+struct Parked {
+    work: JoinHandle<Result<CallToolResult, ErrorData>>,
+    questions: mpsc::Receiver<Pending>,
+    session: u64,
+    principal: Principal,
+    cancel: CancellationToken,
+    /// The question the last `input_required` asked, answered by the retry.
+    reply: Option<oneshot::Sender<Asked>>,
+}
+
+/// Where a chosen session's question goes.
+enum Channel {
+    Peer(Peer<RoleServer>),
+    Call(mpsc::Sender<Pending>),
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -104,14 +155,144 @@ impl Asks {
         Some(asks)
     }
 
-    /// Records how session `session` can be asked (at initialisation and on each call).
-    pub fn connected(&self, session: u64, peer: &Peer<RoleServer>) {
-        lock(&self.askers).insert(session, Asker::of(peer));
+    /// Records how session `session` can be asked: at initialisation, and on each call (with
+    /// the capabilities a 2026-07-28 request carries).
+    pub fn connected(
+        &self,
+        session: u64,
+        peer: &Peer<RoleServer>,
+        capabilities: Option<ClientCapabilities>,
+    ) {
+        lock(&self.askers).insert(session, Asker::of(peer, capabilities));
     }
 
     /// The session ended: it can no longer be asked.
     pub fn closed(&self, session: u64) {
         lock(&self.askers).remove(&session);
+    }
+
+    /// Whether a call of `session` answers a question with `input_required` (2026-07-28).
+    pub fn takes_input_required(&self, session: u64) -> bool {
+        matches!(lock(&self.askers).get(&session), Some(Asker::Mrtr))
+    }
+
+    /// Runs a 2026-07-28 call's `work` so that a question arising while it runs answers the
+    /// call with `input_required` (the work goes on meanwhile); the client's retry resumes it
+    /// ([`Self::resume`]). `cancel` is the work's own token: `request` cancels it only while
+    /// this request is being answered.
+    pub async fn run_call(
+        self: &Arc<Self>,
+        session: u64,
+        principal: Principal,
+        cancel: CancellationToken,
+        request: &CancellationToken,
+        work: impl Future<Output = Result<CallToolResult, ErrorData>> + Send + 'static,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let (tx, questions) = mpsc::channel(MAX_QUESTIONS_PER_SESSION);
+        lock(&self.calls).insert(session, tx);
+        let parked = Parked {
+            work: tokio::spawn(work),
+            questions,
+            session,
+            principal,
+            cancel,
+            reply: None,
+        };
+        self.drive(parked, request).await
+    }
+
+    /// The client's retry of a call answered with `input_required`: the person's answer goes
+    /// to the question, and the call goes on.
+    pub async fn resume(
+        self: &Arc<Self>,
+        state: &str,
+        responses: Option<&InputResponses>,
+        principal: &Principal,
+        request: &CancellationToken,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let parked = {
+            // Only the principal that made the call resumes it; anyone else leaves it parked.
+            let mut all = lock(&self.parked);
+            match all.get(state) {
+                Some(parked) if parked.principal == *principal => all.remove(state),
+                _ => None,
+            }
+        };
+        let Some(mut parked) = parked else {
+            return Err(ErrorData::invalid_params(
+                "requestState is unknown or expired; call the tool again.",
+                None,
+            ));
+        };
+        let asked = responses
+            .and_then(|r| r.get(INPUT_KEY))
+            .and_then(|value| serde_json::from_value::<ElicitResult>(value.clone()).ok())
+            .map_or(
+                Asked::Answer(EgressAnswer::Refuse(reasons::DECLINED.to_owned())),
+                |result| asked_from(&result),
+            );
+        if let Some(reply) = parked.reply.take() {
+            let _ = reply.send(asked);
+        }
+        self.drive(parked, request).await
+    }
+
+    /// Waits for the call's work or its next question, whichever comes first.
+    async fn drive(
+        self: &Arc<Self>,
+        mut parked: Parked,
+        request: &CancellationToken,
+    ) -> Result<CallToolResponse, ErrorData> {
+        loop {
+            tokio::select! {
+                done = &mut parked.work => {
+                    lock(&self.calls).remove(&parked.session);
+                    return match done {
+                        Ok(result) => result.map(Into::into),
+                        Err(e) => Err(ErrorData::internal_error(format!("the call failed: {e}"), None)),
+                    };
+                }
+                Some(pending) = parked.questions.recv() => {
+                    return Ok(self.park(parked, pending).into());
+                }
+                () = request.cancelled(), if !parked.cancel.is_cancelled() => {
+                    // The client cancelled this request: the work stops and says so.
+                    parked.cancel.cancel();
+                }
+            }
+        }
+    }
+
+    /// Parks the call until the client retries with the answer to `pending`.
+    fn park(self: &Arc<Self>, mut parked: Parked, pending: Pending) -> InputRequiredResult {
+        let state = format!("{:032x}", rand::random::<u128>());
+        parked.reply = Some(pending.reply);
+        let mut all = lock(&self.parked);
+        if all.len() >= MAX_PARKED {
+            // Bounded: the oldest is let go (its command runs on, its result is dropped).
+            if let Some(key) = all.keys().next().cloned() {
+                all.remove(&key);
+            }
+        }
+        all.insert(state.clone(), parked);
+        drop(all);
+        let asks = Arc::downgrade(self);
+        let expired = state.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(PARKED_FOR).await;
+            if let Some(asks) = asks.upgrade()
+                && let Some(parked) = lock(&asks.parked).remove(&expired)
+            {
+                lock(&asks.calls).remove(&parked.session);
+            }
+        });
+        let requests = [(
+            INPUT_KEY.to_owned(),
+            InputRequest::Elicitation(ElicitRequest::new(pending.form)),
+        )]
+        .into_iter()
+        .collect();
+        InputRequiredResult::new(Some(requests), Some(state))
     }
 
     async fn answer(&self, registry: &Registry, question: &EgressQuestion) -> EgressAnswer {
@@ -132,13 +313,16 @@ impl Asks {
                 .into_iter()
                 .find_map(|session| askers.get(&session).map(|a| (session, a.clone())))
         };
-        let (session, peer) = match chosen {
+        let (session, channel) = match chosen {
             None => return EgressAnswer::Refuse(reasons::NO_SESSION.to_owned()),
             Some((_, Asker::NoElicitation)) => {
                 return EgressAnswer::Refuse(reasons::NO_ELICITATION.to_owned());
             }
-            Some((_, Asker::Mrtr)) => return EgressAnswer::Refuse(reasons::NO_MRTR.to_owned()),
-            Some((session, Asker::Elicit(peer))) => (session, peer),
+            Some((session, Asker::Mrtr)) => match lock(&self.calls).get(&session) {
+                Some(call) => (session, Channel::Call(call.clone())),
+                None => return EgressAnswer::Refuse(reasons::CALL_ENDED.to_owned()),
+            },
+            Some((session, Asker::Elicit(peer))) => (session, Channel::Peer(peer)),
         };
         {
             let mut open = lock(&self.open);
@@ -148,7 +332,10 @@ impl Asks {
             }
             *count += 1;
         }
-        let answer = ask(&peer, question).await;
+        let answer = match channel {
+            Channel::Peer(peer) => ask(&peer, question).await,
+            Channel::Call(call) => ask_call(&call, question).await,
+        };
         {
             let mut open = lock(&self.open);
             if let Some(count) = open.get_mut(&session) {
@@ -234,6 +421,26 @@ async fn ask(peer: &Peer<RoleServer>, question: &EgressQuestion) -> Asked {
             return Asked::Answer(EgressAnswer::Refuse(reasons::NO_ANSWER.to_owned()));
         }
     };
+    asked_from(&result)
+}
+
+/// Puts a question to a 2026-07-28 call, which answers its client with `input_required`.
+async fn ask_call(call: &mpsc::Sender<Pending>, question: &EgressQuestion) -> Asked {
+    let Some(form) = request(question) else {
+        return Asked::Answer(EgressAnswer::Refuse(reasons::NO_ELICITATION.to_owned()));
+    };
+    let (reply, answered) = oneshot::channel();
+    if call.try_send(Pending { form, reply }).is_err() {
+        return Asked::Answer(EgressAnswer::Refuse(reasons::TOO_MANY.to_owned()));
+    }
+    match tokio::time::timeout(ASK_TIMEOUT, answered).await {
+        Ok(Ok(asked)) => asked,
+        _ => Asked::Answer(EgressAnswer::Refuse(reasons::NO_ANSWER.to_owned())),
+    }
+}
+
+/// What an elicitation's result means for the connection.
+fn asked_from(result: &ElicitResult) -> Asked {
     // decline and cancel refuse this connection only; so does an answer outside the choices.
     if result.action != ElicitationAction::Accept {
         return Asked::Answer(EgressAnswer::Refuse(reasons::DECLINED.to_owned()));
@@ -278,5 +485,127 @@ mod tests {
                 serde_json::json!([ALLOW_ONCE, ALLOW_COMPUTER, DENY])
             );
         }
+    }
+
+    fn question() -> EgressQuestion {
+        let id = ComputerId::parse("dev-box").unwrap();
+        EgressQuestion::new(id, "other.test".to_owned(), 80).0
+    }
+
+    /// Waits (bounded) until `session` has a running call that can be asked.
+    async fn call_of(asks: &Asks, session: u64) -> mpsc::Sender<Pending> {
+        for _ in 0..1000 {
+            if let Some(call) = lock(&asks.calls).get(&session).cloned() {
+                return call;
+            }
+            tokio::task::yield_now().await;
+        }
+        panic!("the call was never registered");
+    }
+
+    #[tokio::test]
+    async fn a_2026_07_28_call_is_answered_input_required_and_only_its_principal_resumes_it() {
+        let asks = Arc::new(Asks::default());
+        let alice = Principal::named("alice").unwrap();
+        let (finish, finished) = oneshot::channel::<()>();
+        let work = async move {
+            let _ = finished.await;
+            Ok(CallToolResult::success(Vec::new()))
+        };
+        let first = {
+            let (asks, alice) = (Arc::clone(&asks), alice.clone());
+            tokio::spawn(async move {
+                let request = CancellationToken::new();
+                asks.run_call(1, alice, CancellationToken::new(), &request, work)
+                    .await
+            })
+        };
+        let call = call_of(&asks, 1).await;
+        let asking = tokio::spawn(async move { ask_call(&call, &question()).await });
+        let Ok(CallToolResponse::InputRequired(required)) = first.await.unwrap() else {
+            panic!("expected input_required");
+        };
+        let wire = serde_json::to_value(&required).unwrap();
+        assert_eq!(wire["resultType"], "input_required");
+        assert_eq!(
+            wire["inputRequests"][INPUT_KEY]["method"],
+            "elicitation/create"
+        );
+        assert_eq!(
+            wire["inputRequests"][INPUT_KEY]["params"]["message"],
+            "The computer `dev-box` wants to reach `other.test:80`."
+        );
+        let state = required.request_state.clone().unwrap();
+        let request = CancellationToken::new();
+        // Another principal cannot resume it, nor can an unknown state; it stays parked.
+        let bob = Principal::named("bob").unwrap();
+        assert!(asks.resume(&state, None, &bob, &request).await.is_err());
+        assert!(asks.resume("feed", None, &alice, &request).await.is_err());
+        // A retry without an answer declines this connection; the call goes on.
+        let resumed = {
+            let asks = Arc::clone(&asks);
+            tokio::spawn(async move {
+                let request = CancellationToken::new();
+                asks.resume(&state, None, &alice, &request).await
+            })
+        };
+        assert!(matches!(
+            asking.await.unwrap(),
+            Asked::Answer(EgressAnswer::Refuse(reason)) if reason == reasons::DECLINED
+        ));
+        finish.send(()).unwrap();
+        assert!(matches!(
+            resumed.await.unwrap(),
+            Ok(CallToolResponse::Complete(_))
+        ));
+    }
+
+    #[tokio::test]
+    async fn the_retry_carries_the_answer_and_the_call_goes_on() {
+        let asks = Arc::new(Asks::default());
+        let alice = Principal::named("alice").unwrap();
+        let (finish, finished) = oneshot::channel::<()>();
+        let work = async move {
+            let _ = finished.await;
+            Ok(CallToolResult::success(Vec::new()))
+        };
+        let first = {
+            let (asks, alice) = (Arc::clone(&asks), alice.clone());
+            tokio::spawn(async move {
+                let request = CancellationToken::new();
+                asks.run_call(1, alice, CancellationToken::new(), &request, work)
+                    .await
+            })
+        };
+        let call = call_of(&asks, 1).await;
+        let asking = tokio::spawn(async move { ask_call(&call, &question()).await });
+        let Ok(CallToolResponse::InputRequired(required)) = first.await.unwrap() else {
+            panic!("expected input_required");
+        };
+        let state = required.request_state.unwrap();
+        let responses: InputResponses = [(
+            INPUT_KEY.to_owned(),
+            serde_json::json!({"action": "accept", "content": {"choice": ALLOW_ONCE}}),
+        )]
+        .into_iter()
+        .collect();
+        let resumed = {
+            let asks = Arc::clone(&asks);
+            tokio::spawn(async move {
+                let request = CancellationToken::new();
+                asks.resume(&state, Some(&responses), &alice, &request)
+                    .await
+            })
+        };
+        assert!(matches!(
+            asking.await.unwrap(),
+            Asked::Answer(EgressAnswer::Once)
+        ));
+        finish.send(()).unwrap();
+        assert!(matches!(
+            resumed.await.unwrap(),
+            Ok(CallToolResponse::Complete(_))
+        ));
+        assert!(lock(&asks.calls).is_empty() && lock(&asks.parked).is_empty());
     }
 }

@@ -273,7 +273,7 @@ impl ServerHandler for SessionHandler {
     async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
         tracing::info!("client initialized");
         if let Some(asks) = &self.surface.asks {
-            asks.connected(self.session.id(), &context.peer);
+            asks.connected(self.session.id(), &context.peer, None);
         }
     }
 
@@ -365,7 +365,32 @@ impl ServerHandler for SessionHandler {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         if let Some(asks) = &self.surface.asks {
-            asks.connected(self.session.id(), &context.peer);
+            let session = self.session.id();
+            asks.connected(session, &context.peer, context.meta.client_capabilities());
+            // 2026-07-28: a question while the call runs answers it with `input_required`
+            // and the client's retry carries the answer (docs/egress.md, "Ask-to-allow").
+            if let Some(state) = request.request_state.as_deref() {
+                let principal = self.session.principal();
+                let responses = request.input_responses.as_ref();
+                return asks.resume(state, responses, principal, &context.ct).await;
+            }
+            if asks.takes_input_required(session) {
+                let progress = progress::McpProgress::start(&context);
+                let cancel = CancellationToken::new();
+                let (handler, work_cancel) = (self.clone(), cancel.clone());
+                let work = async move {
+                    let arguments = request.arguments.as_ref();
+                    let answer = handler
+                        .call(request.name.as_ref(), arguments, &progress, &work_cancel)
+                        .await;
+                    progress.finish().await;
+                    answer
+                };
+                let principal = self.session.principal().clone();
+                return asks
+                    .run_call(session, principal, cancel, &context.ct, work)
+                    .await;
+            }
         }
         let progress = progress::McpProgress::start(&context);
         let arguments = request.arguments.as_ref();

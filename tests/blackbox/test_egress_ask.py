@@ -15,7 +15,7 @@ import mcp.types as types
 import pytest
 
 from egress_net import RAW, VIA_PROXY, proxy_args
-from harness import BUSYBOX_ARGS, container_for
+from harness import BUSYBOX_ARGS, container_for, dump
 
 pytestmark = pytest.mark.anyio
 
@@ -25,7 +25,6 @@ DECLINED_EARLIER = "the user declined (remembered for 10 minutes)"
 NO_ELICITATION = "no way to ask the user (the client does not support elicitation)"
 NO_ANSWER = "no answer from the user in 60 s"
 TOO_MANY = "too many questions are open for this session (at most 3)"
-NO_MRTR = "no way to ask the user (protocol 2026-07-28 questions are not supported by this server yet)"
 
 
 def ask_args(net, *extra: str) -> list[str]:
@@ -263,23 +262,12 @@ def rpc_messages(response) -> list[dict]:
             if line.startswith("data:") and line[5:].strip()]
 
 
-async def test_issue_33_a_2026_07_28_request_is_refused_with_the_reason(kbb, fake_internet):
-    # See: issue 33. Such a request would be asked through `input_required`, which this server
-    # does not use for questions yet (docs/egress.md, "Ask-to-allow"): it is refused at once
-    # with the reason, even with the elicitation capability declared.
-    cid = kbb.new_id("ask-mrtr")
+async def test_issue_33_a_2026_07_28_request_without_elicitation_is_refused_with_the_reason(kbb, fake_internet):
+    # See: issue 33. A sessionless request carries its capabilities in `_meta`; without
+    # `elicitation` the question is refused at once.
+    cid = kbb.new_id("ask-modern")
     async with kbb.http_server(*ask_args(fake_internet)) as srv:
-        body = {
-            "jsonrpc": "2.0", "id": 7, "method": "tools/call",
-            "params": {
-                "name": "terminal_execute",
-                "arguments": {"command": VIA_PROXY.format(host="other.test"), "computer_id": cid},
-                "_meta": {
-                    "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-                    "io.modelcontextprotocol/clientCapabilities": {"elicitation": {"form": {}}},
-                },
-            },
-        }
+        body = modern_call({"command": VIA_PROXY.format(host="other.test"), "computer_id": cid}, {})
         headers = {**srv.auth(), "Content-Type": "application/json",
                    "Accept": "application/json, text/event-stream", "mcp-protocol-version": "2026-07-28",
                    "mcp-method": "tools/call", "mcp-name": "terminal_execute"}
@@ -290,5 +278,72 @@ async def test_issue_33_a_2026_07_28_request_is_refused_with_the_reason(kbb, fak
         (answer,) = [m for m in rpc_messages(response) if m.get("id") == 7]
         result = answer["result"]["structuredContent"]
         assert "hello-from" not in result["stdout"], result
-        assert result["stderr"].endswith(blocked("other.test", NO_MRTR) + "\n"), result
+        assert result["stderr"].endswith(blocked("other.test", NO_ELICITATION) + "\n"), result
         assert time.monotonic() - started < 30
+
+
+def modern_call(arguments: dict, capabilities: dict, **params) -> dict:
+    """A sessionless 2026-07-28 `terminal_execute` request body."""
+    return {
+        "jsonrpc": "2.0", "id": 7, "method": "tools/call",
+        "params": {
+            "name": "terminal_execute", "arguments": arguments, **params,
+            "_meta": {
+                "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                "io.modelcontextprotocol/clientCapabilities": capabilities,
+            },
+        },
+    }
+
+
+async def call_by_hand(srv, arguments: dict, person: Person) -> dict:
+    """The input_required rounds driven by hand, as the protocol has them: each question is
+    answered by `person` and the call retried with `inputResponses` and `requestState`."""
+    headers = {**srv.auth(), "Content-Type": "application/json",
+               "Accept": "application/json, text/event-stream", "mcp-protocol-version": "2026-07-28",
+               "mcp-method": "tools/call", "mcp-name": "terminal_execute"}
+    extra: dict = {}
+    async with httpx.AsyncClient(timeout=120) as client:
+        for _ in range(5):
+            body = modern_call(arguments, {"elicitation": {"form": {}}}, **extra)
+            response = await client.post(srv.mcp_url, headers=headers, json=body)
+            assert response.status_code == 200, response.text
+            (answer,) = [m for m in rpc_messages(response) if m.get("id") == 7]
+            result = answer["result"]
+            if result.get("resultType") != "input_required":
+                return result
+            ((key, request),) = result["inputRequests"].items()
+            assert request["method"] == "elicitation/create", request
+            params = types.ElicitRequestFormParams.model_validate(request["params"])
+            reply = await person(None, params)
+            extra = {"inputResponses": {key: reply.model_dump(by_alias=True, exclude_none=True)},
+                     "requestState": result["requestState"]}
+    raise AssertionError("more input_required rounds than expected")
+
+
+async def test_issue_33_a_2026_07_28_call_is_answered_input_required_and_goes_on(kbb, fake_internet):
+    # See: issue 33. The call is answered with the question (`resultType: "input_required"`),
+    # the client's retry carries the person's answer, and the call goes on: by hand with client
+    # 1.x, through the 2.x client's own input_required loop with 2.x.
+    cid = kbb.new_id("ask-mrtr")
+    person = Person(("accept", "allow once"), ("accept", "deny"))
+    arguments = {"command": VIA_PROXY.format(host="other.test"), "computer_id": cid}
+    async with kbb.http_server(*ask_args(fake_internet)) as srv:
+        try:
+            import httpx2
+            from mcp.client.client import Client
+            from mcp.client.streamable_http import streamable_http_client
+        except ImportError:  # client 1.x
+            results = [await call_by_hand(srv, arguments, person) for _ in range(2)]
+        else:
+            results = []
+            async with httpx2.AsyncClient(headers=srv.auth(), timeout=120) as http:
+                transport = streamable_http_client(srv.mcp_url, http_client=http)
+                async with Client(transport, mode="2026-07-28", elicitation_callback=person) as client:
+                    for _ in range(2):
+                        with anyio.fail_after(120):
+                            results.append(dump(await client.call_tool("terminal_execute", arguments)))
+        allowed, denied = (r["structuredContent"] for r in results)
+        assert "hello-from-other.test" in allowed["stdout"], allowed
+        assert denied["stderr"].endswith(blocked("other.test", DECLINED) + "\n"), denied
+        assert [a["message"] for a in person.asked] == [f"The computer `{cid}` wants to reach `other.test:80`."] * 2

@@ -596,9 +596,9 @@ pub mod reasons {
         "no way to ask the user (the client does not support elicitation)";
     /// No live session holds or runs the computer.
     pub const NO_SESSION: &str = "no way to ask the user (no session holds this computer)";
-    /// The session speaks protocol 2026-07-28, whose `input_required` this version does not
-    /// use for questions.
-    pub const NO_MRTR: &str = "no way to ask the user (protocol 2026-07-28 questions are not supported by this server yet)";
+    /// A 2026-07-28 request was chosen, but its call (which would answer `input_required`)
+    /// has ended.
+    pub const CALL_ENDED: &str = "no way to ask the user (the request that could ask has ended)";
     /// The session already has [`super::MAX_QUESTIONS_PER_SESSION`] questions open.
     pub const TOO_MANY: &str = "too many questions are open for this session (at most 3)";
 }
