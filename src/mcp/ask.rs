@@ -123,6 +123,8 @@ struct Parked {
     cancel: CancellationToken,
     /// The question the last `input_required` asked, answered by the retry.
     reply: Option<oneshot::Sender<Asked>>,
+    /// When it was last parked.
+    since: Instant,
 }
 
 /// Where a chosen session's question goes.
@@ -197,6 +199,7 @@ impl Asks {
             principal,
             cancel,
             reply: None,
+            since: Instant::now(),
         };
         self.drive(parked, request).await
     }
@@ -267,11 +270,16 @@ impl Asks {
     fn park(self: &Arc<Self>, mut parked: Parked, pending: Pending) -> InputRequiredResult {
         let state = format!("{:032x}", rand::random::<u128>());
         parked.reply = Some(pending.reply);
+        parked.since = Instant::now();
         let mut all = lock(&self.parked);
         if all.len() >= MAX_PARKED {
             // Bounded: the oldest is let go (its command runs on, its result is dropped).
-            if let Some(key) = all.keys().next().cloned() {
-                all.remove(&key);
+            let oldest = all
+                .iter()
+                .min_by_key(|(_, p)| p.since)
+                .map(|(key, _)| key.clone());
+            if let Some(gone) = oldest.and_then(|key| all.remove(&key)) {
+                lock(&self.calls).remove(&gone.session);
             }
         }
         all.insert(state.clone(), parked);
