@@ -254,6 +254,79 @@ pub struct Cli {
         help = "Disable network access in sandboxes"
     )]
     pub no_network: bool,
+
+    // ---- egress (docs/egress.md) ----
+    #[arg(
+        long,
+        value_name = "MODE",
+        env = "KILNTAINERS_EGRESS",
+        help = "What computers may reach: open (anything, the default), allowlist (only the hosts --egress-allow names), none (no network, as --no-network)",
+        help_heading = "egress options"
+    )]
+    pub egress: Option<String>,
+    #[arg(
+        long,
+        value_name = "PATTERN",
+        env = "KILNTAINERS_EGRESS_ALLOW",
+        value_delimiter = ',',
+        help = "With --egress allowlist: a host computers may reach: example.com, *.example.com (its subdomains), an IP or CIDR, each with an optional :PORT (default: 80 and 443); repeatable",
+        help_heading = "egress options"
+    )]
+    pub egress_allow: Vec<String>,
+    #[arg(
+        long,
+        value_name = "PATTERN",
+        env = "KILNTAINERS_EGRESS_DENY",
+        value_delimiter = ',',
+        help = "A host computers may not reach, in any mode; deny beats allow; repeatable",
+        help_heading = "egress options"
+    )]
+    pub egress_deny: Vec<String>,
+    #[arg(
+        long,
+        help = "With --egress allowlist: put a host no rule names to the user (MCP elicitation) instead of refusing it at once (also: KILNTAINERS_EGRESS_ASK=true)",
+        help_heading = "egress options"
+    )]
+    pub egress_ask: bool,
+    #[arg(
+        long,
+        help = "Let rules reach loopback, private, link-local and metadata addresses, refused otherwise (also: KILNTAINERS_EGRESS_ALLOW_PRIVATE=true)",
+        help_heading = "egress options"
+    )]
+    pub egress_allow_private: bool,
+    #[arg(
+        long,
+        value_name = "ADDR[:PORT]",
+        env = "KILNTAINERS_EGRESS_DNS",
+        help = "The resolver the egress proxy asks (default: the system's)",
+        help_heading = "egress options"
+    )]
+    pub egress_dns: Option<String>,
+    #[arg(
+        long,
+        value_name = "HOST=IP",
+        env = "KILNTAINERS_EGRESS_RESOLVE",
+        value_delimiter = ',',
+        help = "A fixed answer the egress proxy uses before DNS; the private-address rule still applies; repeatable",
+        help_heading = "egress options"
+    )]
+    pub egress_resolve: Vec<String>,
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "KILNTAINERS_EGRESS_UPSTREAM_CA",
+        help = "Extra CA certificates (PEM) the egress proxy trusts upstream",
+        help_heading = "egress options"
+    )]
+    pub egress_upstream_ca: Option<std::path::PathBuf>,
+    #[arg(
+        long,
+        value_name = "NAME",
+        env = "KILNTAINERS_EGRESS_UPSTREAM_NETWORK",
+        help = "The engine network the egress proxy's upstream connections leave through (default: the engine's default)",
+        help_heading = "egress options"
+    )]
+    pub egress_upstream_network: Option<String>,
     #[arg(
         long,
         help = "Expose the computer_* tools and the MCP App dashboard (also: ENABLE_LIFECYCLE_TOOLS=true)"

@@ -126,6 +126,12 @@ async fn run(config: Config) -> i32 {
         jobs,
         config.file_tools,
         config.checkpoints.enabled,
+        // `computer_network` is listed when a policy is enforced (not with `--no-network` or
+        // `--egress none`, whose tool list stays as it was).
+        config
+            .egress
+            .filters()
+            .then(|| config.egress.policy.clone()),
     );
 
     if backend.warm_pool().is_some() {

@@ -16,6 +16,7 @@ pub fn build(config: &Config) -> Result<Arc<dyn Backend>, BackendError> {
         shell: config.shell.clone(),
         network: config.network,
         default_timeout_secs: config.limits.default_timeout_secs,
+        egress: config.egress.clone(),
     };
     match config.backend {
         BackendKind::Docker => Ok(Arc::new(kilntainers_docker::DockerBackend::new(

@@ -1,7 +1,8 @@
 //! Entry point of the in-computer helper. `kilntainers-helper serve` speaks the protocol of
 //! [`kilntainers_helper::wire`] on stdin/stdout until stdin closes, then kills what it started
 //! that is still running and exits; `connect <port>` carries one TCP connection to the
-//! computer's loopback ([`kilntainers_helper::forward`]). Diagnostics go to stderr, which the server logs.
+//! computer's loopback ([`kilntainers_helper::forward`]); `egress-proxy` runs the egress proxy
+//! ([`kilntainers_helper::egress`]). Diagnostics go to stderr, which the server logs.
 
 fn main() {
     let mut args = std::env::args().skip(1);
@@ -10,12 +11,13 @@ fn main() {
         Some("connect") => {
             std::process::exit(kilntainers_helper::forward::connect(args.next().as_deref()))
         }
+        Some("egress-proxy") => std::process::exit(kilntainers_helper::egress::main(args)),
         Some("--version") => println!(
             "kilntainers-helper {}",
             kilntainers_helper::wire::PROTOCOL_VERSION
         ),
         _ => {
-            eprintln!("usage: kilntainers-helper serve | connect <port>");
+            eprintln!("usage: kilntainers-helper serve | connect <port> | egress-proxy [options]");
             std::process::exit(2);
         }
     }

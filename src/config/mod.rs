@@ -6,6 +6,7 @@
 
 #[cfg(feature = "e2b")]
 pub mod e2b;
+pub mod egress;
 pub mod engine;
 #[cfg(feature = "fly")]
 pub mod fly;
@@ -26,6 +27,7 @@ pub use engine::{EngineAddress, EngineConnection, EngineTls};
 #[cfg(feature = "fly")]
 pub use fly::FlyConfig;
 pub use kilntainers_backend::DEFAULT_IMAGE;
+pub use kilntainers_backend::egress::EgressSettings;
 pub use kilntainers_docker::config::{ComputerNetwork, DockerConfig, Engine};
 use kilntainers_docker::run_flags::{parse_run_flags, parse_size};
 #[cfg(feature = "modal")]
@@ -80,7 +82,10 @@ pub struct Config {
     pub transport: Transport,
     pub limits: ExecLimits,
     pub shell: String,
+    /// False with `--no-network` or `--egress none`.
     pub network: bool,
+    /// `--egress*` (docs/egress.md); open without rules unless asked.
+    pub egress: EgressSettings,
     pub lifecycle_tools: bool,
     pub jobs: JobsConfig,
     /// `--file-tools` or `ENABLE_FILE_TOOLS=true` (docs/files.md).
@@ -367,13 +372,13 @@ impl Config {
             );
         }
         check_backend_is_built(cli.backend)?;
-        let mut docker = docker_config(cli, env)?;
+        let egress = egress::from_cli(cli, env)?;
+        // `--egress none` is `--no-network` (docs/egress.md, "Policy model").
+        let no_network = egress.policy.mode == kilntainers_backend::egress::EgressMode::None;
+        let mut docker = docker_config(cli, no_network, env)?;
         let principals = !stdio && (cli.auth_tokens_file.is_some() || oauth.is_some());
-        docker.network = ComputerNetwork::choose(
-            !cli.no_network,
-            principals,
-            docker.run_flags.network.is_some(),
-        );
+        docker.network =
+            ComputerNetwork::choose(!no_network, principals, docker.run_flags.network.is_some());
         if docker.network == ComputerNetwork::PerPrincipal && docker.engine == Engine::Podman {
             eprintln!(
                 "kilntainers: warning: on Podman, principals' networks are kept apart only as reliably as Podman's network backend; Podman 4.3 with netavark 1.4 has known gaps (docs/auth.md, \"Network\")."
@@ -432,7 +437,8 @@ impl Config {
                 output_limit: cli.output_limit.unsigned_abs(),
             },
             shell: cli.shell.clone(),
-            network: !cli.no_network,
+            network: !no_network,
+            egress,
             lifecycle_tools: cli.lifecycle_tools
                 || switch_on(env("ENABLE_LIFECYCLE_TOOLS").as_deref()),
             file_tools: cli.file_tools || switch_on(env("ENABLE_FILE_TOOLS").as_deref()),
@@ -534,6 +540,7 @@ fn check_backend_is_built(backend: BackendKind) -> Result<(), ConfigError> {
 
 fn docker_config(
     cli: &Cli,
+    no_network: bool,
     env: impl Fn(&str) -> Option<String>,
 ) -> Result<DockerConfig, ConfigError> {
     let engine = match cli.docker.engine.as_str() {
@@ -567,14 +574,14 @@ fn docker_config(
             }
         },
     };
-    let run_flags = parse_run_flags(&cli.docker.docker_run_flag, cli.no_network)
+    let run_flags = parse_run_flags(&cli.docker.docker_run_flag, no_network)
         .map_err(|e| ConfigError(e.to_string()))?;
     if cli.docker.pull_timeout < 1 {
         return fail("--pull-timeout must be at least 1 second.");
     }
     // Only the docker backend connects; a stray DOCKER_TLS_VERIFY must not stop the others.
     let connection = if cli.backend == BackendKind::Docker {
-        engine::connection(engine, &cli.docker, env, engine::current_uid())?
+        engine::connection(engine, &cli.docker, &env, engine::current_uid())?
     } else {
         EngineConnection::unused()
     };
@@ -601,11 +608,14 @@ fn docker_config(
         exec_helper: cli.docker.exec_helper == crate::cli::ExecHelperChoice::On,
         warm_pool: usize::from(cli.docker.warm_pool),
         // Decided once the transport's principals are known (`Config::from_cli`).
-        network: if cli.no_network {
+        network: if no_network {
             ComputerNetwork::Disabled
         } else {
             ComputerNetwork::EngineDefault
         },
+        state_dir: env("HOME")
+            .filter(|h| !h.is_empty())
+            .map(|h| std::path::PathBuf::from(h).join(crate::state::STATE_DIR_NAME)),
     })
 }
 

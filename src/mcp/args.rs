@@ -25,7 +25,9 @@ impl<'a> Args<'a> {
         Self { tool, raw }
     }
 
-    fn get(&self, property: &str) -> Option<&'a Value> {
+    /// The raw value of `property`, `None` when absent or null (for a shape the typed readers
+    /// do not cover, such as `computer_create`'s `egress`).
+    pub fn get(&self, property: &str) -> Option<&'a Value> {
         self.raw?.get(property).filter(|v| !v.is_null())
     }
 

@@ -66,7 +66,7 @@ fn surface(backend: Arc<FakeBackend>, on: On) -> Arc<Surface> {
             },
         )
     });
-    Surface::new(registry, "DESCRIPTION", on.lifecycle, jobs, on.files)
+    Surface::new(registry, "DESCRIPTION", on.lifecycle, jobs, on.files, None)
 }
 
 fn golden_path(name: &str) -> PathBuf {
@@ -198,7 +198,7 @@ async fn tools_list_with_the_checkpoint_tools() {
         LIMITS,
         Quotas::default(),
     );
-    let surface = Surface::with_checkpoints(registry, "DESCRIPTION", true, None, true, true);
+    let surface = Surface::with_checkpoints(registry, "DESCRIPTION", true, None, true, true, None);
     let tools = serde_json::to_value(&surface.tools).expect("tools as JSON");
     check("tools-checkpoints-on-lifecycle-on-files-on", &tools);
 }

@@ -12,6 +12,7 @@ use super::call::{Call, CallError, Payload};
 use super::format;
 use super::routes::Definitions;
 use crate::backends::ComputerInfo;
+use crate::backends::egress::{EgressPolicy, Pattern};
 use crate::dashboard;
 use crate::ids::ComputerId;
 use crate::registry::Unnamed;
@@ -102,17 +103,28 @@ pub(super) fn list_tool(_: &Definitions<'_>) -> Tool {
     .with_meta(plain_meta())
 }
 
-pub(super) fn create_tool(_: &Definitions<'_>) -> Tool {
+pub(super) fn create_tool(definitions: &Definitions<'_>) -> Tool {
+    let mut input = json!({
+        "type": "object",
+        "properties": {
+            "computer_id": {"type": "string", "title": "Computer Id", "description": "Optional lowercase slug. Omit to generate a readable random ID."},
+            "temporary": {"type": "boolean", "default": true, "title": "Temporary", "description": "Remove on MCP session shutdown when true; persist and allow reattachment by ID when false."}
+        }
+    });
+    if definitions.egress {
+        // Only with an enforced policy, so the default tool list is unchanged (docs/egress.md).
+        input["properties"]["egress"] = json!({
+            "type": "object",
+            "title": "Egress",
+            "description": "Narrow the hosts this new computer may reach: allow lists patterns (example.com, *.example.com, an IP or CIDR, optional :PORT), each inside what the server allows.",
+            "properties": {"allow": {"type": "array", "items": {"type": "string"}}},
+            "required": ["allow"]
+        });
+    }
     Tool::new(
         CREATE,
         "Create a temporary or permanent sandbox computer. If computer_id is omitted, a readable random slug is returned.",
-        format::object(json!({
-            "type": "object",
-            "properties": {
-                "computer_id": {"type": "string", "title": "Computer Id", "description": "Optional lowercase slug. Omit to generate a readable random ID."},
-                "temporary": {"type": "boolean", "default": true, "title": "Temporary", "description": "Remove on MCP session shutdown when true; persist and allow reattachment by ID when false."}
-            }
-        })),
+        format::object(input),
     )
     .with_raw_output_schema(format::output_schema(
         json!({"ok": {"type": "boolean"}, "computer_id": {"type": "string"}, "sandbox_id": {"type": "string"}, "temporary": {"type": "boolean"}}),
@@ -272,22 +284,76 @@ async fn create_computer(call: &Call<'_>) -> Result<Payload, CallError> {
         .filter(|id| !id.is_empty())
         .map(|raw| parse_id(&raw, call))
         .transpose()?;
-    let sandbox = call
-        .registry()
-        .acquire(
-            call.session,
-            computer_id,
-            temporary.unwrap_or(true),
-            Unnamed::Fresh,
-            call.progress,
-        )
-        .await?;
+    let narrowed = narrowed_egress(call)?;
+    let sandbox = match narrowed {
+        Some(policy) => {
+            call.registry()
+                .create_narrowed(
+                    call.session,
+                    computer_id,
+                    temporary.unwrap_or(true),
+                    &policy,
+                    call.progress,
+                )
+                .await?
+        }
+        None => {
+            call.registry()
+                .acquire(
+                    call.session,
+                    computer_id,
+                    temporary.unwrap_or(true),
+                    Unnamed::Fresh,
+                    call.progress,
+                )
+                .await?
+        }
+    };
     let mut payload = Map::new();
     payload.insert("ok".into(), json!(true));
     payload.insert("computer_id".into(), json!(sandbox.computer_id.slug()));
     payload.insert("sandbox_id".into(), json!(sandbox.sandbox_id));
     payload.insert("temporary".into(), json!(sandbox.temporary));
     Ok(payload.into())
+}
+
+/// `computer_create`'s `egress: {"allow": [PATTERN…]}` as the computer's own policy, checked
+/// to lie inside the server's (docs/egress.md, "Per computer") before anything is created.
+fn narrowed_egress(call: &Call<'_>) -> Result<Option<EgressPolicy>, CallError> {
+    let Some(value) = call.args().get("egress").cloned() else {
+        return Ok(None);
+    };
+    let Some(server) = call.surface.egress.as_ref() else {
+        return Err(CallError::invalid(
+            "egress: this server enforces no egress policy (--egress allowlist or --egress-deny), so there is nothing to narrow.",
+        ));
+    };
+    let texts = value
+        .get("allow")
+        .and_then(Value::as_array)
+        .filter(|_| value.as_object().is_some_and(|o| o.len() == 1))
+        .and_then(|list| {
+            list.iter()
+                .map(|v| v.as_str().map(str::to_owned))
+                .collect::<Option<Vec<_>>>()
+        })
+        .ok_or_else(|| {
+            CallError::invalid(
+                "egress must be {\"allow\": [PATTERN, ...]}, a list of host patterns.",
+            )
+        })?;
+    let patterns = texts
+        .iter()
+        .map(|text| {
+            Pattern::parse(text).map_err(|why| {
+                CallError::invalid(format!("egress.allow: invalid pattern '{text}': {why}."))
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    server
+        .narrowed(&patterns)
+        .map(Some)
+        .map_err(|e| CallError::invalid(e.to_string()))
 }
 
 /// The required `computer_id` of restart, reset and delete.

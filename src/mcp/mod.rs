@@ -7,6 +7,7 @@
 //! **API boundary:** everything a client can observe is produced here or in [`format`].
 
 pub mod args;
+mod ask;
 mod call;
 mod checkpoints;
 pub mod description;
@@ -17,6 +18,7 @@ pub mod format;
 mod golden;
 mod jobs;
 mod lifecycle;
+mod network;
 pub mod ports;
 mod progress;
 mod routes;
@@ -30,7 +32,7 @@ use rmcp::model::{
     ReadResourceResponse, ReadResourceResult, Resource, ResourceContents, ResourcesCapability,
     ServerCapabilities, ServerConfig, Tool, ToolsCapability,
 };
-use rmcp::service::RequestContext;
+use rmcp::service::{NotificationContext, RequestContext};
 use rmcp::{ErrorData, RoleServer, ServerHandler};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -60,6 +62,12 @@ pub struct Surface {
     switches: Switches,
     /// `port_url`'s forwarders; present with the file tools.
     pub ports: Option<Arc<Ports>>,
+    /// The server's egress policy when it is not `open` without rules: `computer_network` is
+    /// listed then (docs/egress.md).
+    pub egress: Option<crate::backends::egress::EgressPolicy>,
+    /// Ask-to-allow: the backend's egress questions put to the sessions' people, when the
+    /// backend asks any (docs/egress.md, "Ask-to-allow").
+    asks: Option<Arc<ask::Asks>>,
     /// The HTTP transport's base URL, for `port_url`'s `proxy_url` (unset in stdio mode).
     proxy_base: std::sync::OnceLock<String>,
     instructions: String,
@@ -72,6 +80,7 @@ impl Surface {
         lifecycle_tools: bool,
         jobs: Option<Arc<Jobs>>,
         file_tools: bool,
+        egress: Option<crate::backends::egress::EgressPolicy>,
     ) -> Arc<Self> {
         Self::with_checkpoints(
             registry,
@@ -80,6 +89,7 @@ impl Surface {
             jobs,
             file_tools,
             false,
+            egress,
         )
     }
 
@@ -91,12 +101,14 @@ impl Surface {
         jobs: Option<Arc<Jobs>>,
         file_tools: bool,
         checkpoint_tools: bool,
+        egress: Option<crate::backends::egress::EgressPolicy>,
     ) -> Arc<Self> {
         let switches = Switches {
             jobs: jobs.is_some(),
             files: file_tools,
             lifecycle: lifecycle_tools,
             checkpoints: checkpoint_tools,
+            egress: egress.is_some(),
         };
         if checkpoint_tools {
             registry.enable_checkpoints();
@@ -106,6 +118,7 @@ impl Surface {
             job_tools: jobs.is_some(),
             jobs_in_server: registry.backend().runs_jobs_in_server(),
             output_limit: registry.limits().output_limit,
+            egress: egress.is_some(),
         };
         let tools = routes::tools(switches, &definitions);
         let mut instructions = INSTRUCTIONS.to_owned();
@@ -127,12 +140,15 @@ impl Surface {
         if checkpoint_tools {
             instructions.push_str(checkpoints::INSTRUCTIONS);
         }
+        let asks = ask::Asks::start(Arc::clone(&registry));
         Arc::new(Self {
+            asks,
             registry,
             jobs,
             tools,
             switches,
             ports,
+            egress,
             proxy_base: std::sync::OnceLock::new(),
             instructions,
         })
@@ -215,6 +231,7 @@ impl SessionHandler {
     fn with_session(surface: Arc<Surface>, session: Arc<Session>) -> Self {
         let release = ReleaseOnDrop {
             registry: surface.registry.clone(),
+            asks: surface.asks.clone(),
             jobs: surface.jobs.clone(),
             session: session.clone(),
         };
@@ -230,12 +247,16 @@ impl SessionHandler {
 /// runtime; the shutdown sweep covers anything a dying runtime no longer runs.
 struct ReleaseOnDrop {
     registry: Arc<Registry>,
+    asks: Option<Arc<ask::Asks>>,
     jobs: Option<Arc<Jobs>>,
     session: Arc<Session>,
 }
 
 impl Drop for ReleaseOnDrop {
     fn drop(&mut self) {
+        if let Some(asks) = &self.asks {
+            asks.closed(self.session.id());
+        }
         if let Some(jobs) = &self.jobs {
             jobs.close_session(self.session.id());
         }
@@ -276,6 +297,13 @@ impl ServerHandler for SessionHandler {
                     .with_title("MCP Sandbox Computer VM for AI"),
             )
             .with_instructions(self.surface.instructions.clone())
+    }
+
+    async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
+        tracing::info!("client initialized");
+        if let Some(asks) = &self.surface.asks {
+            asks.connected(self.session.id(), &context.peer, None);
+        }
     }
 
     async fn list_tools(
@@ -365,6 +393,34 @@ impl ServerHandler for SessionHandler {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
+        if let Some(asks) = &self.surface.asks {
+            let session = self.session.id();
+            asks.connected(session, &context.peer, context.meta.client_capabilities());
+            // 2026-07-28: a question while the call runs answers it with `input_required`
+            // and the client's retry carries the answer (docs/egress.md, "Ask-to-allow").
+            if let Some(state) = request.request_state.as_deref() {
+                let principal = self.session.principal();
+                let responses = request.input_responses.as_ref();
+                return asks.resume(state, responses, principal, &context.ct).await;
+            }
+            if asks.takes_input_required(session) {
+                let progress = progress::McpProgress::start(&context);
+                let cancel = CancellationToken::new();
+                let (handler, work_cancel) = (self.clone(), cancel.clone());
+                let work = async move {
+                    let arguments = request.arguments.as_ref();
+                    let answer = handler
+                        .call(request.name.as_ref(), arguments, &progress, &work_cancel)
+                        .await;
+                    progress.finish().await;
+                    answer
+                };
+                let principal = self.session.principal().clone();
+                return asks
+                    .run_call(session, principal, cancel, &context.ct, work)
+                    .await;
+            }
+        }
         let progress = progress::McpProgress::start(&context);
         let arguments = request.arguments.as_ref();
         let answer = self

@@ -9,7 +9,7 @@ use rmcp::model::Tool;
 
 use super::call::{Call, CallError, Payload};
 use super::format::ErrorText;
-use super::{checkpoints, execute, files, jobs, lifecycle, ports};
+use super::{checkpoints, execute, files, jobs, lifecycle, network, ports};
 
 /// Which startup switch turns a tool on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,6 +23,8 @@ pub(super) enum Switch {
     Lifecycle,
     /// `--checkpoint-tools` (docs/checkpoints.md).
     Checkpoints,
+    /// An egress policy other than `open` without rules (docs/egress.md).
+    Egress,
 }
 
 /// The switches one process runs with.
@@ -32,6 +34,7 @@ pub(super) struct Switches {
     pub files: bool,
     pub lifecycle: bool,
     pub checkpoints: bool,
+    pub egress: bool,
 }
 
 impl Switches {
@@ -42,6 +45,7 @@ impl Switches {
             Switch::Files => self.files,
             Switch::Lifecycle => self.lifecycle,
             Switch::Checkpoints => self.checkpoints,
+            Switch::Egress => self.egress,
         }
     }
 }
@@ -56,6 +60,8 @@ pub(super) struct Definitions<'a> {
     pub jobs_in_server: bool,
     /// `--output-limit`, `file_read`'s largest page.
     pub output_limit: u64,
+    /// An egress policy is enforced: `computer_create` takes `egress` (docs/egress.md).
+    pub egress: bool,
 }
 
 /// A tool's handler: `async fn(&Call) -> Result<Payload, CallError>`, boxed so that one table
@@ -220,6 +226,13 @@ pub(super) static ROUTES: &[Route] = &[
         handler: handler!(lifecycle::delete),
         errors: ErrorText::Json,
     },
+    Route {
+        name: network::COMPUTER_NETWORK,
+        switch: Switch::Egress,
+        tool: network::tool,
+        handler: handler!(network::computer_network),
+        errors: ErrorText::Message,
+    },
 ];
 
 /// The routes `switches` turn on, in listing order.
@@ -248,6 +261,7 @@ mod tests {
         files: true,
         lifecycle: true,
         checkpoints: true,
+        egress: true,
     };
 
     #[test]
@@ -257,6 +271,7 @@ mod tests {
             job_tools: true,
             jobs_in_server: false,
             output_limit: 1,
+            egress: true,
         };
         let names: Vec<String> = tools(ALL_ON, &definitions)
             .into_iter()
@@ -277,6 +292,7 @@ mod tests {
             files: true,
             lifecycle: false,
             checkpoints: false,
+            egress: false,
         };
         assert!(find(off, jobs::OUTPUT).is_none());
         assert!(find(off, lifecycle::LIST).is_none());

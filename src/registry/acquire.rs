@@ -5,6 +5,7 @@ use tracing::{info, instrument};
 
 use super::quotas::Admission;
 use super::{Registry, RegistryError, Session, lock};
+use crate::backends::egress::EgressPolicy;
 use crate::backends::{BackendError, CreateSpec, Progress, SandboxRef};
 use crate::ids::ComputerId;
 
@@ -46,14 +47,14 @@ impl Registry {
         if let Some(id) = computer_id {
             tracing::Span::current().record("computer_id", id.as_str());
             return self
-                .acquire_for(session, &id, temporary, Origin::Named, progress)
+                .acquire_for(session, &id, temporary, Origin::Named, None, progress)
                 .await;
         }
         // Sessionless requests have no default: each omitted-id call gets a new computer.
         if unnamed == Unnamed::Fresh || session.lease_ttl.is_some() {
             let id = self.unused_random_id(session).await?;
             return self
-                .acquire_for(session, &id, temporary, Origin::Named, progress)
+                .acquire_for(session, &id, temporary, Origin::Named, None, progress)
                 .await;
         }
         // Concurrent omitted-id calls of one session must create exactly one default.
@@ -61,12 +62,12 @@ impl Registry {
         if let Some(id) = session.default_id() {
             let recorded = session.owned_mode(&id).unwrap_or(temporary);
             return self
-                .acquire_for(session, &id, recorded, Origin::Named, progress)
+                .acquire_for(session, &id, recorded, Origin::Named, None, progress)
                 .await;
         }
         let id = self.unused_random_id(session).await?;
         let sandbox = self
-            .acquire_for(session, &id, temporary, Origin::CheckedFree, progress)
+            .acquire_for(session, &id, temporary, Origin::CheckedFree, None, progress)
             .await?;
         session.set_default(Some(id));
         Ok(sandbox)
@@ -96,6 +97,7 @@ impl Registry {
             id,
             found.sandbox.temporary,
             Origin::Named,
+            None,
             &crate::backends::NoProgress,
         )
         .await
@@ -170,12 +172,39 @@ impl Registry {
         Err(RegistryError::NoFreeId)
     }
 
+    /// `computer_create` with `egress`: a new computer under its own, narrower policy
+    /// (docs/egress.md, "Per computer"), checked against the server's by the caller. A computer
+    /// that exists already keeps the policy it was made with, so naming one is refused.
+    pub async fn create_narrowed(
+        &self,
+        session: &Session,
+        computer_id: Option<ComputerId>,
+        temporary: bool,
+        egress: &EgressPolicy,
+        progress: &dyn Progress,
+    ) -> Result<SandboxRef, RegistryError> {
+        let id = match computer_id {
+            Some(id) => id,
+            None => self.unused_random_id(session).await?,
+        };
+        self.acquire_for(
+            session,
+            &id,
+            temporary,
+            Origin::Named,
+            Some(egress),
+            progress,
+        )
+        .await
+    }
+
     async fn acquire_for(
         &self,
         session: &Session,
         id: &ComputerId,
         temporary: bool,
         origin: Origin,
+        egress: Option<&EgressPolicy>,
         progress: &dyn Progress,
     ) -> Result<SandboxRef, RegistryError> {
         // Callers scope ids to the session's principal; anything else is somebody else's.
@@ -183,6 +212,9 @@ impl Registry {
             return Err(RegistryError::NotFound(id.clone()));
         }
         if let Some(recorded) = session.owned_mode(id) {
+            if egress.is_some() {
+                return Err(RegistryError::EgressFixed(id.clone()));
+            }
             if recorded != temporary {
                 return Err(RegistryError::AlreadyAttached {
                     id: id.clone(),
@@ -203,6 +235,9 @@ impl Registry {
             let _lifecycle = slot.lifecycle.lock().await;
             let existing = lock(&slot.state).record.clone();
             let sandbox = match existing {
+                Some(_) if egress.is_some() => {
+                    return Err(RegistryError::EgressFixed(id.clone()));
+                }
                 Some(sandbox) if sandbox.temporary != temporary => {
                     return Err(RegistryError::ModeFixed {
                         id: id.clone(),
@@ -217,7 +252,7 @@ impl Registry {
                     return Err(RegistryError::ShuttingDown(id.clone()));
                 }
                 None => {
-                    self.attach_or_create(session, id, temporary, origin, progress)
+                    self.attach_or_create(session, id, temporary, origin, egress, progress)
                         .await?
                 }
             };
@@ -246,6 +281,7 @@ impl Registry {
         id: &ComputerId,
         temporary: bool,
         origin: Origin,
+        egress: Option<&EgressPolicy>,
         progress: &dyn Progress,
     ) -> Result<SandboxRef, RegistryError> {
         let found = match origin {
@@ -253,6 +289,7 @@ impl Registry {
             Origin::CheckedFree => None,
         };
         match found {
+            Some(_) if egress.is_some() => Err(RegistryError::EgressFixed(id.clone())),
             Some(found) if found.sandbox.temporary != temporary => {
                 Err(RegistryError::ModeConflict {
                     id: id.clone(),
@@ -279,6 +316,7 @@ impl Registry {
                     image: None,
                     instance: self.instance.clone(),
                     owner: Some(session.principal().clone()),
+                    egress: egress.cloned(),
                 };
                 let sandbox = self.backend.create(&spec, progress).await?;
                 info!(target: "kilntainers::audit", principal = %session.principal(), computer_id = %id, sandbox_id = %sandbox.sandbox_id, temporary, "created");

@@ -215,6 +215,8 @@ impl Registry {
                     image: Some(sandbox.image.clone()),
                     instance: self.instance.clone(),
                     owner: Some(owner.clone()),
+                    // The same policy (docs/checkpoints.md): the one recorded on the computer.
+                    egress: self.backend.egress_policy(&sandbox).await?,
                 };
                 let from = FromCheckpoint {
                     source: id,
@@ -389,6 +391,8 @@ impl Registry {
                 image: Some(source.image.clone()),
                 instance: self.instance.clone(),
                 owner: Some(session.principal().clone()),
+                // A fork has the source's policy (docs/checkpoints.md).
+                egress: self.backend.egress_policy(source).await?,
             };
             let from = FromCheckpoint {
                 source: &source.computer_id,

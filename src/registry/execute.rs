@@ -43,7 +43,7 @@ impl Registry {
             let _awake = self.keep_awake(&sandbox);
             let exec_cancel = cancel.child_token();
             let exec_id = ExecId::random();
-            Self::begin_in_flight(&slot, &sandbox, &exec_cancel, &exec_id);
+            Self::begin_in_flight(&slot, session, &sandbox, &exec_cancel, &exec_id);
             let result = exec::run(
                 self.backend.as_ref(),
                 &sandbox,
@@ -119,7 +119,7 @@ impl Registry {
         };
         let _awake = self.keep_awake(&sandbox);
         let work_cancel = cancel.child_token();
-        Self::begin_in_flight(&slot, &sandbox, &work_cancel, &ExecId::random());
+        Self::begin_in_flight(&slot, session, &sandbox, &work_cancel, &ExecId::random());
         let answer = work(&sandbox, &work_cancel).await;
         let interrupted_by = Self::end_in_flight(&slot);
         Self::renew_lease(&slot, session);
@@ -156,6 +156,7 @@ impl Registry {
     /// cancel it (and kill what carries `exec_id`).
     fn begin_in_flight(
         slot: &Slot,
+        session: &Session,
         sandbox: &SandboxRef,
         cancel: &CancellationToken,
         exec_id: &ExecId,
@@ -165,6 +166,7 @@ impl Registry {
             cancel: cancel.clone(),
             exec_id: exec_id.clone(),
             sandbox: sandbox.clone(),
+            session: session.id,
         });
         state.interrupted_by = None;
     }

@@ -159,6 +159,7 @@ impl Registry {
                 image: Some(sandbox.image.clone()),
                 instance: self.instance.clone(),
                 owner: Some(owner.clone()),
+                egress: None,
             };
             let fresh = self.backend.create(&spec, progress).await?;
             Ok((fresh.clone(), Some(fresh)))

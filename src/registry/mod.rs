@@ -100,6 +100,11 @@ pub enum RegistryError {
     ShuttingDown(ComputerId),
     #[error("Computer '{}' was not found.", .0.slug())]
     NotFound(ComputerId),
+    #[error(
+        "Computer '{}' already exists; its egress policy was fixed when it was created, so computer_create's egress cannot change it.",
+        .0.slug()
+    )]
+    EgressFixed(ComputerId),
     #[error("Command interrupted because computer '{}' is being {}.", .id.slug(), .op.verb())]
     Interrupted { id: ComputerId, op: Interruption },
     /// The client cancelled the call; no result is expected.
@@ -220,6 +225,34 @@ impl Registry {
         let session = Arc::new(Session::new(id, None, principal));
         lock(&self.sessions).insert(id, Arc::downgrade(&session));
         session
+    }
+
+    /// The sessions an egress question about computer `id` may go to, best first
+    /// (docs/egress.md, "Ask-to-allow"): the session whose call runs on it now; then the live
+    /// sessions holding it, most recently opened first; then the other live sessions of its
+    /// owner, most recently opened first.
+    pub fn egress_audience(&self, id: &ComputerId) -> Vec<u64> {
+        let mut audience = Vec::new();
+        let slot = lock(&self.slots).get(id).cloned();
+        if let Some(slot) = slot {
+            let state = lock(&slot.state);
+            audience.extend(state.in_flight.as_ref().map(|f| f.session));
+            let mut holders: Vec<u64> = state.owners.iter().copied().collect();
+            holders.sort_unstable_by(|a, b| b.cmp(a));
+            audience.extend(holders);
+        }
+        let mut owners: Vec<u64> = lock(&self.sessions)
+            .iter()
+            .filter_map(|(sid, weak)| {
+                let session = weak.upgrade()?;
+                (session.lease_ttl.is_none() && id.belongs_to(session.principal())).then_some(*sid)
+            })
+            .collect();
+        owners.sort_unstable_by(|a, b| b.cmp(a));
+        audience.extend(owners);
+        let mut seen = std::collections::HashSet::new();
+        audience.retain(|sid| seen.insert(*sid));
+        audience
     }
 
     /// A holder for one sessionless request: computers it touches are kept alive by a lease of

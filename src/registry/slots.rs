@@ -44,6 +44,8 @@ pub(super) struct InFlight {
     pub(super) cancel: CancellationToken,
     pub(super) exec_id: ExecId,
     pub(super) sandbox: SandboxRef,
+    /// The session whose call runs it: the one an egress question goes to first.
+    pub(super) session: u64,
 }
 
 pub(super) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {

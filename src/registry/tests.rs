@@ -1115,3 +1115,37 @@ async fn idle_stop_leaves_a_computer_another_server_is_using() {
     idle_round(&registry).await;
     assert!(!backend.is_running(&shared));
 }
+
+// Where an egress question goes (docs/egress.md, "Ask-to-allow").
+
+#[tokio::test(start_paused = true)]
+async fn an_egress_question_goes_to_the_running_call_then_holders_then_the_owner() {
+    let (backend, registry) = setup();
+    let owner = Principal::default_principal();
+    let a = registry.open_session(owner.clone());
+    let b = registry.open_session(owner.clone());
+    let c = registry.open_session(owner.clone());
+    let stranger = registry.open_session(Principal::named("bob").unwrap());
+    let box_id = id("box");
+    execute(&registry, &a, Some(&box_id), false, "warm")
+        .await
+        .unwrap();
+    execute(&registry, &b, Some(&box_id), false, "warm")
+        .await
+        .unwrap();
+    // Nothing runs: the holders, newest first, then the owner's other sessions.
+    assert_eq!(registry.egress_audience(&box_id), [b.id(), a.id(), c.id()]);
+    // The session whose call runs on it comes first.
+    backend.script_exec_on(&box_id, ExecScript::Hang);
+    let long = spawn_execute(&registry, &a, Some(&box_id), false, "long");
+    backend
+        .wait_until(|log| log.iter().any(started("long")))
+        .await;
+    assert_eq!(registry.egress_audience(&box_id), [a.id(), b.id(), c.id()]);
+    assert!(!registry.egress_audience(&box_id).contains(&stranger.id()));
+    within(registry.delete(&box_id)).await.unwrap();
+    let _ = join(long).await;
+    // A closed session is never asked.
+    drop(c);
+    assert_eq!(registry.egress_audience(&id("gone")), [b.id(), a.id()]);
+}

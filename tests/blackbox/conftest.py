@@ -31,11 +31,19 @@ from harness import (
 
 # Imported after the harness, which puts the repository root on sys.path.
 from testkit import procfs
+from egress_net import fake_internet_on
 
 
 @pytest.fixture
 def anyio_backend():
     return "asyncio"
+
+
+@pytest.fixture
+def fake_internet():
+    """A fake internet for the egress tests (egress_net.py), removed after the test."""
+    with fake_internet_on(None, BUSYBOX) as net:
+        yield net
 
 
 # The full run (scripts/test.sh) allows no skip: a skipped test there means a missing piece of

@@ -475,7 +475,10 @@ class KBB:
         home: Path | None = None,
         env: dict | None = None,
         init_timeout: float = 60.0,
+        elicitation: Any = None,
     ) -> AsyncIterator[Server]:
+        """A server on stdio with a client session; `elicitation` is the client's elicitation
+        callback (declaring the capability), none by default."""
         home = home or self.home()
         self._n += 1
         tag = f"srv{self._n}"
@@ -492,7 +495,7 @@ class KBB:
         try:
             with open(errlog, "a") as errf:
                 async with stdio_client(params, errlog=errf) as (read, write):
-                    async with ClientSession(read, write) as session:
+                    async with ClientSession(read, write, elicitation_callback=elicitation) as session:
                         with anyio.fail_after(init_timeout):
                             init = await session.initialize()
                         srv = Server(session, dump(init), home, errlog, pidfile, rcfile, self)

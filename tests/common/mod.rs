@@ -99,6 +99,7 @@ pub fn create_spec(id: &ComputerId, temporary: bool, instance: &InstanceId) -> C
         image: None,
         instance: instance.clone(),
         owner: None,
+        egress: None,
     }
 }
 

@@ -57,6 +57,7 @@ async fn computer(label: &str, extra: &[&str]) -> Computer {
         image: None,
         instance: InstanceId::random(),
         owner: None,
+        egress: None,
     };
     let sandbox = backend.create(&spec, &NoProgress).await.expect("create");
     Computer {

@@ -25,6 +25,7 @@ async fn create(backend: &dyn Backend, id: &str, temporary: bool) -> SandboxRef 
                 image: None,
                 instance: InstanceId::random(),
                 owner: None,
+                egress: None,
             },
             &NoProgress,
         )

@@ -26,6 +26,9 @@ pub mod docker {
     /// principal's computers, with [`OWNER`]) or `pool` (warm-pool spares); docs/auth.md,
     /// "Network".
     pub const NETWORK: &str = "kilntainers.network";
+    /// New: a computer's egress policy when it has rules (docs/egress.md, "Recorded"), compact
+    /// JSON; absent on computers in `open` mode without rules.
+    pub const EGRESS: &str = "kilntainers.egress";
 }
 
 /// Metadata keys of the providers whose keys are dashed rather than dotted (Fly Machine

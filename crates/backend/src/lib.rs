@@ -11,6 +11,7 @@
 
 pub mod checkpoints;
 pub mod clock;
+pub mod egress;
 #[cfg(any(test, feature = "test-support"))]
 pub mod fake;
 pub mod files;
@@ -44,6 +45,9 @@ pub struct Common {
     pub network: bool,
     /// `--timeout`: a command's default time limit.
     pub default_timeout_secs: u64,
+    /// `--egress*` (docs/egress.md): the policy new computers get and how its enforcement
+    /// resolves and connects. Open without rules by default.
+    pub egress: egress::EgressSettings,
 }
 
 /// The provider's current incarnation of a computer, as plain data.
@@ -76,6 +80,9 @@ pub struct CreateSpec {
     /// Recorded as the owner label or metadata (docs/auth.md); `computer_id` is already
     /// scoped. `None` only when re-creating a computer that had no owner label.
     pub owner: Option<Principal>,
+    /// The computer's own egress policy when it narrows the server's (docs/egress.md, "Per
+    /// computer"); `None` = the server's, as [`Common::egress`] has it.
+    pub egress: Option<egress::EgressPolicy>,
 }
 
 /// One command to run. Built by `exec` from a validated request; backends only translate it.
@@ -329,6 +336,32 @@ pub trait Backend: Send + Sync {
     /// call does not pay for connecting (docs/decisions.md, "Crash recovery": Docker/Podman only).
     fn validates_eagerly(&self) -> bool {
         false
+    }
+
+    /// The egress policy recorded on `sandbox` (docs/egress.md, "Recorded"); `None` when this
+    /// backend records none, or the computer has none (open without rules).
+    async fn egress_policy(
+        &self,
+        _sandbox: &SandboxRef,
+    ) -> Result<Option<egress::EgressPolicy>, BackendError> {
+        Ok(None)
+    }
+
+    /// The refusals recorded for `sandbox` by the enforcement of its egress policy, the last
+    /// 100 distinct ones, oldest first (docs/egress.md, "Docker wiring"); `None` when this
+    /// backend records none.
+    async fn egress_denials(
+        &self,
+        _sandbox: &SandboxRef,
+    ) -> Result<Option<Vec<egress::DeniedEntry>>, BackendError> {
+        Ok(None)
+    }
+
+    /// The questions of ask-to-allow (docs/egress.md, "Ask-to-allow"): connections held until
+    /// the server answers each. The receiving end is handed out once (to the server); `None`
+    /// when this backend never asks, or it was taken already.
+    fn egress_questions(&self) -> Option<tokio::sync::mpsc::Receiver<egress::EgressQuestion>> {
+        None
     }
 
     async fn create(

@@ -569,6 +569,7 @@ mod tests {
             image: None,
             instance: instance.clone(),
             owner: Some(Principal::default_principal()),
+            egress: None,
         }
     }
 

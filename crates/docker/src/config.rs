@@ -44,6 +44,9 @@ pub struct DockerConfig {
     pub warm_pool: usize,
     /// Which network a new computer joins (docs/auth.md, "Network").
     pub network: ComputerNetwork,
+    /// The server's state dir: where the hosts people allowed per computer are kept
+    /// (docs/egress.md, "Ask-to-allow"); `None` without a home directory.
+    pub state_dir: Option<std::path::PathBuf>,
 }
 
 /// Which network a new container joins (docs/auth.md, "Network").

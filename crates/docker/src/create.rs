@@ -110,6 +110,11 @@ pub(super) async fn create_from(
         }
         None => None,
     };
+    if backend.networks.egress() {
+        // Recorded so that the proxy gets it again after a restart (docs/egress.md, "Recorded").
+        let policy = spec.egress.as_ref().unwrap_or(&backend.egress_policy);
+        labels.insert(label::EGRESS.to_owned(), policy.to_label());
+    }
     let name = DockerBackend::container_name(&spec.computer_id);
     let docker = backend.client().await?;
     // Another server on the engine may remove the owner's network between our finding it
@@ -126,6 +131,7 @@ pub(super) async fn create_from(
             run_image: run_image.clone(),
             labels: labels.clone(),
             network_mode: placement.network_mode.clone(),
+            proxy: placement.proxy.as_ref().map(|p| p.address),
         };
         match new_container(backend, wanted).await {
             Err(Refused::NetworkMissing(_)) if attempts < 2 => continue,
@@ -182,6 +188,7 @@ pub(super) async fn spare(
         run_image: None,
         labels,
         network_mode: placement.network_mode.clone(),
+        proxy: None,
     };
     let made = new_container(backend, wanted).await;
     drop(placement);
@@ -206,6 +213,8 @@ struct Wanted<'a> {
     labels: HashMap<String, String>,
     /// `HostConfig.NetworkMode` ([`super::networks::Placement`]).
     network_mode: Option<String>,
+    /// The egress proxy's address on that network: the computer's DNS server and proxy.
+    proxy: Option<std::net::IpAddr>,
 }
 
 /// A container made and started, with its readiness checked.
@@ -291,6 +300,7 @@ async fn start(
     })?;
     match backend.inspect(sandbox.sandbox_id.as_str()).await? {
         Some(inspect) if is_running(&inspect) => {
+            backend.egress_attach(&inspect).await?;
             backend.readiness(sandbox).await?;
             Ok(inspect.state.and_then(|s| s.started_at))
         }
@@ -329,6 +339,16 @@ fn container_body(backend: &DockerBackend, wanted: &Wanted<'_>) -> ContainerCrea
         ..Default::default()
     };
     super::run_flags_api::apply_run_flags(&config.run_flags, &mut body);
+    if let Some(proxy) = wanted.proxy {
+        // After the run flags, so that none of them points the computer elsewhere.
+        if let Some(host) = body.host_config.as_mut() {
+            host.dns = Some(vec![proxy.to_string()]);
+            host.dns_search = Some(Vec::new());
+        }
+        body.env
+            .get_or_insert_default()
+            .extend(super::egress::proxy_env(proxy));
+    }
     body
 }
 

@@ -8,6 +8,7 @@
 mod checkpoints;
 pub mod config;
 mod create;
+mod egress;
 mod exec;
 mod helper;
 mod networks;
@@ -76,15 +77,51 @@ pub struct DockerBackend {
     helpers: helper::Helpers,
     /// Started spares handed out as temporary computers (`--warm-pool`).
     pool: pool::WarmPool,
+    /// The server's egress policy: new computers get it unless they narrow it.
+    egress_policy: kilntainers_backend::egress::EgressPolicy,
+    /// Behind the egress proxy: each running computer's proxy and address there, by
+    /// container id, for the refusal lines of its commands.
+    egress_addresses:
+        std::sync::Mutex<HashMap<String, (std::sync::Arc<egress::Proxy>, std::net::IpAddr)>>,
+    /// The proxies' questions (ask-to-allow), until the server takes them.
+    egress_questions: std::sync::Mutex<
+        Option<tokio::sync::mpsc::Receiver<kilntainers_backend::egress::EgressQuestion>>,
+    >,
 }
 
 impl DockerBackend {
     pub fn new(config: &DockerConfig, common: &Common) -> Result<Self, BackendError> {
+        if common.egress.filters() && config.warm_pool > 0 {
+            // Spares wait on a network of their own and would need the proxy's policy moved
+            // with them; not done yet (docs/egress.md, "Status").
+            return Err(BackendError::Provider(
+                "--warm-pool cannot be used with an egress policy (--egress allowlist or --egress-deny) in this version.".to_owned(),
+            ));
+        }
+        // Questions flow only where a proxy can ask them (docs/egress.md, "Ask-to-allow").
+        let (asking, questions) = if common.egress.filters() && common.egress.policy.ask {
+            let (tx, rx) = tokio::sync::mpsc::channel(egress::QUESTIONS_QUEUED);
+            let asking = egress::Asking {
+                questions: tx,
+                grants: egress::Grants::new(config.state_dir.as_deref()),
+            };
+            (Some(asking), Some(rx))
+        } else {
+            (None, None)
+        };
         Ok(Self {
             config: config.clone(),
             shell: common.shell.clone(),
             default_timeout_secs: common.default_timeout_secs,
-            networks: networks::Networks::new(config.network, config.engine),
+            networks: networks::Networks::new(
+                config.network,
+                config.engine,
+                &common.egress,
+                asking,
+            ),
+            egress_questions: std::sync::Mutex::new(questions),
+            egress_policy: common.egress.policy.clone(),
+            egress_addresses: std::sync::Mutex::new(HashMap::new()),
             client: OnceCell::new(),
             pulls: create::PullGate::default(),
             starts: tokio::sync::Semaphore::new(create::PARALLEL_STARTS),
@@ -239,6 +276,46 @@ impl DockerBackend {
         }
     }
 
+    /// Behind the egress proxy: gives the proxy this running container's policy at its
+    /// current address and remembers both for its commands' refusal lines.
+    async fn egress_attach(&self, inspect: &ContainerInspectResponse) -> Result<(), BackendError> {
+        if !self.networks.egress() {
+            return Ok(());
+        }
+        let docker = self.client().await?;
+        let attached = self
+            .networks
+            .apply_policy(docker, inspect, &self.egress_policy)
+            .await?;
+        if let (Some(attached), Some(id)) = (attached, inspect.id.as_deref()) {
+            self.egress_addresses
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .insert(id.chars().take(12).collect(), attached);
+        }
+        Ok(())
+    }
+
+    /// Where to read the refusals of `sandbox`'s commands: its proxy, its address and the
+    /// count of refusals so far.
+    fn egress_mark(
+        &self,
+        sandbox: &SandboxRef,
+    ) -> Option<(std::sync::Arc<egress::Proxy>, std::net::IpAddr, u64)> {
+        let (proxy, address) = self
+            .egress_addresses
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(sandbox.sandbox_id.as_str())
+            .cloned()?;
+        let mark = proxy
+            .denials
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .count(address);
+        Some((proxy, address, mark))
+    }
+
     /// Starts the container if needed, checks it stayed up, then runs the readiness exec.
     async fn start_and_check(&self, sandbox: &SandboxRef) -> Result<(), BackendError> {
         let docker = self.client().await?;
@@ -275,6 +352,15 @@ impl DockerBackend {
             if !is_running(&inspect) {
                 return Err(self.exited_immediately(sandbox.sandbox_id.as_str()));
             }
+            self.egress_attach(&inspect).await?;
+        } else if self.networks.egress() {
+            // Running already (this server restarted, or another one started it): its address
+            // is unchanged, but this process may not know it yet.
+            let inspect = self
+                .inspect(&name)
+                .await?
+                .ok_or_else(|| BackendError::Vanished(sandbox.computer_id.clone()))?;
+            self.egress_attach(&inspect).await?;
         }
         self.readiness(sandbox).await
     }
@@ -589,11 +675,25 @@ impl Backend for DockerBackend {
         self.helpers.forget(sandbox.sandbox_id.as_str());
         let name = Self::container_name(&sandbox.computer_id);
         // The networks it was on, to remove those it was the last computer on.
-        let networks = match self.inspect(&name).await? {
-            Some(inspect) => joined_networks(&inspect),
-            None => Vec::new(),
+        let (networks, full_id) = match self.inspect(&name).await? {
+            Some(inspect) => (joined_networks(&inspect), inspect.id.clone()),
+            None => (Vec::new(), None),
         };
         self.remove_container(&name).await?;
+        if let (Some(grants), Some(full_id)) = (self.networks.grants(), full_id) {
+            grants.remove(&full_id);
+        }
+        let behind_proxy = self
+            .egress_addresses
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(sandbox.sandbox_id.as_str());
+        if let Some((proxy, address)) = behind_proxy {
+            // Its address may be given to the next computer, which must not inherit this policy.
+            if let Err(error) = proxy.forget(address).await {
+                warn!(%error, "could not tell the egress proxy a computer is gone");
+            }
+        }
         if !networks.is_empty() {
             let docker = self.client().await?;
             self.networks
@@ -603,6 +703,61 @@ impl Backend for DockerBackend {
         Ok(())
     }
 
+    async fn egress_policy(
+        &self,
+        sandbox: &SandboxRef,
+    ) -> Result<Option<kilntainers_backend::egress::EgressPolicy>, BackendError> {
+        let name = Self::container_name(&sandbox.computer_id);
+        let Some(inspect) = self.inspect(&name).await? else {
+            return Err(BackendError::Vanished(sandbox.computer_id.clone()));
+        };
+        let full_id = inspect.id.clone().unwrap_or_default();
+        let recorded = inspect
+            .config
+            .and_then(|c| c.labels)
+            .and_then(|mut labels| labels.remove(label::EGRESS))
+            .map(|text| {
+                kilntainers_backend::egress::EgressPolicy::from_label(&text).map_err(|e| {
+                    BackendError::Provider(format!("computer '{}': {e}", sandbox.computer_id))
+                })
+            })
+            .transpose()?;
+        // With the hosts people allowed for it (docs/egress.md, "Ask-to-allow").
+        Ok(recorded.map(|policy| match self.networks.grants() {
+            Some(grants) => grants.apply(&full_id, policy),
+            None => policy,
+        }))
+    }
+
+    fn egress_questions(
+        &self,
+    ) -> Option<tokio::sync::mpsc::Receiver<kilntainers_backend::egress::EgressQuestion>> {
+        self.egress_questions
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+    }
+
+    async fn egress_denials(
+        &self,
+        sandbox: &SandboxRef,
+    ) -> Result<Option<Vec<kilntainers_backend::egress::DeniedEntry>>, BackendError> {
+        if !self.networks.egress() {
+            return Ok(None);
+        }
+        let Some((proxy, address, _)) = self.egress_mark(sandbox) else {
+            // Not started by this process since it began: nothing recorded here yet.
+            return Ok(Some(Vec::new()));
+        };
+        proxy.sync().await;
+        let entries = proxy
+            .denials
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .distinct(address);
+        Ok(Some(entries))
+    }
+
     async fn exec(
         &self,
         sandbox: &SandboxRef,
@@ -610,7 +765,23 @@ impl Backend for DockerBackend {
         sink: &mut dyn OutputSink,
         cancel: &CancellationToken,
     ) -> Result<ExecEnd, BackendError> {
-        exec::exec(self, sandbox, spec, sink, cancel).await
+        let Some((proxy, address, mark)) = self.egress_mark(sandbox) else {
+            return exec::exec(self, sandbox, spec, sink, cancel).await;
+        };
+        let mut watched = egress::WatchedSink::new(sink);
+        let end = exec::exec(self, sandbox, spec, &mut watched, cancel).await?;
+        // A refusal is on its way to this process before the computer hears of it.
+        proxy.sync().await;
+        let denials = proxy
+            .denials
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .since(address, mark);
+        let tail = egress::stderr_tail(&denials, watched.at_line_start());
+        if !tail.is_empty() {
+            watched.push(kilntainers_backend::Stream::Stderr, tail.as_bytes());
+        }
+        Ok(end)
     }
 
     async fn port_route(&self, _: &SandboxRef, _: u16) -> Result<PortRoute, BackendError> {
@@ -688,6 +859,9 @@ impl Backend for DockerBackend {
                 continue;
             }
             self.remove_container(container).await?;
+            if let Some(grants) = self.networks.grants() {
+                grants.remove(container);
+            }
             match id {
                 Some(id) => removed.push(id),
                 None => spares += 1,

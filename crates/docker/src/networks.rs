@@ -11,24 +11,33 @@
 //! owner's the first time they are started or attached.
 
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
 use bollard::Docker;
 use bollard::models::{
     ContainerInspectResponse, NetworkConnectRequest, NetworkCreateRequest, NetworkDisconnectRequest,
 };
-use bollard::query_parameters::{ListContainersOptionsBuilder, ListNetworksOptionsBuilder};
+use bollard::query_parameters::{
+    ListContainersOptionsBuilder, ListNetworksOptionsBuilder, RemoveContainerOptionsBuilder,
+};
 use tokio::sync::{OwnedRwLockReadGuard, RwLock};
 use tracing::{debug, info, warn};
 
 use super::{describe, status_of};
 use crate::config::{ComputerNetwork, Engine};
+use crate::egress::{self, Asking, Attached, Proxy};
 use kilntainers_backend::BackendError;
-use kilntainers_backend::ids::Principal;
+use kilntainers_backend::egress::{EgressPolicy, EgressSettings};
+use kilntainers_backend::ids::{ComputerId, Principal};
 use kilntainers_backend::labels::docker as label;
 
 /// Names of the networks this server makes; the rest of the name is the principal's hash.
 pub(super) const PRINCIPAL_NETWORK_PREFIX: &str = "kilntainers-net-";
+/// Names of a principal's internal networks under an egress policy (docs/egress.md, "The
+/// proxy"): never the same as [`PRINCIPAL_NETWORK_PREFIX`]'s, so a network made without the
+/// proxy is never taken for one behind it.
+pub(super) const EGRESS_NETWORK_PREFIX: &str = "kilntainers-egress-";
 /// Where warm-pool spares wait for an owner: internal (no route out), owned by nobody.
 const POOL_NETWORK: &str = "kilntainers-pool";
 /// `kilntainers.network` on a principal's network.
@@ -41,6 +50,8 @@ const KIND_POOL: &str = "pool";
 pub(super) struct Placement {
     /// `HostConfig.NetworkMode`: `None` for the engine's default network.
     pub network_mode: Option<String>,
+    /// The egress proxy guarding the network, when the server has an egress policy.
+    pub proxy: Option<Arc<Proxy>>,
     _hold: Option<OwnedRwLockReadGuard<()>>,
 }
 
@@ -48,6 +59,13 @@ pub(super) struct Networks {
     mode: ComputerNetwork,
     engine: Engine,
     gates: Mutex<HashMap<String, Arc<Gate>>>,
+    /// Set when computers run behind the egress proxy: every principal's computers then join
+    /// an internal network of its own with a proxy on it.
+    egress: Option<EgressSettings>,
+    /// The proxies this process started or took over, by network name.
+    proxies: Mutex<HashMap<String, Arc<Proxy>>>,
+    /// Where the proxies' questions go, and the hosts people allowed per computer.
+    asking: Option<Asking>,
 }
 
 /// This process's coordination around one network name.
@@ -64,12 +82,62 @@ struct Gate {
 }
 
 impl Networks {
-    pub(super) fn new(mode: ComputerNetwork, engine: Engine) -> Self {
+    pub(super) fn new(
+        mode: ComputerNetwork,
+        engine: Engine,
+        egress: &EgressSettings,
+        asking: Option<Asking>,
+    ) -> Self {
+        let egress =
+            (mode != ComputerNetwork::Disabled && egress.filters()).then(|| egress.clone());
         Self {
-            mode,
+            // Behind the proxy every computer needs an internal network, one principal or many.
+            mode: if egress.is_some() {
+                ComputerNetwork::PerPrincipal
+            } else {
+                mode
+            },
             engine,
             gates: Mutex::new(HashMap::new()),
+            egress,
+            proxies: Mutex::new(HashMap::new()),
+            asking,
         }
+    }
+
+    /// The hosts people allowed per computer, when questions are asked at all.
+    pub(super) fn grants(&self) -> Option<&egress::Grants> {
+        self.asking.as_ref().map(|a| &a.grants)
+    }
+
+    /// A recorded policy with the computer's grants added.
+    fn with_grants(&self, container: &str, policy: EgressPolicy) -> EgressPolicy {
+        match self.grants() {
+            Some(grants) => grants.apply(container, policy),
+            None => policy,
+        }
+    }
+
+    /// Whether computers run behind the egress proxy.
+    pub(super) fn egress(&self) -> bool {
+        self.egress.is_some()
+    }
+
+    /// The network a computer of `owner` joins when networks are per principal.
+    fn network_of(&self, owner: &Principal) -> String {
+        if self.egress.is_some() {
+            format!("{EGRESS_NETWORK_PREFIX}{}", owner.digest_tag())
+        } else {
+            principal_network(owner)
+        }
+    }
+
+    fn proxy(&self, network: &str) -> Option<Arc<Proxy>> {
+        self.proxies
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .get(network)
+            .cloned()
     }
 
     pub(super) fn per_principal(&self) -> bool {
@@ -93,14 +161,16 @@ impl Networks {
         match self.mode {
             ComputerNetwork::Disabled => Ok(Placement {
                 network_mode: Some("none".to_owned()),
+                proxy: None,
                 _hold: None,
             }),
             ComputerNetwork::EngineDefault => Ok(Placement {
                 network_mode: None,
+                proxy: None,
                 _hold: None,
             }),
             ComputerNetwork::PerPrincipal => {
-                let name = principal_network(owner);
+                let name = self.network_of(owner);
                 self.hold(docker, &name, Some(owner)).await
             }
         }
@@ -123,14 +193,124 @@ impl Networks {
     ) -> Result<Placement, BackendError> {
         let gate = self.gate(name);
         let hold = gate.in_use.clone().read_owned().await;
-        let network_mode = {
+        let (network_mode, proxy) = {
             let _making = gate.making.lock().await;
-            self.ensure(docker, name, owner).await?
+            let network_mode = self.ensure(docker, name, owner).await?;
+            let proxy = match (&self.egress, owner) {
+                (Some(settings), Some(_)) => Some(self.ensure_proxy(docker, name, settings).await?),
+                _ => None,
+            };
+            (network_mode, proxy)
         };
         Ok(Placement {
             network_mode: Some(network_mode),
+            proxy,
             _hold: Some(hold),
         })
+    }
+
+    /// The proxy of egress network `name`: this process's, or a new one. A proxy container
+    /// left by another server process or a crash is replaced (this process cannot read its
+    /// control channel's past), and the policies of the computers already on the network are
+    /// given to the new one from their labels.
+    async fn ensure_proxy(
+        &self,
+        docker: &Docker,
+        name: &str,
+        settings: &EgressSettings,
+    ) -> Result<Arc<Proxy>, BackendError> {
+        if let Some(proxy) = self.proxy(name) {
+            return Ok(proxy);
+        }
+        remove_proxy_container(docker, name).await;
+        let upstream = match self.engine {
+            Engine::Docker => "bridge",
+            Engine::Podman => "podman",
+        };
+        let proxy =
+            Arc::new(Proxy::start(docker, name, settings, upstream, self.asking.clone()).await?);
+        for (address, mut attached) in recorded_policies(docker, name).await? {
+            attached.policy = self.with_grants(&attached.container, attached.policy);
+            proxy.attach(address, attached).await?;
+        }
+        self.proxies
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .insert(name.to_owned(), Arc::clone(&proxy));
+        Ok(proxy)
+    }
+
+    /// Gives the proxy of the egress network `inspect`'s container is on that container's
+    /// recorded policy at its current address (which changes when it restarts); returns the
+    /// proxy and the address. A computer made without the proxy is refused rather than left
+    /// open.
+    pub(super) async fn apply_policy(
+        &self,
+        docker: &Docker,
+        inspect: &ContainerInspectResponse,
+        fallback: &EgressPolicy,
+    ) -> Result<Option<(Arc<Proxy>, IpAddr)>, BackendError> {
+        let Some(settings) = &self.egress else {
+            return Ok(None);
+        };
+        let joined = inspect
+            .network_settings
+            .as_ref()
+            .and_then(|n| n.networks.as_ref());
+        let on_egress = joined.and_then(|n| {
+            n.iter()
+                .find(|(name, _)| name.starts_with(EGRESS_NETWORK_PREFIX))
+                .map(|(name, endpoint)| (name.clone(), endpoint.ip_address.clone()))
+        });
+        let computer = inspect
+            .name
+            .as_deref()
+            .unwrap_or("?")
+            .trim_start_matches('/');
+        let Some((network, Some(address))) = on_egress else {
+            return Err(BackendError::Provider(format!(
+                "container {computer} was made without the egress proxy this server enforces (docs/egress.md); delete that computer, or run the server with --egress open."
+            )));
+        };
+        let address: IpAddr = address.parse().map_err(|_| {
+            BackendError::Provider(format!(
+                "container {computer} has no usable address on network {network}"
+            ))
+        })?;
+        let policy = match inspect
+            .config
+            .as_ref()
+            .and_then(|c| c.labels.as_ref())
+            .and_then(|l| l.get(egress::POLICY_LABEL))
+        {
+            Some(text) => EgressPolicy::from_label(text)
+                .map_err(|e| BackendError::Provider(format!("container {computer}: {e}")))?,
+            None => fallback.clone(),
+        };
+        let container = inspect.id.clone().unwrap_or_default();
+        let policy = self.with_grants(&container, policy);
+        let labels = inspect.config.as_ref().and_then(|c| c.labels.as_ref());
+        let computer_id = labels
+            .and_then(|l| super::claimed_id(l, inspect.name.as_deref().unwrap_or_default()))
+            .and_then(|raw| ComputerId::parse_stored(raw).ok())
+            .ok_or_else(|| {
+                BackendError::Provider(format!("container {computer} names no computer"))
+            })?;
+        let proxy = match self.proxy(&network) {
+            Some(proxy) => proxy,
+            None => {
+                let gate = self.gate(&network);
+                let _making = gate.making.lock().await;
+                self.ensure_proxy(docker, &network, settings).await?
+            }
+        };
+        let attached = Attached {
+            computer_id,
+            container,
+            policy,
+        };
+        proxy.attach(address, attached).await?;
+        Ok(Some((proxy, address)))
     }
 
     /// Network `name`, made when missing, as a container's `NetworkMode` names it.
@@ -156,6 +336,7 @@ impl Networks {
         {
             return Ok(id);
         }
+        let egress_network = self.egress.is_some() && owner.is_some();
         let mut labels = HashMap::from([
             (label::MANAGED.to_owned(), "true".to_owned()),
             (
@@ -174,13 +355,23 @@ impl Networks {
         // Podman keeps bridge networks apart only when asked to; Docker always does.
         let options = (self.engine == Engine::Podman)
             .then(|| HashMap::from([("isolate".to_owned(), "true".to_owned())]));
-        let request = NetworkCreateRequest {
-            name: name.to_owned(),
-            driver: Some("bridge".to_owned()),
-            internal: Some(owner.is_none()),
-            labels: Some(labels),
-            options,
-            ..Default::default()
+        let request = if egress_network {
+            // Internal, without a host address on the bridge (docs/egress.md, "The proxy").
+            let mut request = egress::network_request(name, None);
+            if let Some(extra) = options {
+                request.options.get_or_insert_default().extend(extra);
+            }
+            request.labels.get_or_insert_default().extend(labels);
+            request
+        } else {
+            NetworkCreateRequest {
+                name: name.to_owned(),
+                driver: Some("bridge".to_owned()),
+                internal: Some(owner.is_none()),
+                labels: Some(labels),
+                options,
+                ..Default::default()
+            }
         };
         match docker.create_network(request.clone()).await {
             Ok(_) => info!(network = name, "network created"),
@@ -403,6 +594,14 @@ impl Networks {
             if in_use(docker, &network).await? {
                 continue;
             }
+            if name.starts_with(EGRESS_NETWORK_PREFIX) {
+                // The proxy goes with its network's last computer.
+                self.proxies
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .remove(name);
+                remove_proxy_container(docker, name).await;
+            }
             match docker.remove_network(&network).await {
                 Ok(()) => info!(network = name, "network removed with its last computer"),
                 // Gone already, or a container joined it meanwhile (another process).
@@ -427,7 +626,72 @@ pub(super) fn principal_network(owner: &Principal) -> String {
 }
 
 fn is_ours(name: &str) -> bool {
-    name == POOL_NETWORK || name.starts_with(PRINCIPAL_NETWORK_PREFIX)
+    name == POOL_NETWORK
+        || name.starts_with(PRINCIPAL_NETWORK_PREFIX)
+        || name.starts_with(EGRESS_NETWORK_PREFIX)
+}
+
+/// Removes the proxy container of egress network `network`, if there is one.
+async fn remove_proxy_container(docker: &Docker, network: &str) {
+    let options = RemoveContainerOptionsBuilder::default().force(true).build();
+    match docker
+        .remove_container(&egress::proxy_name(network), Some(options))
+        .await
+    {
+        Ok(()) => info!(network, "egress proxy removed"),
+        Err(e) if status_of(&e) == Some(404) => {}
+        Err(e) => warn!(network, error = %describe(&e), "could not remove an egress proxy"),
+    }
+}
+
+/// The address, computer and recorded policy of each container on egress network `network`
+/// (the proxy itself excluded).
+async fn recorded_policies(
+    docker: &Docker,
+    network: &str,
+) -> Result<Vec<(IpAddr, Attached)>, BackendError> {
+    let filters = HashMap::from([
+        ("network".to_owned(), vec![network.to_owned()]),
+        ("label".to_owned(), vec![egress::POLICY_LABEL.to_owned()]),
+    ]);
+    let options = ListContainersOptionsBuilder::default()
+        .all(true)
+        .filters(&filters)
+        .build();
+    let mut found = Vec::new();
+    for summary in super::list_containers(docker, options).await? {
+        let address = summary
+            .network_settings
+            .as_ref()
+            .and_then(|s| s.networks.as_ref())
+            .and_then(|n| n.get(network))
+            .and_then(|e| e.ip_address.as_deref())
+            .and_then(|ip| ip.parse::<IpAddr>().ok());
+        let policy = summary
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(egress::POLICY_LABEL))
+            .and_then(|text| EgressPolicy::from_label(text).ok());
+        let computer_id = summary.labels.as_ref().and_then(|labels| {
+            summary
+                .names
+                .iter()
+                .flatten()
+                .filter_map(|name| super::claimed_id(labels, name))
+                .find_map(|raw| ComputerId::parse_stored(raw).ok())
+        });
+        if let (Some(address), Some(policy), Some(computer_id), Some(container)) =
+            (address, policy, computer_id, summary.id.clone())
+        {
+            let attached = Attached {
+                computer_id,
+                container,
+                policy,
+            };
+            found.push((address, attached));
+        }
+    }
+    Ok(found)
 }
 
 /// The ids of this server's networks named exactly `name` (the engine's filter matches
@@ -450,14 +714,22 @@ async fn find(docker: &Docker, name: &str) -> Result<Vec<String>, BackendError> 
         .collect())
 }
 
-/// Whether any container, in any state, is on network `network` (a name or an id).
+/// Whether any container, in any state, is on network `network` (a name or an id); an egress
+/// proxy does not count, as it exists for the others.
 async fn in_use(docker: &Docker, network: &str) -> Result<bool, BackendError> {
     let filters = HashMap::from([("network".to_owned(), vec![network.to_owned()])]);
     let options = ListContainersOptionsBuilder::default()
         .all(true)
         .filters(&filters)
         .build();
-    Ok(!super::list_containers(docker, options).await?.is_empty())
+    Ok(super::list_containers(docker, options)
+        .await?
+        .iter()
+        .any(|c| {
+            c.labels
+                .as_ref()
+                .is_none_or(|l| !l.contains_key(egress::PROXY_LABEL))
+        }))
 }
 
 /// A network of that name exists: Docker answers 409, Podman 500 with "already used".

@@ -485,6 +485,7 @@ impl E2bBackend {
             image: Some(sandbox.image.clone()),
             instance,
             owner,
+            egress: None,
         };
         let fresh = self
             .create_sandbox(&spec, &kilntainers_backend::NoProgress)

@@ -827,6 +827,7 @@ impl Backend for ModalBackend {
             // Unused: the instance tag is carried over (or stays absent) below.
             instance: InstanceId::random(),
             owner,
+            egress: None,
         };
         let created = inner
             .create(&spec, instance, None, &kilntainers_backend::NoProgress)

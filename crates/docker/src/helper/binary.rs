@@ -15,16 +15,25 @@ const MISSING_REASON: &str = env!("KILNTAINERS_HELPER_MISSING");
 /// Directory in the computer's root filesystem that holds helper copies.
 const DIR: &str = ".kilntainers";
 
-/// Absolute path of this server's helper inside a computer.
-pub(super) static PATH: LazyLock<String> = LazyLock::new(|| {
-    // SipHash with fixed keys: stable for the same bytes, which is all a file name needs.
+/// A hash of the helper's bytes, in hex: names its copies in computers and the egress proxy's
+/// image tag.
+pub(crate) static HASH: LazyLock<String> = LazyLock::new(|| {
+    // SipHash with fixed keys: stable for the same bytes, which is all a name needs.
     let mut hasher = std::hash::DefaultHasher::new();
     BINARY.hash(&mut hasher);
-    format!("/{DIR}/helper-{:016x}", hasher.finish())
+    format!("{:016x}", hasher.finish())
 });
 
+/// Absolute path of this server's helper inside a computer.
+pub(super) static PATH: LazyLock<String> = LazyLock::new(|| format!("/{DIR}/helper-{}", *HASH));
+
+/// The helper's bytes; empty when this build has none ([`available`]).
+pub(crate) fn bytes() -> &'static [u8] {
+    BINARY
+}
+
 /// `Err(reason)` when this build carries no helper.
-pub(super) fn available() -> Result<(), String> {
+pub(crate) fn available() -> Result<(), String> {
     if BINARY.is_empty() {
         Err(format!("this build has no exec helper ({MISSING_REASON})"))
     } else {

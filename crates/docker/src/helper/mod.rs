@@ -15,7 +15,7 @@
 //! Nothing here decides policy: timeouts, limits and kill-on-early-end stay in the exec policy
 //! layer (`src/exec/`); the helper only carries them out (its `Kill` is the kill sweep).
 
-mod binary;
+pub(super) mod binary;
 mod connection;
 mod untrusted;
 

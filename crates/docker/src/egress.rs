@@ -1,0 +1,948 @@
+//! The egress proxy beside Docker and Podman computers (docs/egress.md, "The proxy"): its image,
+//! built on the engine from the helper binary this server carries (no registry involved); the
+//! internal network it guards; its container; and the server's end of its control channel.
+//!
+//! One proxy serves one internal network and tells computers apart by source address. The
+//! server talks to it through the engine (an attached container's stdin and stdout), so this
+//! works against a remote engine and from a server that runs in a container. Everything read
+//! from the proxy is capped: it shares a network with hostile computers.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::IpAddr;
+use std::sync::{Arc, Mutex};
+
+use bollard::Docker;
+use bollard::models::{
+    ContainerCreateBody, EndpointSettings, HostConfig, NetworkConnectRequest, NetworkCreateRequest,
+    NetworkingConfig,
+};
+use bollard::query_parameters::{
+    AttachContainerOptionsBuilder, CreateContainerOptionsBuilder, CreateImageOptionsBuilder,
+    InspectContainerOptions, StartContainerOptions,
+};
+use futures_util::StreamExt;
+use tokio::io::AsyncWriteExt;
+use tracing::{debug, warn};
+
+use super::describe;
+use crate::helper::binary;
+use kilntainers_backend::BackendError;
+use kilntainers_backend::egress::{
+    ASK_TIMEOUT, DeniedEntry, EgressAnswer, EgressMode, EgressPolicy, EgressQuestion,
+    EgressSettings, Pattern, reasons,
+};
+use kilntainers_backend::ids::ComputerId;
+use kilntainers_backend::labels::docker as label;
+
+/// Repository of the proxy's image (under `localhost/`, which Podman gives imported images and
+/// Docker takes as it is); the tag is the hash of the helper's bytes, so a server
+/// finds the image it built and servers of different versions never share one.
+pub(crate) const IMAGE_REPO: &str = "localhost/kilntainers-egress-proxy";
+/// Label on the proxy's image, container and internal network: the internal network's name.
+pub(crate) const PROXY_LABEL: &str = "kilntainers.egress-proxy";
+/// A computer's recorded policy.
+pub(crate) const POLICY_LABEL: &str = label::EGRESS;
+/// The proxy's HTTP(S) proxy port (helper/src/egress).
+pub(crate) const PROXY_PORT: u16 = 3128;
+/// The binary's path in the proxy's image.
+const BINARY_PATH: &str = "kilntainers-helper";
+/// Bridge option that leaves the host without an address on the internal network, so a
+/// computer cannot reach the engine host's services there (docs/egress.md, "The proxy").
+const INHIBIT_IPV4: &str = "com.docker.network.bridge.inhibit_ipv4";
+/// The proxy's memory: its connections are capped (1024, one 64 KiB thread and two 16 KiB
+/// buffers each), so this bounds a hostile computer's reach, not a normal load.
+const MEMORY_BYTES: i64 = 256 * 1024 * 1024;
+/// Threads: one per connection and one per direction of a tunnel, under the proxy's caps.
+const PIDS_LIMIT: i64 = 4096;
+/// Longest line read from the proxy; the proxy caps what it writes well below this, so a
+/// longer line means something is wrong and is dropped whole.
+pub(crate) const MAX_LINE_FROM_PROXY: usize = 4096;
+/// Refusals kept per computer for `computer_network`; older ones are dropped first.
+pub(crate) const DENIALS_KEPT: usize = 100;
+
+/// `repo:tag` of this server's proxy image.
+pub(crate) fn image() -> String {
+    format!("{IMAGE_REPO}:{}", *binary::HASH)
+}
+
+/// The root filesystem of the proxy's image: the helper binary alone.
+pub(crate) fn image_archive() -> std::io::Result<Vec<u8>> {
+    let bytes = binary::bytes();
+    let mut builder = tar::Builder::new(Vec::with_capacity(bytes.len() + 1024));
+    let mut file = tar::Header::new_gnu();
+    file.set_entry_type(tar::EntryType::Regular);
+    file.set_mode(0o755);
+    file.set_size(bytes.len() as u64);
+    builder.append_data(&mut file, BINARY_PATH, bytes)?;
+    builder.into_inner()
+}
+
+/// The `docker import` changes: a label only. The entrypoint is set on the container, since
+/// Podman's import does not apply an exec-form `ENTRYPOINT`.
+fn image_changes() -> Vec<String> {
+    vec![format!("LABEL {PROXY_LABEL}=image")]
+}
+
+/// Imports the proxy image unless the engine has it already.
+pub(crate) async fn ensure_image(docker: &Docker) -> Result<String, BackendError> {
+    let image = image();
+    if docker.inspect_image(&image).await.is_ok() {
+        return Ok(image);
+    }
+    binary::available().map_err(|why| {
+        BackendError::Provider(format!("cannot build the egress proxy's image: {why}"))
+    })?;
+    let archive = image_archive()
+        .map_err(|e| BackendError::Provider(format!("cannot pack the egress proxy: {e}")))?;
+    let options = CreateImageOptionsBuilder::default()
+        .from_src("-")
+        // The tag inside `repo`: Podman ignores the separate `tag` of an import.
+        .repo(&image)
+        .changes(image_changes())
+        .build();
+    let mut progress = docker.create_image(
+        Some(options),
+        Some(bollard::body_full(archive.into())),
+        None,
+    );
+    while let Some(step) = progress.next().await {
+        step.map_err(|e| {
+            BackendError::Provider(format!(
+                "cannot build the egress proxy's image: {}",
+                describe(&e)
+            ))
+        })?;
+    }
+    debug!(%image, "built the egress proxy's image");
+    Ok(image)
+}
+
+/// The internal network a proxy guards: no route out, no host address on its bridge.
+pub(crate) fn network_request(name: &str, owner: Option<&str>) -> NetworkCreateRequest {
+    let mut labels = HashMap::from([
+        (label::MANAGED.to_owned(), "true".to_owned()),
+        (PROXY_LABEL.to_owned(), name.to_owned()),
+    ]);
+    if let Some(owner) = owner {
+        labels.insert(label::OWNER.to_owned(), owner.to_owned());
+    }
+    NetworkCreateRequest {
+        name: name.to_owned(),
+        driver: Some("bridge".to_owned()),
+        internal: Some(true),
+        options: Some(HashMap::from([(
+            INHIBIT_IPV4.to_owned(),
+            "true".to_owned(),
+        )])),
+        labels: Some(labels),
+        ..Default::default()
+    }
+}
+
+/// The proxy container's name for an internal network.
+pub(crate) fn proxy_name(network: &str) -> String {
+    format!("{network}-proxy")
+}
+
+/// The proxy's command line after its entrypoint (the helper's `egress-proxy` options).
+pub(crate) fn proxy_args(settings: &EgressSettings) -> Vec<String> {
+    let mut args = Vec::new();
+    if let Some(dns) = settings.dns {
+        args.extend(["--dns".to_owned(), dns.to_string()]);
+    }
+    for (host, ip) in &settings.resolve {
+        args.extend(["--resolve".to_owned(), format!("{host}={ip}")]);
+    }
+    args
+}
+
+/// The proxy container: on the internal network, stdin open for the control channel, no
+/// capability but binding 53/80/443, read-only, memory and threads capped.
+pub(crate) fn proxy_body(
+    image: &str,
+    network: &str,
+    settings: &EgressSettings,
+) -> ContainerCreateBody {
+    let labels = HashMap::from([(PROXY_LABEL.to_owned(), network.to_owned())]);
+    ContainerCreateBody {
+        image: Some(image.to_owned()),
+        entrypoint: Some(vec![format!("/{BINARY_PATH}"), "egress-proxy".to_owned()]),
+        cmd: Some(proxy_args(settings)),
+        labels: Some(labels),
+        open_stdin: Some(true),
+        stdin_once: Some(false),
+        attach_stdin: Some(true),
+        attach_stdout: Some(true),
+        attach_stderr: Some(true),
+        tty: Some(false),
+        host_config: Some(HostConfig {
+            network_mode: Some(network.to_owned()),
+            memory: Some(MEMORY_BYTES),
+            pids_limit: Some(PIDS_LIMIT),
+            readonly_rootfs: Some(true),
+            cap_drop: Some(vec!["ALL".to_owned()]),
+            cap_add: Some(vec!["NET_BIND_SERVICE".to_owned()]),
+            security_opt: Some(vec!["no-new-privileges".to_owned()]),
+            ..Default::default()
+        }),
+        networking_config: Some(NetworkingConfig {
+            endpoints_config: Some(HashMap::from([(
+                network.to_owned(),
+                EndpointSettings::default(),
+            )])),
+        }),
+        ..Default::default()
+    }
+}
+
+/// The control line that gives a computer its policy (helper/src/egress/control.rs).
+pub(crate) fn policy_line(computer: IpAddr, policy: &EgressPolicy) -> String {
+    let list = |patterns: &[Pattern]| {
+        patterns
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(",")
+    };
+    let mode = match policy.mode {
+        EgressMode::Open => "open",
+        EgressMode::Allowlist => "allowlist",
+        EgressMode::None => "none",
+    };
+    format!(
+        "policy {computer} {mode} ask={} private={} allow={} deny={}\n",
+        u8::from(policy.ask),
+        u8::from(policy.allow_private),
+        list(&policy.allow),
+        list(&policy.deny),
+    )
+}
+
+/// What a computer behind the proxy has in its environment: programs that honour proxy
+/// settings use the proxy's port; the rest reach allowed names on 80 and 443 through its DNS.
+pub(crate) fn proxy_env(proxy: IpAddr) -> Vec<String> {
+    let url = match proxy {
+        IpAddr::V6(ip) => format!("http://[{ip}]:{PROXY_PORT}"),
+        IpAddr::V4(ip) => format!("http://{ip}:{PROXY_PORT}"),
+    };
+    let mut env = Vec::new();
+    for key in ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"] {
+        env.push(format!("{key}={url}"));
+        env.push(format!("{}={url}", key.to_ascii_lowercase()));
+    }
+    env.push("NO_PROXY=localhost,127.0.0.1,::1".to_owned());
+    env.push("no_proxy=localhost,127.0.0.1,::1".to_owned());
+    env
+}
+
+/// One refusal the proxy reported.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Denial {
+    pub host: String,
+    pub port: u16,
+    pub reason: String,
+}
+
+impl Denial {
+    /// The line appended to a command's stderr (docs/egress.md, "What the model sees").
+    pub(crate) fn stderr_line(&self) -> String {
+        format!(
+            "[kilntainers: network access to {}:{} was blocked: {}]",
+            self.host, self.port, self.reason
+        )
+    }
+}
+
+/// Refusal lines shown per command; the rest are counted.
+pub(crate) const LINES_SHOWN: usize = 5;
+
+/// What ends a command's stderr after refusals while it ran (docs/egress.md, "What the model
+/// sees"): one line per refused host and port, the first [`LINES_SHOWN`], then a count; empty
+/// without refusals. Starts with a newline unless `at_line_start`.
+pub(crate) fn stderr_tail(denials: &[Denial], at_line_start: bool) -> String {
+    let mut distinct: Vec<&Denial> = Vec::new();
+    for denial in denials {
+        if !distinct
+            .iter()
+            .any(|d| d.host == denial.host && d.port == denial.port)
+        {
+            distinct.push(denial);
+        }
+    }
+    if distinct.is_empty() {
+        return String::new();
+    }
+    let mut text = String::new();
+    if !at_line_start {
+        text.push('\n');
+    }
+    for denial in distinct.iter().take(LINES_SHOWN) {
+        text.push_str(&denial.stderr_line());
+        text.push('\n');
+    }
+    if distinct.len() > LINES_SHOWN {
+        text.push_str(&format!(
+            "[kilntainers: {} more network accesses were blocked]\n",
+            distinct.len() - LINES_SHOWN
+        ));
+    }
+    text
+}
+
+/// Passes a command's output on and notes whether its stderr ends a line, so that refusal
+/// lines start on a line of their own.
+pub(crate) struct WatchedSink<'a> {
+    inner: &'a mut dyn kilntainers_backend::OutputSink,
+    stderr_ends_line: bool,
+}
+
+impl<'a> WatchedSink<'a> {
+    pub(crate) fn new(inner: &'a mut dyn kilntainers_backend::OutputSink) -> Self {
+        Self {
+            inner,
+            stderr_ends_line: true,
+        }
+    }
+
+    pub(crate) fn at_line_start(&self) -> bool {
+        self.stderr_ends_line
+    }
+}
+
+impl kilntainers_backend::OutputSink for WatchedSink<'_> {
+    fn push(
+        &mut self,
+        stream: kilntainers_backend::Stream,
+        bytes: &[u8],
+    ) -> kilntainers_backend::SinkControl {
+        if stream == kilntainers_backend::Stream::Stderr
+            && let Some(last) = bytes.last()
+        {
+            self.stderr_ends_line = *last == b'\n';
+        }
+        self.inner.push(stream, bytes)
+    }
+}
+
+/// What one line from the proxy says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Event {
+    Ready,
+    Denied(IpAddr, Denial),
+    Ask {
+        id: u64,
+        computer: IpAddr,
+        host: String,
+        port: u16,
+    },
+    /// The answer to `sync <id>`: every refusal written before it has been read.
+    Synced(u64),
+}
+
+/// Reads one line from the proxy (without its newline); `None` for anything else, which the
+/// caller logs and skips. Hosts and reasons are already cleaned by the proxy; they are checked
+/// again here (printable ASCII only), since the proxy's output is not trusted to be well formed.
+pub(crate) fn parse_event(line: &str) -> Option<Event> {
+    if line.len() > MAX_LINE_FROM_PROXY || !line.bytes().all(|b| (0x20..0x7f).contains(&b)) {
+        return None;
+    }
+    let mut words = line.splitn(5, ' ');
+    match words.next()? {
+        "ready" if words.next().is_none() => Some(Event::Ready),
+        "synced" => {
+            let id = words.next()?.parse().ok()?;
+            words.next().is_none().then_some(Event::Synced(id))
+        }
+        "denied" => {
+            let computer = words.next()?.parse().ok()?;
+            let host = words.next()?.to_owned();
+            let port = words.next()?.parse().ok()?;
+            let reason = words.next()?.to_owned();
+            Some(Event::Denied(computer, Denial { host, port, reason }))
+        }
+        "ask" => {
+            let id = words.next()?.parse().ok()?;
+            let computer = words.next()?.parse().ok()?;
+            let host = words.next()?.to_owned();
+            let port = words.next()?.parse().ok()?;
+            Some(Event::Ask {
+                id,
+                computer,
+                host,
+                port,
+            })
+        }
+        _ => None,
+    }
+}
+
+/// Splits a byte stream from the proxy into lines, dropping any line longer than
+/// [`MAX_LINE_FROM_PROXY`] whole (its rest included) and holding at most that much.
+#[derive(Default)]
+pub(crate) struct Lines {
+    pending: Vec<u8>,
+    /// Inside a line already too long: skip to its end.
+    skipping: bool,
+}
+
+impl Lines {
+    pub(crate) fn push(&mut self, mut bytes: &[u8], mut line: impl FnMut(&str)) {
+        while !bytes.is_empty() {
+            let (chunk, ended) = match bytes.iter().position(|&b| b == b'\n') {
+                Some(at) => (&bytes[..at], true),
+                None => (bytes, false),
+            };
+            bytes = &bytes[(chunk.len() + usize::from(ended))..];
+            if !self.skipping {
+                if self.pending.len() + chunk.len() > MAX_LINE_FROM_PROXY {
+                    self.pending.clear();
+                    self.skipping = true;
+                } else {
+                    self.pending.extend_from_slice(chunk);
+                }
+            }
+            if ended {
+                if !self.skipping {
+                    line(&String::from_utf8_lossy(&self.pending));
+                }
+                self.pending.clear();
+                self.skipping = false;
+            }
+        }
+    }
+}
+
+/// The last refusals of each computer on one proxy, oldest first, [`DENIALS_KEPT`] each; and
+/// the last [`DENIALS_KEPT`] distinct ones with their counts, for `computer_network`.
+#[derive(Default)]
+pub(crate) struct DenialLog {
+    by_computer: HashMap<IpAddr, VecDeque<Denial>>,
+    distinct: HashMap<IpAddr, VecDeque<DeniedEntry>>,
+    /// Count of refusals ever recorded per computer, so a reader can ask for "since".
+    counts: HashMap<IpAddr, u64>,
+}
+
+impl DenialLog {
+    pub(crate) fn record(&mut self, computer: IpAddr, denial: Denial) {
+        self.record_at(computer, denial, &kilntainers_backend::clock::now_rfc3339());
+    }
+
+    pub(crate) fn record_at(&mut self, computer: IpAddr, denial: Denial, now: &str) {
+        let distinct = self.distinct.entry(computer).or_default();
+        let same = distinct.iter().position(|e| {
+            e.host == denial.host && e.port == denial.port && e.reason == denial.reason
+        });
+        let mut entry = match same.and_then(|at| distinct.remove(at)) {
+            Some(entry) => entry,
+            None => DeniedEntry {
+                host: denial.host.clone(),
+                port: denial.port,
+                reason: denial.reason.clone(),
+                count: 0,
+                first_at: now.to_owned(),
+                last_at: String::new(),
+            },
+        };
+        entry.count += 1;
+        now.clone_into(&mut entry.last_at);
+        if distinct.len() == DENIALS_KEPT {
+            distinct.pop_front();
+        }
+        distinct.push_back(entry);
+        let log = self.by_computer.entry(computer).or_default();
+        if log.len() == DENIALS_KEPT {
+            log.pop_front();
+        }
+        log.push_back(denial);
+        *self.counts.entry(computer).or_default() += 1;
+    }
+
+    /// How many refusals `computer` has had in all (a mark for [`Self::since`]).
+    pub(crate) fn count(&self, computer: IpAddr) -> u64 {
+        self.counts.get(&computer).copied().unwrap_or(0)
+    }
+
+    /// The refusals recorded after `mark` (at most [`DENIALS_KEPT`]).
+    pub(crate) fn since(&self, computer: IpAddr, mark: u64) -> Vec<Denial> {
+        let total = self.count(computer);
+        let Some(log) = self.by_computer.get(&computer) else {
+            return Vec::new();
+        };
+        let new = usize::try_from(total.saturating_sub(mark)).unwrap_or(usize::MAX);
+        log.iter()
+            .skip(log.len().saturating_sub(new))
+            .cloned()
+            .collect()
+    }
+
+    /// The distinct refusals of `computer`, least recently refused first.
+    pub(crate) fn distinct(&self, computer: IpAddr) -> Vec<DeniedEntry> {
+        self.distinct
+            .get(&computer)
+            .map(|d| d.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Forgets a removed computer (its address may be given to another).
+    pub(crate) fn forget(&mut self, computer: IpAddr) {
+        self.by_computer.remove(&computer);
+        self.distinct.remove(&computer);
+        self.counts.remove(&computer);
+    }
+}
+
+/// The proxy's stdin, shared by the server's calls and the answers to its questions.
+type Input = Arc<tokio::sync::Mutex<std::pin::Pin<Box<dyn tokio::io::AsyncWrite + Send>>>>;
+
+/// A running proxy and this server's end of its control channel.
+pub(crate) struct Proxy {
+    /// The proxy's address on the internal network: the computers' DNS server and proxy.
+    pub address: IpAddr,
+    input: Input,
+    pub denials: Arc<Mutex<DenialLog>>,
+    syncs: Arc<Syncs>,
+    /// The computers behind it by address, with the policy each was given.
+    computers: Arc<Mutex<HashMap<IpAddr, Attached>>>,
+}
+
+/// A computer behind a proxy: who it is and the policy the proxy has for it.
+#[derive(Debug, Clone)]
+pub(crate) struct Attached {
+    pub computer_id: ComputerId,
+    /// The container's full id: the key of its grants.
+    pub container: String,
+    pub policy: EgressPolicy,
+}
+
+/// Where a proxy's questions go (docs/egress.md, "Ask-to-allow"): to the server, and the
+/// hosts allowed for a computer by the person, kept outside the computer.
+#[derive(Clone)]
+pub(crate) struct Asking {
+    pub questions: tokio::sync::mpsc::Sender<EgressQuestion>,
+    pub grants: Grants,
+}
+
+/// Questions handed to the server and not yet taken; past that they are refused at once.
+pub(crate) const QUESTIONS_QUEUED: usize = 64;
+
+/// The hosts a person allowed for a computer (`allow for this computer`), one file per
+/// container under the state dir, `egress-grants/<container id>`, one pattern a line. The
+/// `kilntainers.egress` label cannot change on a container, and nothing inside the computer may
+/// hold its own policy, so they live beside the server's other state and are read whenever the
+/// recorded policy is: after a restart of the server or the computer they still apply.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Grants {
+    dir: Option<std::path::PathBuf>,
+}
+
+/// Grants kept per computer; more are refused (each answer adds one).
+pub(crate) const MAX_GRANTS: usize = 256;
+
+impl Grants {
+    pub(crate) fn new(state_dir: Option<&std::path::Path>) -> Self {
+        Self {
+            dir: state_dir.map(|d| d.join("egress-grants")),
+        }
+    }
+
+    fn path(&self, container: &str) -> Option<std::path::PathBuf> {
+        // A container id is hex; anything else is never a file name here.
+        if container.is_empty() || !container.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return None;
+        }
+        self.dir.as_ref().map(|d| d.join(container))
+    }
+
+    /// The patterns granted to `container`; unreadable lines are skipped.
+    pub(crate) fn load(&self, container: &str) -> Vec<Pattern> {
+        let Some(text) = self
+            .path(container)
+            .and_then(|p| std::fs::read_to_string(p).ok())
+        else {
+            return Vec::new();
+        };
+        text.lines()
+            .filter_map(|line| Pattern::parse(line.trim()).ok())
+            .take(MAX_GRANTS)
+            .collect()
+    }
+
+    /// Adds `pattern` to `container`'s grants (written whole to a temporary file, then renamed).
+    pub(crate) fn add(&self, container: &str, pattern: &Pattern) -> Result<(), String> {
+        let path = self
+            .path(container)
+            .ok_or("the server has no state directory to keep it in")?;
+        let mut patterns = self.load(container);
+        if patterns.contains(pattern) {
+            return Ok(());
+        }
+        if patterns.len() >= MAX_GRANTS {
+            return Err(format!(
+                "this computer has {MAX_GRANTS} hosts allowed already"
+            ));
+        }
+        patterns.push(pattern.clone());
+        let text: String = patterns.iter().map(|p| format!("{p}\n")).collect();
+        let dir = path.parent().ok_or("no directory")?;
+        std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
+        let temporary = path.with_extension("new");
+        std::fs::write(&temporary, text).map_err(|e| e.to_string())?;
+        std::fs::rename(&temporary, &path).map_err(|e| e.to_string())
+    }
+
+    /// Forgets a removed container's grants.
+    pub(crate) fn remove(&self, container: &str) {
+        if let Some(path) = self.path(container) {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+
+    /// `policy` with `container`'s grants added to its allow rules.
+    pub(crate) fn apply(&self, container: &str, mut policy: EgressPolicy) -> EgressPolicy {
+        for pattern in self.load(container) {
+            if !policy.allow.contains(&pattern) {
+                policy.allow.push(pattern);
+            }
+        }
+        policy
+    }
+}
+
+/// `sync` round trips under way, by id.
+#[derive(Default)]
+struct Syncs {
+    next: std::sync::atomic::AtomicU64,
+    waiting: Mutex<HashMap<u64, tokio::sync::oneshot::Sender<()>>>,
+}
+
+/// Longest wait for a `sync` answer: past it a command's refusal lines may miss the last ones.
+const SYNC_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+/// `sync` round trips waiting at once; more are not sent (the lines are then best effort).
+const MAX_SYNCS: usize = 1024;
+
+impl Proxy {
+    /// Creates and starts the proxy of `network` (which exists), joins it to the upstream
+    /// network, attaches to it and waits for `ready`.
+    pub(crate) async fn start(
+        docker: &Docker,
+        network: &str,
+        settings: &EgressSettings,
+        default_upstream: &str,
+        asking: Option<Asking>,
+    ) -> Result<Self, BackendError> {
+        let failed = |what: &str, e: &bollard::errors::Error| {
+            BackendError::Provider(format!(
+                "cannot start the egress proxy of network {network}: {what}: {}",
+                describe(e)
+            ))
+        };
+        let image = ensure_image(docker).await?;
+        let name = proxy_name(network);
+        let options = CreateContainerOptionsBuilder::default().name(&name).build();
+        let created = docker
+            .create_container(Some(options), proxy_body(&image, network, settings))
+            .await
+            .map_err(|e| failed("create", &e))?;
+        let upstream = settings
+            .upstream_network
+            .as_deref()
+            .unwrap_or(default_upstream);
+        docker
+            .connect_network(
+                upstream,
+                NetworkConnectRequest {
+                    container: created.id.clone(),
+                    ..Default::default()
+                },
+            )
+            .await
+            .map_err(|e| failed("join the upstream network", &e))?;
+        let attach = AttachContainerOptionsBuilder::default()
+            .stdin(true)
+            .stdout(true)
+            .stderr(true)
+            .stream(true)
+            .build();
+        let attached = docker
+            .attach_container(&created.id, Some(attach))
+            .await
+            .map_err(|e| failed("attach", &e))?;
+        docker
+            .start_container(&created.id, None::<StartContainerOptions>)
+            .await
+            .map_err(|e| failed("start", &e))?;
+        let inspect = docker
+            .inspect_container(&created.id, None::<InspectContainerOptions>)
+            .await
+            .map_err(|e| failed("inspect", &e))?;
+        let address = inspect
+            .network_settings
+            .and_then(|s| s.networks)
+            .and_then(|n| n.get(network).and_then(|e| e.ip_address.clone()))
+            .and_then(|ip| ip.parse::<IpAddr>().ok())
+            .ok_or_else(|| {
+                BackendError::Provider(format!(
+                    "the egress proxy of network {network} got no address on it"
+                ))
+            })?;
+        let denials = Arc::new(Mutex::new(DenialLog::default()));
+        let syncs = Arc::new(Syncs::default());
+        let input: Input = Arc::new(tokio::sync::Mutex::new(attached.input));
+        let computers = Arc::new(Mutex::new(HashMap::new()));
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+        tokio::spawn(read_events(
+            attached.output,
+            name.clone(),
+            Shared {
+                denials: Arc::clone(&denials),
+                syncs: Arc::clone(&syncs),
+                input: Arc::clone(&input),
+                computers: Arc::clone(&computers),
+                asking,
+            },
+            ready_tx,
+        ));
+        let proxy = Self {
+            address,
+            input,
+            denials,
+            syncs,
+            computers,
+        };
+        proxy.send(&format!("address {address}\n")).await?;
+        match tokio::time::timeout(std::time::Duration::from_secs(10), ready_rx).await {
+            Ok(Ok(())) => Ok(proxy),
+            _ => Err(BackendError::Provider(format!(
+                "the egress proxy of network {network} did not report ready"
+            ))),
+        }
+    }
+
+    /// Writes one control line.
+    pub(crate) async fn send(&self, line: &str) -> Result<(), BackendError> {
+        send(&self.input, line).await
+    }
+
+    /// Waits until every refusal the proxy made before now has been read (a `sync` round
+    /// trip), at most [`SYNC_TIMEOUT`]; `false` when it could not tell.
+    pub(crate) async fn sync(&self) -> bool {
+        let id = self
+            .syncs
+            .next
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        {
+            let mut waiting = self
+                .syncs
+                .waiting
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if waiting.len() >= MAX_SYNCS {
+                return false;
+            }
+            waiting.insert(id, tx);
+        }
+        let answered = self.send(&format!("sync {id}\n")).await.is_ok()
+            && matches!(tokio::time::timeout(SYNC_TIMEOUT, rx).await, Ok(Ok(())));
+        self.syncs
+            .waiting
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&id);
+        answered
+    }
+
+    /// Gives the computer at `address` its policy, and remembers who it is for its questions.
+    pub(crate) async fn attach(
+        &self,
+        address: IpAddr,
+        attached: Attached,
+    ) -> Result<(), BackendError> {
+        let line = policy_line(address, &attached.policy);
+        self.computers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(address, attached);
+        self.send(&line).await
+    }
+
+    /// Forgets a removed computer.
+    pub(crate) async fn forget(&self, computer: IpAddr) -> Result<(), BackendError> {
+        self.denials
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .forget(computer);
+        self.computers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(&computer);
+        self.send(&format!("forget {computer}\n")).await
+    }
+}
+
+/// Writes one control line to a proxy.
+async fn send(input: &Input, line: &str) -> Result<(), BackendError> {
+    let mut input = input.lock().await;
+    input
+        .write_all(line.as_bytes())
+        .await
+        .and(input.flush().await)
+        .map_err(|e| BackendError::Provider(format!("the egress proxy is unreachable: {e}")))
+}
+
+/// What the reader of a proxy's output shares with the proxy.
+struct Shared {
+    denials: Arc<Mutex<DenialLog>>,
+    syncs: Arc<Syncs>,
+    input: Input,
+    computers: Arc<Mutex<HashMap<IpAddr, Attached>>>,
+    asking: Option<Asking>,
+}
+
+/// One question from the proxy, as the server will answer it: handed to the server (through
+/// [`Asking::questions`]) and its answer written back as `answer <id> …`. `allow for this
+/// computer` is granted (kept, and the policy sent again) before the answer lets the
+/// connection through.
+async fn answer_question(shared: Arc<Shared>, id: u64, address: IpAddr, host: String, port: u16) {
+    let attached = shared
+        .computers
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .get(&address)
+        .cloned();
+    let answer = match (attached, &shared.asking) {
+        (Some(attached), Some(asking)) => {
+            let (question, answered) =
+                EgressQuestion::new(attached.computer_id.clone(), host.clone(), port);
+            let answer = match asking.questions.try_send(question) {
+                Err(_) => EgressAnswer::Refuse(reasons::TOO_MANY.to_owned()),
+                Ok(()) => match tokio::time::timeout(ASK_TIMEOUT, answered).await {
+                    Ok(Ok(answer)) => answer,
+                    _ => EgressAnswer::Refuse(reasons::NO_ANSWER.to_owned()),
+                },
+            };
+            if answer == EgressAnswer::ForComputer {
+                grant(&shared, asking, &attached, address, &host, port).await
+            } else {
+                answer
+            }
+        }
+        _ => EgressAnswer::Refuse(reasons::NO_SESSION.to_owned()),
+    };
+    let line = match answer {
+        EgressAnswer::Once => format!("answer {id} once\n"),
+        EgressAnswer::ForComputer => format!("answer {id} computer\n"),
+        EgressAnswer::Refuse(reason) => format!("answer {id} refuse {reason}\n"),
+    };
+    if let Err(error) = send(&shared.input, &line).await {
+        warn!(%error, "could not answer the egress proxy's question");
+    }
+}
+
+/// `allow for this computer`: keeps `host:port` with the computer's grants and sends the proxy
+/// its widened policy; when that fails, the connection is refused with the reason.
+async fn grant(
+    shared: &Shared,
+    asking: &Asking,
+    attached: &Attached,
+    address: IpAddr,
+    host: &str,
+    port: u16,
+) -> EgressAnswer {
+    let pattern = match kilntainers_backend::egress::pattern_for(host, port) {
+        Ok(pattern) => pattern,
+        Err(e) => return EgressAnswer::Refuse(format!("cannot allow it: {e}")),
+    };
+    if let Err(why) = asking.grants.add(&attached.container, &pattern) {
+        return EgressAnswer::Refuse(format!("cannot allow it for this computer: {why}"));
+    }
+    let policy = {
+        let mut computers = shared
+            .computers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let Some(current) = computers.get_mut(&address) else {
+            return EgressAnswer::Refuse(reasons::NO_SESSION.to_owned());
+        };
+        if !current.policy.allow.contains(&pattern) {
+            current.policy.allow.push(pattern);
+        }
+        current.policy.clone()
+    };
+    if let Err(error) = send(&shared.input, &policy_line(address, &policy)).await {
+        return EgressAnswer::Refuse(error.to_string());
+    }
+    EgressAnswer::ForComputer
+}
+
+/// Reads the proxy's output until it ends: stdout lines are events, stderr is logged.
+async fn read_events(
+    mut output: std::pin::Pin<
+        Box<
+            dyn futures_util::Stream<
+                    Item = Result<bollard::container::LogOutput, bollard::errors::Error>,
+                > + Send,
+        >,
+    >,
+    name: String,
+    shared: Shared,
+    ready: tokio::sync::oneshot::Sender<()>,
+) {
+    let shared = Arc::new(shared);
+    let mut ready = Some(ready);
+    let mut lines = Lines::default();
+    let mut errors = Lines::default();
+    while let Some(Ok(frame)) = output.next().await {
+        match frame {
+            bollard::container::LogOutput::StdOut { message } => {
+                lines.push(&message, |line| match parse_event(line) {
+                    Some(Event::Ready) => {
+                        if let Some(ready) = ready.take() {
+                            let _ = ready.send(());
+                        }
+                    }
+                    Some(Event::Denied(computer, denial)) => shared
+                        .denials
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .record(computer, denial),
+                    Some(Event::Synced(id)) => {
+                        let waiter = shared
+                            .syncs
+                            .waiting
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)
+                            .remove(&id);
+                        if let Some(waiter) = waiter {
+                            let _ = waiter.send(());
+                        }
+                    }
+                    Some(Event::Ask {
+                        id,
+                        computer,
+                        host,
+                        port,
+                    }) => {
+                        tokio::spawn(answer_question(
+                            Arc::clone(&shared),
+                            id,
+                            computer,
+                            host,
+                            port,
+                        ));
+                    }
+                    None => warn!(proxy = %name, "unreadable line from the egress proxy"),
+                });
+            }
+            bollard::container::LogOutput::StdErr { message } => {
+                errors.push(&message, |line| debug!(proxy = %name, "{line}"));
+            }
+            _ => {}
+        }
+    }
+    debug!(proxy = %name, "the egress proxy's output ended");
+}
+
+#[cfg(test)]
+#[path = "egress_tests.rs"]
+mod tests;

@@ -1,0 +1,764 @@
+//! `kilntainers-helper egress-proxy`: the egress proxy of docs/egress.md, run in a sidecar
+//! container that is the only peer of the computers on their internal network. It is their DNS
+//! server ([`dns`]: allowed names resolve to the proxy itself, every other name is NXDOMAIN and
+//! no query leaves), their HTTP(S) proxy (`CONNECT` and absolute-form requests, [`http`]) and,
+//! for clients that ignore proxy settings, the server behind every allowed name on ports 80
+//! (routed by `Host`) and 443 (routed by TLS SNI, [`sni`]). Each connection is decided once
+//! ([`policy`]), resolved by the proxy itself, checked against the private-address rule, and
+//! then spliced byte for byte; [`Route`] is the one seam where a later path can terminate TLS
+//! for chosen hosts instead of splicing.
+//!
+//! The server talks to it over stdin/stdout (through the engine, so it works with a remote
+//! engine and from a container): one line per message, [`control`]. The proxy keeps enforcing
+//! the last policies it got when the server goes away, and refuses questions while no server
+//! is attached.
+//!
+//! Bounded against a hostile computer: [`MAX_CONNECTIONS`] connections in all and
+//! [`MAX_PER_SOURCE`] per computer, each with a small thread stack and buffers, a head of at
+//! most [`http::MAX_HEAD`] / [`sni::MAX_HELLO`] bytes read within [`HANDSHAKE_TIMEOUT`], and
+//! [`IDLE_TIMEOUT`] on a quiet tunnel.
+
+pub mod control;
+pub mod dns;
+pub mod http;
+pub mod policy;
+pub mod sni;
+
+use std::collections::HashMap;
+use std::io::{self, Read, Write};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, PoisonError};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use policy::{Decision, Dest, Policy};
+
+/// Connections held at once, all computers together: beyond this a new one is closed at once.
+/// Each costs one thread with a [`STACK`] stack and two [`SPLICE_BUFFER`] buffers, so this
+/// bounds the proxy's memory at about 1024 × 100 KiB.
+pub const MAX_CONNECTIONS: usize = 1024;
+/// Connections one computer may hold, so one hostile computer cannot starve the others.
+pub const MAX_PER_SOURCE: usize = 256;
+/// Time a client has to send its request head or ClientHello.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// A tunnel with no byte either way for this long is closed.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(600);
+/// Time to connect upstream.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a connection to an unknown host waits for the person's answer (docs/egress.md,
+/// "Ask-to-allow").
+pub const ASK_TIMEOUT: Duration = Duration::from_secs(60);
+/// Stack of a connection thread: it holds only small buffers on the heap.
+const STACK: usize = 64 * 1024;
+/// One direction's copy buffer.
+const SPLICE_BUFFER: usize = 16 * 1024;
+/// Questions open at once (all computers); more are refused.
+const MAX_QUESTIONS: usize = 64;
+
+/// Where the proxy listens.
+#[derive(Debug, Clone)]
+pub struct Ports {
+    pub bind: IpAddr,
+    pub dns: u16,
+    pub http: u16,
+    pub https: u16,
+    pub proxy: u16,
+}
+
+impl Default for Ports {
+    fn default() -> Self {
+        Self {
+            bind: IpAddr::from([0, 0, 0, 0]),
+            dns: 53,
+            http: 80,
+            https: 443,
+            proxy: 3128,
+        }
+    }
+}
+
+/// How the proxy resolves names upstream.
+#[derive(Debug, Clone, Default)]
+pub struct Upstream {
+    /// `--egress-dns`, else the first nameserver of /etc/resolv.conf.
+    pub dns: Option<SocketAddr>,
+    /// `--egress-resolve`.
+    pub fixed: HashMap<String, IpAddr>,
+    /// Ports connected to instead of the requested one, for tests (`host:port` → port).
+    pub port_map: HashMap<u16, u16>,
+}
+
+/// An answer to a question.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    Once,
+    Computer,
+    Deny,
+    /// Declined or cancelled: deny this connection only.
+    Decline,
+    /// Refused by the server with this reason (no one could be asked, too many questions, no
+    /// answer in time, a remembered deny).
+    Refuse(String),
+}
+
+#[derive(Default)]
+struct Questions {
+    next: u64,
+    /// Open questions: (source, host, port) → id; the answer once given.
+    open: HashMap<(IpAddr, String, u16), u64>,
+    answers: HashMap<u64, Answer>,
+}
+
+/// Everything the threads share.
+pub struct State {
+    policies: Mutex<HashMap<IpAddr, Policy>>,
+    /// The proxy's own address on the computers' network, given in DNS answers.
+    address: Mutex<Option<IpAddr>>,
+    upstream: Upstream,
+    connections: AtomicUsize,
+    per_source: Mutex<HashMap<IpAddr, usize>>,
+    events: Mutex<Box<dyn Write + Send>>,
+    /// Whether a server reads the events (stdin still open).
+    attached: AtomicBool,
+    questions: Mutex<Questions>,
+    answered: Condvar,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl State {
+    pub fn new(upstream: Upstream, events: Box<dyn Write + Send>) -> Arc<Self> {
+        Arc::new(Self {
+            policies: Mutex::new(HashMap::new()),
+            address: Mutex::new(None),
+            upstream,
+            connections: AtomicUsize::new(0),
+            per_source: Mutex::new(HashMap::new()),
+            events: Mutex::new(events),
+            attached: AtomicBool::new(true),
+            questions: Mutex::new(Questions::default()),
+            answered: Condvar::new(),
+        })
+    }
+
+    pub fn set_policy(&self, source: IpAddr, policy: Option<Policy>) {
+        let mut policies = lock(&self.policies);
+        match policy {
+            Some(p) => policies.insert(source, p),
+            None => policies.remove(&source),
+        };
+    }
+
+    pub fn set_address(&self, address: IpAddr) {
+        *lock(&self.address) = Some(address);
+    }
+
+    pub fn detach(&self) {
+        self.attached.store(false, Ordering::SeqCst);
+        // Questions waiting now can never be answered.
+        self.answered.notify_all();
+    }
+
+    fn policy(&self, source: IpAddr) -> Option<Policy> {
+        lock(&self.policies).get(&source).cloned()
+    }
+
+    fn emit(&self, line: &str) {
+        let mut out = lock(&self.events);
+        let _ = out.write_all(line.as_bytes());
+        let _ = out.write_all(b"\n");
+        let _ = out.flush();
+    }
+
+    /// Reports a refusal to the server: `denied <source> <host> <port> <reason>`.
+    fn denied(&self, source: IpAddr, dest: &str, port: u16, reason: &str) {
+        self.emit(&control::denied_line(source, dest, port, reason));
+    }
+
+    pub fn answer(&self, id: u64, answer: Answer) {
+        let mut q = lock(&self.questions);
+        // An answer to no open question (it timed out, or was never asked) is dropped, and
+        // those of finished questions go with the next answer, so answers cannot pile up.
+        if !q.open.values().any(|open| *open == id) {
+            return;
+        }
+        q.answers.insert(id, answer);
+        let open: std::collections::HashSet<u64> = q.open.values().copied().collect();
+        q.answers.retain(|id, _| open.contains(id));
+        drop(q);
+        self.answered.notify_all();
+    }
+
+    /// Asks the server, and waits for the person's answer; `Err` is the refusal reason.
+    fn ask(&self, source: IpAddr, host: &str, port: u16) -> Result<(), String> {
+        if !self.attached.load(Ordering::SeqCst) {
+            return Err("no way to ask the user (the server is not attached)".to_owned());
+        }
+        let key = (source, host.to_owned(), port);
+        let mut q = lock(&self.questions);
+        let id = match q.open.get(&key) {
+            // Concurrent connections to the same host wait on one question.
+            Some(id) => *id,
+            None => {
+                if q.open.len() >= MAX_QUESTIONS {
+                    return Err("too many questions are open".to_owned());
+                }
+                q.next += 1;
+                let id = q.next;
+                q.open.insert(key.clone(), id);
+                drop(q);
+                self.emit(&control::ask_line(id, source, host, port));
+                q = lock(&self.questions);
+                id
+            }
+        };
+        let deadline = Instant::now() + ASK_TIMEOUT;
+        loop {
+            if let Some(answer) = q.answers.get(&id).cloned() {
+                q.open.remove(&key);
+                return match answer {
+                    Answer::Once | Answer::Computer => Ok(()),
+                    Answer::Deny | Answer::Decline => Err("the user declined".to_owned()),
+                    Answer::Refuse(reason) => Err(reason),
+                };
+            }
+            let now = Instant::now();
+            if now >= deadline || !self.attached.load(Ordering::SeqCst) {
+                q.open.remove(&key);
+                return Err(format!(
+                    "no answer from the user in {} s",
+                    ASK_TIMEOUT.as_secs()
+                ));
+            }
+            q = self
+                .answered
+                .wait_timeout(q, deadline - now)
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+    }
+}
+
+/// A slot among the connection caps; released on drop.
+struct Slot {
+    state: Arc<State>,
+    source: IpAddr,
+}
+
+impl Slot {
+    fn take(state: &Arc<State>, source: IpAddr) -> Option<Self> {
+        if state.connections.fetch_add(1, Ordering::SeqCst) >= MAX_CONNECTIONS {
+            state.connections.fetch_sub(1, Ordering::SeqCst);
+            return None;
+        }
+        let mut per = lock(&state.per_source);
+        let count = per.entry(source).or_insert(0);
+        if *count >= MAX_PER_SOURCE {
+            drop(per);
+            state.connections.fetch_sub(1, Ordering::SeqCst);
+            return None;
+        }
+        *count += 1;
+        Some(Self {
+            state: state.clone(),
+            source,
+        })
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut per = lock(&self.state.per_source);
+        if let Some(count) = per.get_mut(&self.source) {
+            *count -= 1;
+            if *count == 0 {
+                per.remove(&self.source);
+            }
+        }
+        self.state.connections.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Which listener a connection arrived on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Listener {
+    /// The proxy port: `CONNECT` or absolute-form requests.
+    Proxy,
+    /// Port 80 of an allowed name: origin-form, routed by `Host`.
+    Http,
+    /// Port 443 of an allowed name: routed by the ClientHello's SNI.
+    Tls,
+}
+
+/// What happens to an allowed connection: today always `Splice`; the seam where a
+/// TLS-terminating path for chosen hosts slots in (docs/egress.md, "Secrets brokering").
+enum Route {
+    Splice,
+}
+
+fn route_for(_dest: &Dest, _port: u16) -> Route {
+    Route::Splice
+}
+
+/// Binds every listener and serves until the process ends.
+pub fn serve(state: Arc<State>, ports: &Ports) -> io::Result<()> {
+    let udp = UdpSocket::bind(SocketAddr::new(ports.bind, ports.dns))?;
+    let listeners = [
+        (
+            TcpListener::bind(SocketAddr::new(ports.bind, ports.proxy))?,
+            Listener::Proxy,
+        ),
+        (
+            TcpListener::bind(SocketAddr::new(ports.bind, ports.http))?,
+            Listener::Http,
+        ),
+        (
+            TcpListener::bind(SocketAddr::new(ports.bind, ports.https))?,
+            Listener::Tls,
+        ),
+    ];
+    spawn_all(state, udp, listeners);
+    Ok(())
+}
+
+fn spawn_all(state: Arc<State>, udp: UdpSocket, listeners: [(TcpListener, Listener); 3]) {
+    let dns_state = state.clone();
+    thread::spawn(move || serve_dns(&dns_state, &udp));
+    for (listener, kind) in listeners {
+        let state = state.clone();
+        thread::spawn(move || accept_loop(&state, &listener, kind));
+    }
+}
+
+fn accept_loop(state: &Arc<State>, listener: &TcpListener, kind: Listener) {
+    for stream in listener.incoming() {
+        let Ok(stream) = stream else {
+            // EMFILE and friends: back off instead of spinning.
+            thread::sleep(Duration::from_millis(50));
+            continue;
+        };
+        let Ok(peer) = stream.peer_addr() else {
+            continue;
+        };
+        let source = canonical_ip(peer.ip());
+        let Some(slot) = Slot::take(state, source) else {
+            // Over the cap: closed at once, nothing read.
+            drop(stream);
+            continue;
+        };
+        let state = state.clone();
+        let spawned = thread::Builder::new().stack_size(STACK).spawn(move || {
+            let _slot = slot;
+            handle(&state, stream, source, kind);
+        });
+        if spawned.is_err() {
+            thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+/// IPv4-mapped IPv6 sources are their IPv4 address (policies are keyed by that).
+fn canonical_ip(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    }
+}
+
+fn serve_dns(state: &Arc<State>, socket: &UdpSocket) {
+    let mut buffer = [0u8; dns::MAX_UDP];
+    loop {
+        let Ok((len, from)) = socket.recv_from(&mut buffer) else {
+            continue;
+        };
+        let msg = &buffer[..len];
+        let reply = dns_reply(state, canonical_ip(from.ip()), msg);
+        if let Some(reply) = reply {
+            let _ = socket.send_to(&reply, from);
+        }
+    }
+}
+
+/// The answer to one DNS message from `source`; never asks anyone upstream.
+fn dns_reply(state: &State, source: IpAddr, msg: &[u8]) -> Option<Vec<u8>> {
+    let query = match dns::parse_query(msg) {
+        Ok(query) => query,
+        Err(dns::DnsError::NotAQuery) => {
+            return dns::message_id(msg).map(|id| dns::bare_answer(id, dns::RCODE_NOTIMP));
+        }
+        Err(_) => return dns::message_id(msg).map(|id| dns::bare_answer(id, dns::RCODE_FORMERR)),
+    };
+    let own = *lock(&state.address);
+    let allowed = state.policy(source).zip(own).filter(|(policy, _)| {
+        query.qclass == 1 && is_canonical_name(&query.name) && policy.name_may_resolve(&query.name)
+    });
+    Some(match allowed {
+        Some((_, own)) => dns::answer(msg, &query, dns::RCODE_OK, &[own]),
+        None => dns::answer(msg, &query, dns::RCODE_NXDOMAIN, &[]),
+    })
+}
+
+fn is_canonical_name(name: &str) -> bool {
+    policy::Rule::parse(name).is_some() && !name.contains(['*', ':', '/', '['])
+}
+
+/// Reads until `complete` says the bytes so far are enough (or the cap, or the deadline).
+fn read_head(
+    stream: &mut TcpStream,
+    mut data: Vec<u8>,
+    cap: usize,
+    mut complete: impl FnMut(&[u8]) -> bool,
+) -> io::Result<Vec<u8>> {
+    if !data.is_empty() && complete(&data) {
+        return Ok(data);
+    }
+    let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
+    let mut chunk = [0u8; 2048];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(io::Error::new(io::ErrorKind::TimedOut, "handshake timeout"));
+        }
+        stream.set_read_timeout(Some(left))?;
+        let room = cap.saturating_sub(data.len()).min(chunk.len());
+        if room == 0 {
+            return Ok(data);
+        }
+        let n = stream.read(&mut chunk[..room])?;
+        if n == 0 {
+            return Ok(data);
+        }
+        data.extend_from_slice(&chunk[..n]);
+        if complete(&data) {
+            return Ok(data);
+        }
+    }
+}
+
+/// One connection from a computer, from its first byte to its end.
+fn handle(state: &Arc<State>, mut client: TcpStream, source: IpAddr, kind: Listener) {
+    let _ = client.set_nodelay(true);
+    let outcome = match kind {
+        Listener::Tls => handle_tls(state, &mut client, source),
+        Listener::Http | Listener::Proxy => handle_http(state, &mut client, source, kind),
+    };
+    if let Err((dest, port, reason)) = outcome {
+        state.denied(source, &dest, port, &reason);
+        if kind != Listener::Tls {
+            let body =
+                format!("kilntainers: network access to {dest}:{port} was blocked: {reason}\n");
+            let _ = write!(
+                client,
+                "HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                body.len()
+            );
+        }
+    }
+    let _ = client.shutdown(Shutdown::Both);
+}
+
+type Refused = (String, u16, String);
+
+fn handle_tls(state: &Arc<State>, client: &mut TcpStream, source: IpAddr) -> Result<(), Refused> {
+    let unknown = |reason: &str| ("(unknown)".to_owned(), 443, reason.to_owned());
+    let hello = read_head(client, Vec::with_capacity(1024), sni::MAX_HELLO + 5, |d| {
+        sni::parse(d) != sni::Hello::Incomplete
+    })
+    .map_err(|_| unknown("no TLS ClientHello in time"))?;
+    let name = match sni::parse(&hello) {
+        sni::Hello::Name(name) => name,
+        sni::Hello::NoName => return Err(unknown("TLS without a server name (SNI)")),
+        sni::Hello::Incomplete | sni::Hello::Invalid(_) => {
+            return Err(unknown("not a TLS ClientHello"));
+        }
+    };
+    let dest =
+        destination(&name).ok_or_else(|| (name.clone(), 443, "not a host name".to_owned()))?;
+    let upstream = admit(state, source, &dest, 443)?;
+    splice(client, upstream, &hello);
+    Ok(())
+}
+
+fn handle_http(
+    state: &Arc<State>,
+    client: &mut TcpStream,
+    source: IpAddr,
+    kind: Listener,
+) -> Result<(), Refused> {
+    let default_port = 80;
+    let data = read_head(client, Vec::with_capacity(1024), http::MAX_HEAD, |d| {
+        !matches!(
+            http::parse(d, default_port),
+            Err(http::HeadError::Incomplete)
+        )
+    })
+    .map_err(|_| {
+        (
+            "(unknown)".to_owned(),
+            default_port,
+            "no request in time".to_owned(),
+        )
+    })?;
+    let head = match http::parse(&data, default_port) {
+        Ok(head) => head,
+        Err(http::HeadError::Mismatch { target, host }) => {
+            return Err(split_target(
+                target,
+                format!("the Host header names {host}, not the target"),
+            ));
+        }
+        Err(http::HeadError::TooLarge) => {
+            return Err((
+                "(unknown)".to_owned(),
+                default_port,
+                "request head too large".to_owned(),
+            ));
+        }
+        Err(_) => {
+            return Err((
+                "(unknown)".to_owned(),
+                default_port,
+                "not an HTTP request".to_owned(),
+            ));
+        }
+    };
+    if kind == Listener::Http && (head.connect || head.origin_line.is_some()) {
+        return Err((
+            head.host,
+            head.port,
+            "a proxy request on port 80".to_owned(),
+        ));
+    }
+    if kind == Listener::Proxy && !head.connect && head.origin_line.is_none() {
+        return Err((head.host, head.port, "not a proxy request".to_owned()));
+    }
+    let dest = destination(&head.host)
+        .ok_or_else(|| (head.host.clone(), head.port, "not a host name".to_owned()))?;
+    let shown = dest.to_string();
+    if head.connect {
+        let upstream = admit(state, source, &dest, head.port)?;
+        let _ = client.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n");
+        // The tunnel's first bytes must name the same host (SNI or Host) when they name one.
+        let inner = read_head(client, data[head.len..].to_vec(), sni::MAX_HELLO + 5, |d| {
+            tunnel_first_bytes(d).is_some()
+        })
+        .unwrap_or_default();
+        if let Some(Some(named)) = tunnel_first_bytes(&inner)
+            && destination(&named).as_ref() != Some(&dest)
+        {
+            return Err((
+                shown,
+                head.port,
+                format!("the tunnel names {named}, not the CONNECT target"),
+            ));
+        }
+        splice(client, upstream, &inner);
+        return Ok(());
+    }
+    let upstream = admit(state, source, &dest, head.port)?;
+    let mut first = Vec::with_capacity(data.len());
+    match &head.origin_line {
+        Some(line) => {
+            first.extend_from_slice(line.as_bytes());
+            first.extend_from_slice(b"\r\n");
+            first.extend_from_slice(&data[head.line_end..]);
+        }
+        None => first.extend_from_slice(&data),
+    }
+    splice(client, upstream, &first);
+    Ok(())
+}
+
+fn split_target(target: String, reason: String) -> Refused {
+    match http::split_authority(&target, Some(0)) {
+        Some((host, port)) => (host, port, reason),
+        None => (target, 0, reason),
+    }
+}
+
+/// What the first bytes inside a tunnel name: `Some(Some(name))` a TLS SNI or HTTP `Host`,
+/// `Some(None)` nothing to compare (another protocol, or no name), `None` not decided yet.
+fn tunnel_first_bytes(data: &[u8]) -> Option<Option<String>> {
+    if data.is_empty() {
+        return None;
+    }
+    if data.first() == Some(&22) {
+        return match sni::parse(data) {
+            sni::Hello::Incomplete => None,
+            sni::Hello::Name(name) => Some(Some(name)),
+            _ => Some(None),
+        };
+    }
+    if data.first().is_some_and(u8::is_ascii_uppercase) {
+        return match http::parse(data, 80) {
+            Err(http::HeadError::Incomplete) => None,
+            Ok(head) => Some(Some(head.host)),
+            Err(http::HeadError::Mismatch { host, .. }) => Some(Some(host)),
+            Err(_) => Some(None),
+        };
+    }
+    Some(None)
+}
+
+/// A name or IP literal as the policy compares it.
+fn destination(host: &str) -> Option<Dest> {
+    let host = host.trim_end_matches('.');
+    let bare = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    if let Ok(ip) = bare.parse::<IpAddr>() {
+        return Some(Dest::Ip(canonical_ip(ip)));
+    }
+    let lower = host.to_ascii_lowercase();
+    is_canonical_name(&lower).then_some(Dest::Name(lower))
+}
+
+/// Decides, asks when the policy says so, resolves and connects; `Err` is the refusal.
+fn admit(state: &Arc<State>, source: IpAddr, dest: &Dest, port: u16) -> Result<TcpStream, Refused> {
+    let shown = dest.to_string();
+    let refuse = |reason: String| (shown.clone(), port, reason);
+    let policy = state
+        .policy(source)
+        .ok_or_else(|| refuse("this address has no policy".to_owned()))?;
+    match policy.decide(dest, port) {
+        Decision::Allow => {}
+        Decision::Refuse(reason) => return Err(refuse(reason)),
+        Decision::Ask => state.ask(source, &shown, port).map_err(refuse)?,
+    }
+    let addresses = match dest {
+        Dest::Ip(ip) => vec![*ip],
+        Dest::Name(name) => resolve(state, name).map_err(refuse)?,
+    };
+    let usable: Vec<IpAddr> = addresses
+        .iter()
+        .copied()
+        .filter(|ip| policy.allow_private || !policy::is_private(*ip))
+        .collect();
+    if usable.is_empty() {
+        return Err(refuse(if addresses.is_empty() {
+            "the name does not resolve".to_owned()
+        } else {
+            "private address".to_owned()
+        }));
+    }
+    let mut last = String::new();
+    for ip in usable {
+        let connect_port = state.upstream.port_map.get(&port).copied().unwrap_or(port);
+        match TcpStream::connect_timeout(&SocketAddr::new(ip, connect_port), CONNECT_TIMEOUT) {
+            Ok(stream) => {
+                let _ = stream.set_nodelay(true);
+                match route_for(dest, port) {
+                    Route::Splice => return Ok(stream),
+                }
+            }
+            Err(e) => last = e.to_string(),
+        }
+    }
+    Err(refuse(format!("cannot connect: {last}")))
+}
+
+fn resolve(state: &State, name: &str) -> Result<Vec<IpAddr>, String> {
+    if let Some(ip) = state.upstream.fixed.get(name) {
+        return Ok(vec![*ip]);
+    }
+    let server = state
+        .upstream
+        .dns
+        .or_else(|| {
+            std::fs::read_to_string("/etc/resolv.conf")
+                .ok()
+                .and_then(|t| dns::nameserver_from_resolv_conf(&t))
+        })
+        .ok_or("no resolver configured")?;
+    let mut all = dns::resolve(server, name, dns::TYPE_A)?;
+    if all.is_empty() {
+        all = dns::resolve(server, name, dns::TYPE_AAAA)?;
+    }
+    Ok(all)
+}
+
+/// Copies both ways until both sides end or the tunnel idles; `first` (already read from the
+/// client) goes upstream first.
+fn splice(client: &mut TcpStream, mut upstream: TcpStream, first: &[u8]) {
+    if upstream.write_all(first).is_err() {
+        return;
+    }
+    let (Ok(mut client_read), Ok(mut upstream_write)) = (client.try_clone(), upstream.try_clone())
+    else {
+        return;
+    };
+    let _ = client_read.set_read_timeout(Some(IDLE_TIMEOUT));
+    let _ = upstream.set_read_timeout(Some(IDLE_TIMEOUT));
+    let up = thread::Builder::new().stack_size(STACK).spawn(move || {
+        copy(&mut client_read, &mut upstream_write);
+        let _ = upstream_write.shutdown(Shutdown::Write);
+    });
+    copy(&mut upstream, client);
+    let _ = client.shutdown(Shutdown::Write);
+    if let Ok(up) = up {
+        let _ = up.join();
+    }
+}
+
+fn copy(from: &mut TcpStream, to: &mut TcpStream) {
+    let mut buffer = vec![0u8; SPLICE_BUFFER];
+    loop {
+        match from.read(&mut buffer) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => {
+                if to.write_all(&buffer[..n]).is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// `egress-proxy [--dns ADDR] [--resolve HOST=IP]… [--address IP]`: serves on the default
+/// ports and reads control lines from stdin until it closes, then keeps enforcing.
+pub fn main(args: impl Iterator<Item = String>) -> i32 {
+    let mut upstream = Upstream::default();
+    let mut address = None;
+    let mut args = args.peekable();
+    while let Some(arg) = args.next() {
+        let value = args.next();
+        let ok = match (arg.as_str(), value) {
+            ("--dns", Some(v)) => v.parse().map(|a| upstream.dns = Some(a)).is_ok(),
+            ("--resolve", Some(v)) => v
+                .split_once('=')
+                .and_then(|(h, ip)| Some((h.to_owned(), ip.parse::<IpAddr>().ok()?)))
+                .map(|(h, ip)| upstream.fixed.insert(h, ip))
+                .is_some(),
+            ("--address", Some(v)) => v.parse().map(|a| address = Some(a)).is_ok(),
+            _ => false,
+        };
+        if !ok {
+            eprintln!(
+                "usage: kilntainers-helper egress-proxy [--dns ADDR:PORT] [--resolve HOST=IP]… [--address IP]"
+            );
+            return 2;
+        }
+    }
+    let state = State::new(upstream, Box::new(io::stdout()));
+    if let Some(address) = address {
+        state.set_address(address);
+    }
+    if let Err(e) = serve(state.clone(), &Ports::default()) {
+        eprintln!("kilntainers-helper egress-proxy: cannot listen: {e}");
+        return 1;
+    }
+    state.emit("ready");
+    control::read(&state, io::stdin().lock());
+    state.detach();
+    // The server went away: keep enforcing the last policies until the container is removed.
+    loop {
+        thread::park();
+    }
+}
+
+#[cfg(test)]
+mod tests;
