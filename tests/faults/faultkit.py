@@ -43,6 +43,8 @@ def _load(name: str, path: Path):
 # hooks: that conftest's `from harness import …` finds the same module, so the globals (the
 # per-run id prefix, the record of what the run made) are shared, not copied.
 bb = _load("harness", BLACKBOX / "harness.py")
+# The black-box conftest's own sibling import, found the same way.
+_load("egress_net", BLACKBOX / "egress_net.py")
 blackbox_plumbing = _load("kilntainers_blackbox_conftest", BLACKBOX / "conftest.py")
 
 # Loaded after the black-box harness, which puts the repository root on sys.path.

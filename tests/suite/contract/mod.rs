@@ -22,7 +22,9 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use mcp_sandbox_computer_vm_for_ai::backends::files::{EntryKind, FileError, FileOpError};
-use mcp_sandbox_computer_vm_for_ai::backends::{Backend, NoProgress, SandboxRef};
+use mcp_sandbox_computer_vm_for_ai::backends::{
+    Backend, IdleStop, IdleStopped, NoProgress, SandboxRef,
+};
 use mcp_sandbox_computer_vm_for_ai::exec::{self, ExecOutcome, ExecRequest, Program};
 use mcp_sandbox_computer_vm_for_ai::files::Access;
 use mcp_sandbox_computer_vm_for_ai::ids::{ComputerId, ExecId, InstanceId};
@@ -51,6 +53,8 @@ macro_rules! contract_tests {
             files_text_list_and_errors, files_text_list_and_errors_against_fake;
             checkpoints_roll_back_and_fork_or_are_refused,
                 checkpoints_roll_back_and_fork_or_are_refused_against_fake;
+            idle_stop_keeps_the_files_for_the_next_start,
+                idle_stop_keeps_the_files_for_the_next_start_against_fake;
         );
     };
     (@each real; $($case:ident, $fake:ident;)*) => {
@@ -984,5 +988,43 @@ pub async fn checkpoints_roll_back_and_fork_or_are_refused(h: Harness) {
             .checkpoints
             .is_empty()
     );
+    h.finish().await;
+}
+
+/// `--idle-stop` (docs/idle-stop.md): where the backend stops computers, a stopped permanent
+/// computer is listed as not running, keeps its files, and runs commands again once started
+/// (the registry starts it on the next use); elsewhere the option is refused or a no-op.
+pub async fn idle_stop_keeps_the_files_for_the_next_start(h: Harness) {
+    match h.backend.idle_stop() {
+        IdleStop::Stops => {}
+        IdleStop::Refused(message) => {
+            assert!(
+                message.starts_with("--idle-stop is not available on the"),
+                "{message}"
+            );
+            h.finish().await;
+            return;
+        }
+        IdleStop::NothingToStop => {
+            h.finish().await;
+            return;
+        }
+    }
+    let id = h.computer("ct-idle");
+    let sandbox = h.create(&id, false, &InstanceId::random()).await;
+    let (code, _, stderr) = h
+        .sh(&sandbox, "mkdir -p /root && echo kept > /root/idle-state")
+        .await;
+    assert_eq!(code, 0, "{stderr}");
+    assert_eq!(
+        h.backend.stop_idle(&sandbox).await.unwrap(),
+        IdleStopped::Stopped
+    );
+    let found = h.backend.lookup(&id).await.unwrap().expect("still there");
+    assert!(!found.running, "stopped by idle stop");
+    let started = h.backend.ensure_running(&found.sandbox).await.unwrap();
+    let (code, stdout, _) = h.sh(&started, "cat /root/idle-state").await;
+    assert_eq!((code, stdout.as_str()), (0, "kept\n"));
+    h.backend.remove(&started).await.unwrap();
     h.finish().await;
 }
