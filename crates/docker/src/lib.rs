@@ -54,8 +54,27 @@ const READINESS_TIMEOUT: Duration = Duration::from_secs(15);
 /// the reference's `tail -f /dev/null` containers.
 const RESTART_GRACE_SECS: i32 = 2;
 /// How long idle stop waits for this server's own helper exec to end before taking the execs
-/// still listed for another server's.
+/// still running for another server's.
 const OWN_HELPER_EXIT: Duration = Duration::from_secs(3);
+/// Most execs idle stop inspects on one container; past it the computer counts as in use.
+const EXECS_INSPECTED: usize = 512;
+
+/// Whether any of a container's execs still runs. Docker lists only running execs in a
+/// container's `ExecIDs`; Podman keeps ended exec sessions there too, so each is asked.
+async fn any_exec_running(docker: &Docker, exec_ids: &[String]) -> bool {
+    if exec_ids.len() > EXECS_INSPECTED {
+        return true;
+    }
+    for id in exec_ids {
+        match docker.inspect_exec(id).await {
+            Ok(exec) if exec.running == Some(false) => {}
+            // Gone since the listing: ended.
+            Err(e) if status_of(&e) == Some(404) => {}
+            _ => return true,
+        }
+    }
+    false
+}
 /// How long a restart waits for the engine to record the exit of the old process when it
 /// answered before doing so; the keep-alive exits at once, so this is the engine's backlog.
 const STALE_EXIT_WAIT: Duration = Duration::from_secs(10);
@@ -646,7 +665,8 @@ impl Backend for DockerBackend {
                 .inspect(&name)
                 .await?
                 .ok_or_else(|| BackendError::Vanished(sandbox.computer_id.clone()))?;
-            if inspect.exec_ids.as_ref().is_none_or(Vec::is_empty) {
+            let exec_ids = inspect.exec_ids.unwrap_or_default();
+            if !any_exec_running(&docker, &exec_ids).await {
                 break;
             }
             if tokio::time::Instant::now() >= deadline {
