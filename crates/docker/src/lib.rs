@@ -666,7 +666,7 @@ impl Backend for DockerBackend {
                 .await?
                 .ok_or_else(|| BackendError::Vanished(sandbox.computer_id.clone()))?;
             let exec_ids = inspect.exec_ids.unwrap_or_default();
-            if !any_exec_running(&docker, &exec_ids).await {
+            if !any_exec_running(docker, &exec_ids).await {
                 break;
             }
             if tokio::time::Instant::now() >= deadline {
