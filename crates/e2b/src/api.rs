@@ -348,9 +348,14 @@ impl Api {
 
     /// `DELETE /sandboxes/{id}`; 404 counts as gone.
     pub(super) async fn kill(&self, sandbox_id: &str) -> Result<(), ApiError> {
-        let path = format!("/sandboxes/{}", rest::encode(sandbox_id));
+        self.delete_gone(&format!("/sandboxes/{}", rest::encode(sandbox_id)))
+            .await
+    }
+
+    /// `DELETE path`; 404 counts as gone (the goal is met).
+    async fn delete_gone(&self, path: &str) -> Result<(), ApiError> {
         match self
-            .send(Method::DELETE, &path, &[], None, Retry::Idempotent)
+            .send(Method::DELETE, path, &[], None, Retry::Idempotent)
             .await
         {
             Ok(_) => Ok(()),
@@ -416,15 +421,8 @@ impl Api {
 
     /// `DELETE /templates/{templateID}` of a snapshot's template; 404 counts as gone.
     pub(super) async fn delete_template(&self, template_id: &str) -> Result<(), ApiError> {
-        let path = format!("/templates/{}", rest::encode(template_id));
-        match self
-            .send(Method::DELETE, &path, &[], None, Retry::Idempotent)
+        self.delete_gone(&format!("/templates/{}", rest::encode(template_id)))
             .await
-        {
-            Ok(_) => Ok(()),
-            Err(e) if e.status() == Some(404) => Ok(()),
-            Err(e) => Err(e),
-        }
     }
 }
 
