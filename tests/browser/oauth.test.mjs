@@ -490,9 +490,11 @@ describe("web dashboard sign-in with a pre-registered client (--oauth-dashboard-
     });
     clientId = (await res.json()).client_id;
     assert.ok(clientId, `registration answered ${res.status}`);
+    // `=` form: the issuer's ids are nanoids, whose alphabet has `-`; one that starts with it
+    // would be read by clap as the next flag (this failed a CI run, about 1 start in 64).
     server = await startHttpServer({
       port,
-      extraArgs: ["--oauth-issuer", issuer.issuer, "--oauth-required-scope", SCOPE, "--oauth-dashboard-client-id", clientId],
+      extraArgs: ["--oauth-issuer", issuer.issuer, "--oauth-required-scope", SCOPE, `--oauth-dashboard-client-id=${clientId}`],
     });
     carol = await launchBrowser({ viewport: { width: 1100, height: 900 } });
     seen = record(carol.page);
