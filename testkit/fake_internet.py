@@ -1,12 +1,13 @@
-"""Hosts of the egress tests' fake internet that need more than a BusyBox web server: a DNS
-logger that records every query it receives, and a TLS host whose certificate comes from a test
-CA made for the run. Both listen on the host's own address on the test network (its gateway,
-an address outside the private ranges, e.g. 198.18.x.1), so the egress proxy reaches them over
-its upstream network like any other host of that network; nothing else can, and both stop with
-their `with` block. Also the bytes of a TLS ClientHello naming a chosen SNI, for computers whose
-only tools are `printf` and `nc`.
+"""The egress tests' fake internet (docs/egress.md; spec egress §8): a Docker network outside the
+private ranges (198.18.0.0/15) with `allowed.test` and `other.test` web servers made from the
+local BusyBox image, and the hosts that need more than BusyBox: a DNS logger that records every
+query it receives, and a TLS host whose certificate comes from a test CA made for the run. Those
+two listen on the host's own address on the test network (its gateway), so the egress proxy
+reaches them over its upstream network like any other host there; each stops with its `with`
+block. Also the bytes of a TLS ClientHello naming a chosen SNI, for computers whose only tools
+are `printf` and `nc`.
 
-Used by tests/blackbox/test_egress_internet.py and bench/egress.py (docs/egress.md, "Tests")."""
+Used by the black-box egress tests, fault scenario 13 and bench/egress.py."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import datetime as dt
 import ipaddress
 import json
 import os
+import secrets
 import socket
 import ssl
 import struct
@@ -35,6 +37,47 @@ def gateway_of(network: str, env: dict | None = None) -> str:
     # A network made with only --subnet records no gateway; the engine gives the bridge the
     # subnet's first address.
     return config.get("Gateway") or str(next(ipaddress.ip_network(config["Subnet"]).hosts()))
+
+
+@contextmanager
+def fake_internet_on(env: dict | None, image: str):
+    """A test network outside the private ranges (198.18.0.0/15) with two web servers made from
+    the local busybox image: `allowed.test` at .10 and `other.test` at .11. Removed after."""
+    name = f"kbb-egress-{secrets.token_hex(4)}"
+    subnet = None
+    for _ in range(8):
+        octet = secrets.randbelow(256)
+        proc = subprocess.run(
+            ["docker", "network", "create", "--subnet", f"198.18.{octet}.0/24", name],
+            capture_output=True, text=True, env=env,
+        )
+        if proc.returncode == 0:
+            subnet = octet
+            break
+    assert subnet is not None, proc.stderr
+    hosts = {"allowed.test": f"198.18.{subnet}.10", "other.test": f"198.18.{subnet}.11"}
+    made = []
+    try:
+        for host, ip in hosts.items():
+            box = f"{name}-{host.split('.')[0]}"
+            subprocess.run(
+                ["docker", "run", "-d", "--name", box, "--network", name, "--ip", ip, image, "sh", "-c",
+                 f"mkdir -p /www && echo hello-from-{host} > /www/index.html && exec httpd -f -p 80 -h /www"],
+                check=True, capture_output=True, env=env,
+            )
+            made.append(box)
+        yield {"network": name, "hosts": hosts}
+    finally:
+        for box in made:
+            subprocess.run(["docker", "rm", "-f", box], capture_output=True, env=env)
+        # A failed test may leave its server's proxy joined to this network (as its upstream).
+        proxies = subprocess.run(
+            ["docker", "ps", "-aq", "--filter", f"network={name}", "--filter", "label=kilntainers.egress-proxy"],
+            capture_output=True, text=True, env=env,
+        ).stdout.split()
+        if proxies:
+            subprocess.run(["docker", "rm", "-f", *proxies], capture_output=True, env=env)
+        subprocess.run(["docker", "network", "rm", name], capture_output=True, env=env)
 
 
 def _question(packet: bytes) -> tuple[str, int, int] | None:

@@ -31,7 +31,7 @@ from harness import (
 
 # Imported after the harness, which puts the repository root on sys.path.
 from testkit import procfs
-from egress_net import fake_internet_on
+from testkit.fake_internet import fake_internet_on
 
 
 @pytest.fixture

@@ -16,9 +16,10 @@ import subprocess
 import anyio
 import pytest
 
-from egress_net import ALLOW_REFUSAL, egress_proxies, fake_internet_on, proxy_args
+from egress_net import ALLOW_REFUSAL, egress_proxies, proxy_args
 from faultkit import bb, mib, ms
 from test_s4_output_flood import RssSampler
+from testkit.fake_internet import fake_internet_on
 from testkit.procfs import status_kib
 from testkit.stats import percentile
 
