@@ -55,15 +55,18 @@ def _nullable(node):
 class Definition:
     """One OpenAPI document: operations by method and path template, and schema checks."""
 
-    def __init__(self, relative: str):
-        path = ROOT / relative
-        text = path.read_text()
-        if path.suffix in (".yml", ".yaml"):
-            import yaml  # only E2B's documents are YAML
+    def __init__(self, relative: str, document: dict | None = None):
+        """The document at `tests/provider-definitions/<relative>`, or `document` under that
+        name (an OpenAPI document a fake assembles, e.g. from a CRD's schema)."""
+        if document is None:
+            path = ROOT / relative
+            text = path.read_text()
+            if path.suffix in (".yml", ".yaml"):
+                import yaml  # E2B's documents and the Kubernetes CRDs are YAML
 
-            document = yaml.safe_load(text)
-        else:
-            document = json.loads(text)
+                document = yaml.safe_load(text)
+            else:
+                document = json.loads(text)
         self.name = relative
         self.document = _nullable(document)
         self.registry = Registry().with_resource(
@@ -123,6 +126,8 @@ class Definition:
         extra = schema.get("additionalProperties")
         if extra is False:
             extra = None
+        if schema.get("x-kubernetes-preserve-unknown-fields") is True:
+            extra = True  # a CRD's schema keeps what it does not describe here
         for name, sub in (schema.get("properties") or {}).items():
             props.setdefault(name, []).append(sub)
         for key in ("allOf", "anyOf", "oneOf"):
@@ -188,7 +193,8 @@ class Definition:
             elif _deprecated(declared[name]):
                 problems.append(f"{where}: query parameter {name!r} is deprecated: {declared[name].get('description')}")
         content = (operation.get("requestBody") or {}).get("content") or {}
-        schema = (content.get("application/json") or {}).get("schema")
+        # Kubernetes declares its bodies under `*/*` (it takes JSON, YAML and protobuf).
+        schema = (content.get("application/json") or content.get("*/*") or {}).get("schema")
         if body is not None:
             if schema is None:
                 problems.append(f"{where}: the official definition declares no JSON body")
