@@ -17,7 +17,7 @@ import os
 import signal
 import sys
 import threading
-from http.server import BaseHTTPRequestHandler
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Protocol
 
 
@@ -30,6 +30,12 @@ class QuietHandler(BaseHTTPRequestHandler):
     def log_message(self, format, *args):  # quiet
         pass
 
+    def handle(self):
+        try:
+            super().handle()
+        except (ConnectionResetError, BrokenPipeError):
+            pass  # the client went away between two requests: nothing to answer, nothing to report
+
     def answer(self, method: str) -> None:
         raise NotImplementedError
 
@@ -41,6 +47,23 @@ class QuietHandler(BaseHTTPRequestHandler):
 
     def do_DELETE(self):
         self.answer("DELETE")
+
+
+def listen(handler: type[QuietHandler], port: int, name: str, **attributes) -> ThreadingHTTPServer:
+    """A threaded HTTP server on 127.0.0.1:`port` (0: any) serving a subclass of `handler` that
+    carries `attributes` (the fake it answers for, …), already serving in a daemon thread."""
+    bound = type(f"{handler.__name__}For{name.title().replace('-', '')}", (handler,), attributes)
+    server = ThreadingHTTPServer(("127.0.0.1", port), bound)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, name=name, daemon=True).start()
+    return server
+
+
+def close(server: ThreadingHTTPServer | None) -> None:
+    """Stops a server `listen` started (None: nothing to stop)."""
+    if server is not None:
+        server.shutdown()
+        server.server_close()
 
 
 class Fake(Protocol):

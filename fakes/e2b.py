@@ -62,7 +62,7 @@ from http.server import ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from fakes import definitions
-from fakes.child import QuietHandler, arguments, serve
+from fakes.child import QuietHandler, arguments, close, listen, serve
 
 # E2B's official definitions (tests/provider-definitions/e2b/): every control-plane request and
 # answer is checked against the OpenAPI document, and envd's `/files` against envd.yaml.
@@ -232,11 +232,7 @@ class FakeE2B:
     # -- lifecycle of the fake itself ---------------------------------------------------------
     def start(self, api_port: int = 0, envd_port: int = 0) -> "FakeE2B":
         for plane, port in (("api", api_port), ("envd", envd_port)):
-            handler = type(f"{plane}Handler", (_Handler,), {"fake": self, "plane": plane})
-            server = ThreadingHTTPServer(("127.0.0.1", port), handler)
-            server.daemon_threads = True
-            threading.Thread(target=server.serve_forever, name=f"fake-e2b-{plane}", daemon=True).start()
-            self.servers.append(server)
+            self.servers.append(listen(_Handler, port, f"fake-e2b-{plane}", fake=self, plane=plane))
         threading.Thread(target=self._expire_loop, name="fake-e2b-expiry", daemon=True).start()
         return self
 
@@ -251,8 +247,7 @@ class FakeE2B:
     def stop(self) -> None:
         self.stopping.set()
         for server in self.servers:
-            server.shutdown()
-            server.server_close()
+            close(server)
         self.servers = []
         with self.lock:
             names = [s.container for s in self.sandboxes.values()]

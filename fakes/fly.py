@@ -56,7 +56,7 @@ from http.server import ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote, urlsplit
 
 from fakes import definitions
-from fakes.child import QuietHandler, arguments, serve
+from fakes.child import QuietHandler, arguments, close, listen, serve
 
 # Fly's official Machines API document (tests/provider-definitions/fly/openapi.json): every
 # request body and query, and every answer of this fake, is checked against it.
@@ -164,20 +164,10 @@ class FakeFly:
         if docker_host:
             self.env["DOCKER_HOST"] = docker_host
         self.server: ThreadingHTTPServer | None = None
-        self.thread: threading.Thread | None = None
 
     # -- lifecycle of the fake itself ---------------------------------------------------------
     def start(self, port: int = 0) -> "FakeFly":
-        fake = self
-
-        class Handler(_Handler):
-            pass
-
-        Handler.fake = fake
-        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
-        self.server.daemon_threads = True
-        self.thread = threading.Thread(target=self.server.serve_forever, name="fake-fly", daemon=True)
-        self.thread.start()
+        self.server = listen(_Handler, port, "fake-fly", fake=self)
         return self
 
     @property
@@ -186,10 +176,8 @@ class FakeFly:
         return f"http://127.0.0.1:{self.server.server_address[1]}"
 
     def stop(self) -> None:
-        if self.server is not None:
-            self.server.shutdown()
-            self.server.server_close()
-            self.server = None
+        close(self.server)
+        self.server = None
         with self.lock:
             names = [m.container for m in self.machines.values() if m.container_exists]
             for m in self.machines.values():

@@ -59,7 +59,7 @@ from http.server import ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
 
 from fakes import definitions
-from fakes.child import QuietHandler, arguments, serve
+from fakes.child import QuietHandler, arguments, close, listen, serve
 
 CORE = "kubernetes/openapi/api__v1_openapi.json"
 AUTHORIZATION = "kubernetes/openapi/apis__authorization.k8s.io__v1_openapi.json"
@@ -243,15 +243,7 @@ class FakeKubernetes:
 
     # -- lifecycle ------------------------------------------------------------------------------
     def start(self, port: int = 0) -> FakeKubernetes:
-        fake = self
-
-        class Handler(_Handler):
-            pass
-
-        Handler.fake = fake
-        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
-        self.server.daemon_threads = True
-        threading.Thread(target=self.server.serve_forever, name="fake-kubernetes", daemon=True).start()
+        self.server = listen(_Handler, port, "fake-kubernetes", fake=self)
         return self
 
     @property
@@ -260,10 +252,8 @@ class FakeKubernetes:
         return f"http://127.0.0.1:{self.server.server_address[1]}"
 
     def stop(self) -> None:
-        if self.server is not None:
-            self.server.shutdown()
-            self.server.server_close()
-            self.server = None
+        close(self.server)
+        self.server = None
         names = self.docker("ps", "-aq", "--filter", f"label=fakek8s={self.run}", check=False).stdout.split()
         if names:
             self.docker("rm", "-f", *[n.decode() for n in names], check=False)
