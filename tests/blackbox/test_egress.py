@@ -291,6 +291,26 @@ async def test_issue_33_a_killed_server_leaves_no_proxy_or_network_after_the_nex
         assert "hello-from-allowed.test" in res.structured["stdout"], res
 
 
+async def test_issue_33_two_servers_on_one_engine_take_turns_with_the_proxy(kbb, fake_internet):
+    # See: issue 33. Two server processes for one principal share the principal's egress
+    # network; each replaces the proxy when it finds the other's, and the one whose proxy was
+    # replaced starts its own again on its next command: every command keeps its policy and
+    # gets its refusal lines.
+    args = [*BUSYBOX_ARGS, "--egress", "allowlist", "--egress-allow", "allowed.test", *proxy_args(fake_internet)]
+    refusal = f"[kilntainers: network access to other.test:80 was blocked: {ALLOW_REFUSAL}]\n"
+    async with kbb.server(*args) as a, kbb.server(*args) as b:
+        networks = set()
+        for srv in (a, b, a, b):
+            res = await srv.run(VIA_PROXY.format(host="other.test"))
+            assert "hello-from" not in res.structured["stdout"], res
+            assert res.structured["stderr"].endswith(refusal), res
+            res = await srv.run(RAW.format(host="allowed.test", target="allowed.test"))
+            assert "hello-from-allowed.test" in res.structured["stdout"], res
+            (network,) = inspect(container_for(res.structured["computer_id"]))["NetworkSettings"]["Networks"]
+            networks.add(network)
+        assert len(networks) == 1, networks
+
+
 PODMAN_SOCKET = os.environ.get("KILNTAINERS_PODMAN_SOCKET", "unix:///run/podman/podman.sock")
 
 

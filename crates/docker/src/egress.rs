@@ -503,6 +503,9 @@ pub(crate) struct Proxy {
     syncs: Arc<Syncs>,
     /// The computers behind it by address, with the policy each was given.
     computers: Arc<Mutex<HashMap<IpAddr, Attached>>>,
+    /// Set when the control channel's output ended: the container stopped or was replaced
+    /// (by another server process on the same engine, docs/egress.md, "Docker wiring").
+    ended: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// A computer behind a proxy: who it is and the policy the proxy has for it.
@@ -689,6 +692,7 @@ impl Proxy {
         let syncs = Arc::new(Syncs::default());
         let input: Input = Arc::new(tokio::sync::Mutex::new(attached.input));
         let computers = Arc::new(Mutex::new(HashMap::new()));
+        let ended = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
         tokio::spawn(read_events(
             attached.output,
@@ -701,6 +705,7 @@ impl Proxy {
                 asking,
             },
             ready_tx,
+            Arc::clone(&ended),
         ));
         let proxy = Self {
             address,
@@ -708,6 +713,7 @@ impl Proxy {
             denials,
             syncs,
             computers,
+            ended,
         };
         proxy.send(&format!("address {address}\n")).await?;
         match tokio::time::timeout(std::time::Duration::from_secs(10), ready_rx).await {
@@ -716,6 +722,12 @@ impl Proxy {
                 "the egress proxy of network {network} did not report ready"
             ))),
         }
+    }
+
+    /// Whether the control channel still reads the proxy's output; once it does not, nothing
+    /// sent reaches a proxy and no refusal comes back, so the proxy must be started again.
+    pub(crate) fn is_connected(&self) -> bool {
+        !self.ended.load(std::sync::atomic::Ordering::Acquire)
     }
 
     /// Writes one control line.
@@ -887,6 +899,7 @@ async fn read_events(
     name: String,
     shared: Shared,
     ready: tokio::sync::oneshot::Sender<()>,
+    ended: Arc<std::sync::atomic::AtomicBool>,
 ) {
     let shared = Arc::new(shared);
     let mut ready = Some(ready);
@@ -940,6 +953,7 @@ async fn read_events(
             _ => {}
         }
     }
+    ended.store(true, std::sync::atomic::Ordering::Release);
     debug!(proxy = %name, "the egress proxy's output ended");
 }
 

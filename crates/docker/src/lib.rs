@@ -785,9 +785,23 @@ impl Backend for DockerBackend {
         sink: &mut dyn OutputSink,
         cancel: &CancellationToken,
     ) -> Result<ExecEnd, BackendError> {
-        let Some((proxy, address, mark)) = self.egress_mark(sandbox) else {
+        let Some((mut proxy, mut address, mut mark)) = self.egress_mark(sandbox) else {
             return exec::exec(self, sandbox, spec, sink, cancel).await;
         };
+        if !proxy.is_connected() {
+            // Another server process on this engine replaced the network's proxy (or it
+            // stopped): start ours again and give it this computer's policy, so this command's
+            // refusals come back here (docs/egress.md, "Docker wiring").
+            let name = Self::container_name(&sandbox.computer_id);
+            let inspect = self
+                .inspect(&name)
+                .await?
+                .ok_or_else(|| BackendError::Vanished(sandbox.computer_id.clone()))?;
+            self.egress_attach(&inspect).await?;
+            if let Some(again) = self.egress_mark(sandbox) {
+                (proxy, address, mark) = again;
+            }
+        }
         let mut watched = egress::WatchedSink::new(sink);
         let end = exec::exec(self, sandbox, spec, &mut watched, cancel).await?;
         // A refusal is on its way to this process before the computer hears of it.

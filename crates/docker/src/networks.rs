@@ -132,12 +132,18 @@ impl Networks {
         }
     }
 
+    /// This process's proxy of `network`, while its control channel lives. One whose channel
+    /// ended (another server process on the engine replaced it, or it stopped) is forgotten,
+    /// so the next use starts one again rather than talk into the void.
     fn proxy(&self, network: &str) -> Option<Arc<Proxy>> {
-        self.proxies
+        let mut proxies = self
+            .proxies
             .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-            .get(network)
-            .cloned()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if proxies.get(network).is_some_and(|p| !p.is_connected()) {
+            proxies.remove(network);
+        }
+        proxies.get(network).cloned()
     }
 
     pub(super) fn per_principal(&self) -> bool {
