@@ -182,6 +182,9 @@ class Sandbox:
         self.env_vars = dict(body.get("envVars") or {})
         self.secure = bool(body.get("secure"))
         self.internet = body.get("allow_internet_access", True)
+        # `SandboxNetworkConfig` as sent (egress rules); E2B enforces it, this fake only keeps
+        # it and shows it in the sandbox's detail, as E2B's `GET /sandboxes/{id}` does.
+        self.network = body.get("network")
         self.token = secrets.token_hex(16) if self.secure else None
         self.started = time.time()
         self.end = self.started + body["timeout"]
@@ -553,7 +556,10 @@ class FakeE2B:
 
     def sandbox_route(self, method: str, sandbox: Sandbox, action: str | None, body):
         if action is None and method == "GET":
-            return 200, {}, sandbox.listed_view()
+            detail = sandbox.listed_view()
+            if sandbox.network is not None:
+                detail["network"] = sandbox.network
+            return 200, {}, detail
         if action is None and method == "DELETE":
             self.destroy(sandbox)
             return 204, {}, None

@@ -196,8 +196,7 @@ fn check_backend(cli: &Cli, settings: &EgressSettings) -> Result<(), ConfigError
         }
         // Guests have no network at all: every mode behaves as `none`.
         BackendKind::Wasm | BackendKind::GoBusybox => Ok(()),
-        // Docker and Podman: the egress proxy beside the computers, which spares cannot wait
-        // behind yet.
+        // Docker: the egress proxy beside the computers, warm-pool spares included.
         // Podman: containers on an internal network could not reach each other where Docker's
         // firewall shares the host (docs/egress.md, "Backends"), so the proxy is not offered.
         BackendKind::Docker
@@ -213,19 +212,26 @@ fn check_backend(cli: &Cli, settings: &EgressSettings) -> Result<(), ConfigError
                 },
             ))
         }
-        BackendKind::Docker if settings.filters() && cli.docker.warm_pool > 0 => fail(
-            "--warm-pool cannot be used with --egress allowlist or --egress-deny rules in this version; drop one of them.",
-        ),
-        kind @ (BackendKind::E2b | BackendKind::Modal) if settings.filters() => fail(format!(
-            "--egress {}{} is not enforced by the {} backend in this version; use --egress open without rules, or --egress none.",
-            policy.mode.name(),
-            if policy.deny.is_empty() {
-                ""
-            } else {
-                " with --egress-deny"
-            },
-            kind.name()
-        )),
+        // E2B's own network config, where it can say the same (docs/egress.md, "E2B").
+        #[cfg(feature = "e2b")]
+        BackendKind::E2b => kilntainers_e2b::egress::network_config(policy)
+            .map(drop)
+            .map_err(|why| {
+                ConfigError(format!(
+                    "--egress {}: {why}; change that rule, or use the docker backend.",
+                    policy.mode.name()
+                ))
+            }),
+        // Modal's CIDR allow-list, where it can say the same (docs/egress.md, "Modal").
+        #[cfg(feature = "modal")]
+        BackendKind::Modal => kilntainers_modal::egress::allowed_cidrs(policy)
+            .map(drop)
+            .map_err(|why| {
+                ConfigError(format!(
+                    "--egress {}: {why}; change that rule, or use the docker backend.",
+                    policy.mode.name()
+                ))
+            }),
         _ => Ok(()),
     }
 }
@@ -383,21 +389,85 @@ mod tests {
         );
         assert!(settings(&["--backend", "fly", "--egress", "open"]).is_ok());
         assert!(settings(&["--backend", "go_busybox", "--egress", "allowlist"]).is_ok());
-        assert!(
-            error(&["--backend", "e2b", "--egress", "allowlist"])
-                .contains("not enforced by the e2b backend")
-        );
+        if cfg!(feature = "e2b") {
+            // E2B's network config: names and networks, no ports, no ask, no deny by name.
+            assert!(
+                settings(&[
+                    "--backend",
+                    "e2b",
+                    "--egress",
+                    "allowlist",
+                    "--egress-allow",
+                    "*.a.test"
+                ])
+                .is_ok()
+            );
+            assert!(settings(&["--backend", "e2b", "--egress-deny", "203.0.113.0/24"]).is_ok());
+            assert_eq!(
+                error(&[
+                    "--backend",
+                    "e2b",
+                    "--egress",
+                    "allowlist",
+                    "--egress-allow",
+                    "db.test:5432"
+                ]),
+                "--egress allowlist: 'db.test:5432' names a port, and E2B's network rules have none; change that rule, or use the docker backend."
+            );
+            assert_eq!(
+                error(&["--backend", "e2b", "--egress-deny", "evil.test"]),
+                "--egress open: deny rule 'evil.test' names a host, and E2B's denyOut takes only IP addresses and CIDR blocks; change that rule, or use the docker backend."
+            );
+            assert_eq!(
+                error(&[
+                    "--backend",
+                    "e2b",
+                    "--egress",
+                    "allowlist",
+                    "--egress-allow",
+                    "a.test",
+                    "--egress-ask"
+                ]),
+                "--egress allowlist: --egress-ask needs the egress proxy, which E2B sandboxes do not have; change that rule, or use the docker backend."
+            );
+        }
         assert!(settings(&["--backend", "modal", "--egress", "none"]).is_ok());
-        // Docker and Podman enforce it with the proxy, except for warm-pool spares.
+        if cfg!(feature = "modal") {
+            // Modal's CIDR allow-list: networks only, no ports, no deny list, no ask.
+            assert!(
+                settings(&[
+                    "--backend",
+                    "modal",
+                    "--egress",
+                    "allowlist",
+                    "--egress-allow",
+                    "203.0.113.0/24"
+                ])
+                .is_ok()
+            );
+            assert_eq!(
+                error(&[
+                    "--backend",
+                    "modal",
+                    "--egress",
+                    "allowlist",
+                    "--egress-allow",
+                    "pypi.org"
+                ]),
+                "--egress allowlist: 'pypi.org' names a host, and Modal's network allow-list takes only CIDR blocks; change that rule, or use the docker backend."
+            );
+            assert_eq!(
+                error(&["--backend", "modal", "--egress-deny", "203.0.113.7"]),
+                "--egress open: deny rule '203.0.113.7' has no counterpart in Modal, whose network access is open, blocked or an allow-list; change that rule, or use the docker backend."
+            );
+        }
+        // Docker enforces it with the proxy, warm-pool spares included.
         assert!(settings(&["--egress", "allowlist", "--egress-allow", "a.test"]).is_ok());
         assert!(settings(&["--egress-deny", "a.test"]).is_ok());
         assert_eq!(
             error(&["--egress-deny", "a.test", "--engine", "podman"]),
             "--egress open with --egress-deny is not enforced with --engine podman in this version; use --engine docker, --egress open without rules, or --egress none."
         );
-        assert!(
-            error(&["--egress-deny", "a.test", "--warm-pool", "1"])
-                .starts_with("--warm-pool cannot be used with --egress allowlist")
-        );
+        assert!(settings(&["--egress-deny", "a.test", "--warm-pool", "1"]).is_ok());
     }
 }

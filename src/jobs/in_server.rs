@@ -568,6 +568,7 @@ fn snapshot(job: &Job, output: &Output, since: u64, cap: u64) -> Snapshot {
         more: next_since < position,
         stdin_open: false,
         elapsed_ms: end_ms.saturating_sub(job.started_ms),
+        lifetime_ms: output.ended.map(|(_, ended_ms)| (job.started_ms, ended_ms)),
     }
 }
 

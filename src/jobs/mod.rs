@@ -466,8 +466,43 @@ impl Jobs {
     }
 
     /// Output of `job` from offset `since` of its combined stream, at most the output limit,
-    /// waiting up to `wait` for [`WaitFor`].
+    /// waiting up to `wait` for [`WaitFor`]. Every result of a job and of a command that became
+    /// one is read here, so this is where a finished job's stderr gets its refusal lines.
     pub async fn read(
+        &self,
+        sandbox: &SandboxRef,
+        job: &JobId,
+        since: u64,
+        wait: Duration,
+        until: WaitFor,
+        cancel: &CancellationToken,
+    ) -> Result<Snapshot, JobError> {
+        let mut snapshot = self
+            .read_output(sandbox, job, since, wait, until, cancel)
+            .await?;
+        self.append_refusals(sandbox, &mut snapshot).await;
+        Ok(snapshot)
+    }
+
+    /// A result that shows a job ended, with nothing more to read, ends its stderr with the
+    /// lines a command gets for its refused connections: those recorded for the job's computer
+    /// within its lifetime (docs/egress.md, "Docker wiring"). The job ran past the exec that
+    /// appends a command's, so they are looked up by time.
+    async fn append_refusals(&self, sandbox: &SandboxRef, snapshot: &mut Snapshot) {
+        let Some((from_ms, to_ms)) = snapshot.lifetime_ms.filter(|_| !snapshot.more) else {
+            return;
+        };
+        let denials = self
+            .backend
+            .egress_denials_between(sandbox, from_ms, to_ms)
+            .await;
+        let at_line_start = snapshot.stderr.last().is_none_or(|&byte| byte == b'\n');
+        let tail = crate::backends::egress::stderr_tail(&denials, at_line_start);
+        snapshot.stderr.extend_from_slice(tail.as_bytes());
+    }
+
+    /// [`Self::read`] without the refusal lines: what the computer holds.
+    async fn read_output(
         &self,
         sandbox: &SandboxRef,
         job: &JobId,
@@ -560,7 +595,7 @@ impl Jobs {
         if let Some(local) = &self.in_server {
             local.kill(&sandbox.computer_id, job)?;
             // The task records the end as soon as the guest is dropped.
-            self.read(
+            self.read_output(
                 sandbox,
                 job,
                 u64::MAX,
@@ -599,7 +634,7 @@ impl Jobs {
         // the job's tag: the same sweep that ends a timed-out command ends it.
         exec::kill_tree(self.backend.as_ref(), sandbox, &ExecId::for_job(job)).await;
         let snapshot = self
-            .read(
+            .read_output(
                 sandbox,
                 job,
                 u64::MAX,
@@ -674,7 +709,7 @@ impl Jobs {
         cancel: &CancellationToken,
     ) -> Result<bool, JobError> {
         match self
-            .read(
+            .read_output(
                 sandbox,
                 job,
                 u64::MAX,

@@ -24,6 +24,9 @@ pub struct Snapshot {
     pub stdin_open: bool,
     /// Milliseconds from the job's start to its end, or to now while it runs.
     pub elapsed_ms: u64,
+    /// Once it ended: its start and end in Unix milliseconds, the end rounded up to the whole
+    /// second the computer records; where its network refusals are looked up.
+    pub lifetime_ms: Option<(u64, u64)>,
 }
 
 /// One row of `job_list`.
@@ -156,6 +159,12 @@ pub fn snapshot(stdout: &[u8], stderr: Vec<u8>, since: u64, now_ms: u64) -> Opti
         more: next_since < total,
         stdin_open,
         elapsed_ms: end_ms.saturating_sub(summary.started_ms),
+        lifetime_ms: (!state.running).then(|| {
+            let ended_ms = state
+                .ended_secs
+                .map_or(now_ms, |secs| secs.saturating_mul(1000).saturating_add(999));
+            (summary.started_ms, ended_ms)
+        }),
     })
 }
 

@@ -14,9 +14,12 @@ asserts the fake saw no request that breaks the documented shapes."""
 
 from __future__ import annotations
 
+import json
+import subprocess
+
 import pytest
 
-from harness import apoll, limit_notice, timeout_notice
+from harness import BIN, apoll, limit_notice, timeout_notice
 from fakes.e2b import FakeE2B
 
 pytestmark = pytest.mark.anyio
@@ -239,3 +242,76 @@ async def test_port_url_needs_a_port_placeholder_in_the_envd_url(kbb, fake):
         assert res.text == (
             "Ports are not available: --e2b-envd-url has no {port} placeholder, so the sandbox's ports have no URL."
         )
+
+
+async def test_issue_33_egress_rules_become_the_sandbox_network_config(kbb, fake, tmp_path):
+    # See: issue 33. E2B enforces the policy through its own `network` config at creation
+    # (docs/egress.md, "E2B"); the fake validates the body against E2B's openapi.yml and keeps it.
+    cid = kbb.new_id("e2begress")
+    args = [*e2b_args(fake), "--lifecycle-tools", "--checkpoint-tools", "--egress", "allowlist",
+            "--egress-allow", "allowed.test", "--egress-allow", "*.pkg.test", "--egress-allow", "203.0.113.0/24"]
+    server_label = {"mode": "allowlist", "allow": ["allowed.test", "*.pkg.test", "203.0.113.0/24"], "deny": [],
+                    "ask": False, "allow_private": False}
+    narrow_label = dict(server_label, allow=["allowed.test"])
+
+    def network_sent(computer: str) -> tuple[dict, dict]:
+        body = [r["body"] for r in fake.requests_matching("POST", "/sandboxes")
+                if r["body"]["metadata"]["kilntainers-computer-id"] == computer][-1]
+        return body["network"], json.loads(body["metadata"]["kilntainers-egress"])
+
+    home = kbb.home()
+    async with kbb.server(*args, home=home) as srv:
+        temp = (await srv.run("true")).structured["computer_id"]
+        assert network_sent(temp) == (
+            {"allowOut": ["allowed.test", "*.pkg.test", "203.0.113.0/24"], "denyOut": ["0.0.0.0/0"]}, server_label
+        )
+        assert fake.by_computer(temp).network["allowOut"] == ["allowed.test", "*.pkg.test", "203.0.113.0/24"]
+
+        # A rule E2B has no words for is refused before anything is created.
+        before = len(fake.requests_matching("POST", "/sandboxes"))
+        ported = await srv.call({"computer_id": cid, "temporary": False, "egress": {"allow": ["allowed.test:443"]}},
+                                name="computer_create")
+        assert ported.is_error and "'allowed.test:443' names a port, and E2B's network rules have none" in ported.text
+        assert len(fake.requests_matching("POST", "/sandboxes")) == before
+
+        made = await srv.call({"computer_id": cid, "temporary": False, "egress": {"allow": ["allowed.test"]}},
+                              name="computer_create")
+        assert not made.is_error, made.text
+        assert network_sent(cid) == ({"allowOut": ["allowed.test"], "denyOut": ["0.0.0.0/0"]}, narrow_label)
+        shown = (await srv.call({"computer_id": cid}, name="computer_network")).structured
+        assert (shown["mode"], shown["allow"], shown["denied"]) == ("allowlist", ["allowed.test"], [])
+
+        # A rollback and a fork make new sandboxes: the narrowed policy goes with them.
+        (await srv.call({"computer_id": cid, "name": "base"}, name="computer_checkpoint")).ok()
+        (await srv.call({"computer_id": cid, "checkpoint": "base"}, name="computer_rollback")).ok()
+        assert network_sent(cid) == ({"allowOut": ["allowed.test"], "denyOut": ["0.0.0.0/0"]}, narrow_label)
+        forked = (await srv.call({"computer_id": cid, "checkpoint": "base"}, name="computer_fork")).ok().structured
+        (fork,) = forked["computers"]
+        kbb.track(fork)
+        assert network_sent(fork) == ({"allowOut": ["allowed.test"], "denyOut": ["0.0.0.0/0"]}, narrow_label)
+    # Another server process finds the policy in the sandbox's metadata.
+    async with kbb.server(*args, home=home) as srv:
+        shown = (await srv.call({"computer_id": cid}, name="computer_network")).structured
+        assert (shown["mode"], shown["allow"]) == ("allowlist", ["allowed.test"]), shown
+        for computer in (fork, cid):
+            (await srv.call({"computer_id": computer}, name="computer_delete")).ok()
+
+
+def test_issue_33_rules_e2b_cannot_express_are_refused_at_startup(kbb, fake):
+    # See: issue 33
+    for extra, message in [
+        (["--egress", "allowlist", "--egress-allow", "db.test:5432"],
+         "--egress allowlist: 'db.test:5432' names a port, and E2B's network rules have none; change that rule, "
+         "or use the docker backend."),
+        (["--egress-deny", "evil.test"],
+         "--egress open: deny rule 'evil.test' names a host, and E2B's denyOut takes only IP addresses and CIDR "
+         "blocks; change that rule, or use the docker backend."),
+        (["--egress", "allowlist", "--egress-allow", "*.a.test", "--egress-deny", "b.a.test"],
+         "--egress allowlist: deny rule 'b.a.test' overlaps allow rule '*.a.test', and on E2B an allow rule wins; "
+         "change that rule, or use the docker backend."),
+    ]:
+        proc = subprocess.run([BIN, *e2b_args(fake), *extra], capture_output=True, text=True, timeout=30,
+                              stdin=subprocess.DEVNULL, env=kbb.env(kbb.home()))
+        assert proc.returncode != 0
+        assert proc.stderr.strip().splitlines()[-1] == f"kilntainers: error: {message}", proc.stderr
+    assert fake.requests == []

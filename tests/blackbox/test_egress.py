@@ -89,14 +89,14 @@ STARTUP_ERRORS = [
     (["--backend", "fly", "--egress-deny", "a.test"], FLY_REFUSAL),
     (["--backend", "fly", "--egress", "none"], FLY_REFUSAL),
     (
-        ["--egress", "allowlist", "--egress-allow", "a.test", "--warm-pool", "1"],
-        "--warm-pool cannot be used with --egress allowlist or --egress-deny rules in this version; drop one of "
-        "them.",
+        ["--backend", "e2b", "--egress-deny", "a.test"],
+        "--egress open: deny rule 'a.test' names a host, and E2B's denyOut takes only IP addresses and CIDR "
+        "blocks; change that rule, or use the docker backend.",
     ),
     (
-        ["--backend", "e2b", "--egress-deny", "a.test"],
-        "--egress open with --egress-deny is not enforced by the e2b backend in this version; use --egress "
-        "open without rules, or --egress none.",
+        ["--backend", "modal", "--egress", "allowlist", "--egress-allow", "a.test"],
+        "--egress allowlist: 'a.test' names a host, and Modal's network allow-list takes only CIDR blocks; "
+        "change that rule, or use the docker backend.",
     ),
 ]
 
@@ -383,3 +383,84 @@ async def test_issue_33_ip_literals_mismatched_tunnels_and_private_answers_are_r
         assert "[kilntainers: network access to private.test:80 was blocked: private address]" in res.structured[
             "stderr"
         ], res
+
+
+async def test_issue_33_a_finished_job_ends_with_the_refusals_of_its_lifetime(kbb, fake_internet):
+    # See: issue 33. A job runs past the exec that appends a command's refusal lines; its
+    # result gets those recorded for its computer while it ran, once it has ended.
+    line = f"[kilntainers: network access to other.test:80 was blocked: {ALLOW_REFUSAL}]\n"
+    args = [*BUSYBOX_ARGS, "--job-tools", "--egress", "allowlist", "--egress-allow", "allowed.test",
+            *proxy_args(fake_internet)]
+    async with kbb.server(*args) as srv:
+        # A command that became a job and ended within yield_after: the report at its end.
+        done = (await srv.call({"command": VIA_PROXY.format(host="other.test"), "yield_after": 30})).ok().structured
+        assert done.get("running") is None and done["job_id"], done
+        assert done["stderr"].endswith(line), done
+
+        # A job still running when the call returns: the lines come with the read that shows
+        # its end, not before.
+        started = (await srv.call({
+            "command": f"read go; {VIA_PROXY.format(host='other.test')}; echo finished",
+            "yield_after": 0, "keep_stdin_open": True,
+        })).ok().structured
+        assert started["running"] is True and "[kilntainers:" not in started["stderr"], started
+        job = started["job_id"]
+        (await srv.call({"job_id": job, "stdin": "\n", "close_stdin": True, "wait": 0}, name="job_write")).ok()
+        stderr, deadline = "", time.monotonic() + 60
+        while time.monotonic() < deadline:
+            read = (await srv.call({"job_id": job, "wait": 10}, name="job_output")).ok().structured
+            stderr += read["stderr"]
+            if not read["running"]:
+                break
+        assert read["running"] is False, read
+        assert stderr.endswith(line), stderr
+        assert stderr.count("[kilntainers: network access") == 1, stderr
+
+        # A later job that reached only the allowed host shows none of the earlier refusals.
+        clean = (await srv.call({
+            "command": RAW.format(host="allowed.test", target="allowed.test"), "yield_after": 30,
+        })).ok().structured
+        assert "hello-from-allowed.test" in clean["stdout"], clean
+        assert "[kilntainers:" not in clean["stderr"], clean
+
+
+async def test_issue_33_a_warm_pool_spare_is_handed_out_behind_its_owners_proxy(kbb, fake_internet):
+    # See: issue 33. Spares wait behind no proxy with the server's policy label; handed out,
+    # one joins its owner's egress network, its proxy gets its policy, and names resolve
+    # through that proxy (docs/warm-pool.md, "Egress").
+    from test_warm_pool import full_pool
+
+    args = [*BUSYBOX_ARGS, "--lifecycle-tools", "--warm-pool", "1", "--egress", "allowlist",
+            "--egress-allow", "allowed.test", "--egress-allow", "other.test", *proxy_args(fake_internet)]
+    async with kbb.server(*args) as srv:
+        (spare,) = await full_pool(srv, srv.instance_id, size=1)
+        waiting = inspect(spare)
+        assert list(waiting["NetworkSettings"]["Networks"]) == ["kilntainers-pool"], waiting["NetworkSettings"]
+        assert json.loads(waiting["Config"]["Labels"]["kilntainers.egress"])["allow"] == ["allowed.test", "other.test"]
+
+        res = await srv.run(RAW.format(host="allowed.test", target="allowed.test"))
+        cid = res.structured["computer_id"]
+        assert container_for(cid) == spare, "the first call did not get the spare"
+        assert "hello-from-allowed.test" in res.structured["stdout"], res
+        res = await srv.run(VIA_PROXY.format(host="allowed.test"))
+        assert "hello-from-allowed.test" in res.structured["stdout"], res
+        (network,) = inspect(spare)["NetworkSettings"]["Networks"]
+        assert network.startswith("kilntainers-egress-"), network
+
+        # A narrowed computer is never a spare: it is made with its own label.
+        await full_pool(srv, srv.instance_id, size=1)
+        made = (await srv.call({"egress": {"allow": ["allowed.test"]}}, name="computer_create")).ok().structured
+        narrow = made["computer_id"]
+        assert "kilntainers.pooled" not in inspect(container_for(narrow))["Config"]["Labels"]
+        res = await srv.run(VIA_PROXY.format(host="other.test"), computer_id=narrow)
+        assert "hello-from" not in res.structured["stdout"], res
+        assert res.structured["stderr"].endswith(
+            f"[kilntainers: network access to other.test:80 was blocked: {ALLOW_REFUSAL}]\n"
+        ), res
+        # The spare-born computer keeps the server's policy: other.test is allowed there.
+        res = await srv.run(VIA_PROXY.format(host="other.test"))
+        assert "hello-from-other.test" in res.structured["stdout"], res
+        res = await srv.run(VIA_PROXY.format(host="third.test"))
+        assert res.structured["stderr"].endswith(
+            f"[kilntainers: network access to third.test:80 was blocked: {ALLOW_REFUSAL}]\n"
+        ), res

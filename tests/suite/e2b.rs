@@ -534,3 +534,84 @@ async fn contract_checkpoint_requests_follow_the_definition_against_fake() {
     provider.forget(&id).await.unwrap();
     fake.assert_no_violations().await;
 }
+
+/// Egress (docs/egress.md, "E2B"): the server's allow-list becomes the sandbox's `network`
+/// config (checked against E2B's openapi.yml by the fake) and its recorded metadata; a
+/// computer's narrowed policy is sent instead and found again by `egress_policy`; a narrowed
+/// rule E2B has no words for is refused before anything is created.
+#[tokio::test]
+async fn issue_33_egress_policy_becomes_the_network_config_against_fake() {
+    use mcp_sandbox_computer_vm_for_ai::backends::egress::Pattern;
+    if !enabled("KILNTAINERS_IT_DOCKER") {
+        return;
+    }
+    let fake = Fake::start(&[]);
+    let backend = backend_with(
+        &fake,
+        Some(KEY),
+        &[
+            "--egress",
+            "allowlist",
+            "--egress-allow",
+            "allowed.test",
+            "--egress-allow",
+            "*.pkg.test",
+            "--egress-allow",
+            "203.0.113.0/24",
+        ],
+    );
+    let instance = InstanceId::random();
+    let id = computer("e2b-egress");
+    let sandbox = backend
+        .create(&create_spec(&id, false, &instance), &NoProgress)
+        .await
+        .unwrap();
+    let creates = fake.requests_to("POST", "/sandboxes").await;
+    let body = &creates.last().unwrap()["body"];
+    assert_eq!(
+        body["network"],
+        json!({"allowOut": ["allowed.test", "*.pkg.test", "203.0.113.0/24"], "denyOut": ["0.0.0.0/0"]})
+    );
+    assert_eq!(body["allow_internet_access"], true);
+    assert_eq!(
+        body["metadata"]["kilntainers-egress"],
+        r#"{"mode":"allowlist","allow":["allowed.test","*.pkg.test","203.0.113.0/24"],"deny":[],"ask":false,"allow_private":false}"#
+    );
+    let server = backend.egress_policy(&sandbox).await.unwrap().unwrap();
+    assert_eq!(server.allow.len(), 3);
+
+    let narrow_id = computer("e2b-egress-narrow");
+    let mut spec = create_spec(&narrow_id, false, &instance);
+    spec.egress = Some(
+        server
+            .narrowed(&[Pattern::parse("a.pkg.test").unwrap()])
+            .unwrap(),
+    );
+    let narrow = backend.create(&spec, &NoProgress).await.unwrap();
+    let creates = fake.requests_to("POST", "/sandboxes").await;
+    assert_eq!(
+        creates.last().unwrap()["body"]["network"],
+        json!({"allowOut": ["a.pkg.test"], "denyOut": ["0.0.0.0/0"]})
+    );
+    let kept = backend.egress_policy(&narrow).await.unwrap().unwrap();
+    assert_eq!(kept.allow, spec.egress.as_ref().unwrap().allow);
+
+    let before = creates.len();
+    let mut ported = create_spec(&computer("e2b-egress-port"), true, &instance);
+    ported.egress = Some(
+        server
+            .narrowed(&[Pattern::parse("allowed.test:443").unwrap()])
+            .unwrap(),
+    );
+    let refused = backend.create(&ported, &NoProgress).await.unwrap_err();
+    assert!(
+        refused
+            .to_string()
+            .contains("'allowed.test:443' names a port, and E2B's network rules have none"),
+        "{refused}"
+    );
+    assert_eq!(fake.requests_to("POST", "/sandboxes").await.len(), before);
+    backend.remove(&narrow).await.unwrap();
+    backend.remove(&sandbox).await.unwrap();
+    fake.assert_no_violations().await;
+}

@@ -801,3 +801,88 @@ async fn contract_checkpoint_requests_against_fake() {
     backend.remove(&rolled).await.unwrap();
     provider.forget(&id).await.unwrap();
 }
+
+/// Egress (docs/egress.md, "Modal"): the server's CIDR allow-list becomes the sandbox's
+/// `NetworkAccess` (ALLOWLIST with the blocks) and its recorded tag; a computer's narrowed
+/// policy is sent instead, found again by `egress_policy` and kept by a restart (a new
+/// sandbox); a narrowed rule Modal has no words for is refused before anything is created.
+#[tokio::test]
+async fn issue_33_egress_policy_becomes_the_network_access_against_fake() {
+    use mcp_sandbox_computer_vm_for_ai::backends::egress::Pattern;
+    if !enabled("KILNTAINERS_IT_DOCKER") {
+        return;
+    }
+    let fake = fake().await;
+    let backend = modal(
+        &fake,
+        &[
+            "--egress",
+            "allowlist",
+            "--egress-allow",
+            "203.0.113.7",
+            "--egress-allow",
+            "198.51.100.0/24",
+        ],
+    );
+    let creates = |fake: &FakeModal| -> Vec<pb::Sandbox> {
+        requests(fake)
+            .into_iter()
+            .filter_map(|r| match r {
+                Req::SandboxCreate(c) => c.definition,
+                _ => None,
+            })
+            .collect()
+    };
+    let allowlist = pb::network_access::NetworkAccessType::Allowlist as i32;
+    let id = computer("modal-egress");
+    let sandbox = backend
+        .create(&create_spec(&id, false, &InstanceId::random()), &NoProgress)
+        .await
+        .unwrap();
+    let sent = creates(&fake).pop().unwrap().network_access.unwrap();
+    assert_eq!(sent.network_access_type, allowlist);
+    assert_eq!(sent.allowed_cidrs, ["203.0.113.7/32", "198.51.100.0/24"]);
+    let server = backend.egress_policy(&sandbox).await.unwrap().unwrap();
+    assert_eq!(
+        server.to_label(),
+        r#"{"mode":"allowlist","allow":["203.0.113.7","198.51.100.0/24"],"deny":[],"ask":false,"allow_private":false}"#
+    );
+
+    let narrow_id = computer("modal-egress-narrow");
+    let mut spec = create_spec(&narrow_id, false, &InstanceId::random());
+    spec.egress = Some(
+        server
+            .narrowed(&[Pattern::parse("198.51.100.128/25").unwrap()])
+            .unwrap(),
+    );
+    let narrow = backend.create(&spec, &NoProgress).await.unwrap();
+    let sent = creates(&fake).pop().unwrap().network_access.unwrap();
+    assert_eq!(
+        (sent.network_access_type, sent.allowed_cidrs),
+        (allowlist, vec!["198.51.100.128/25".to_owned()])
+    );
+    let restarted = backend.restart(&narrow).await.unwrap().sandbox;
+    assert_ne!(restarted.sandbox_id, narrow.sandbox_id);
+    let sent = creates(&fake).pop().unwrap().network_access.unwrap();
+    assert_eq!(sent.allowed_cidrs, ["198.51.100.128/25"]);
+    let kept = backend.egress_policy(&restarted).await.unwrap().unwrap();
+    assert_eq!(kept.allow, spec.egress.as_ref().unwrap().allow);
+
+    let before = creates(&fake).len();
+    let mut ported = create_spec(&computer("modal-egress-port"), true, &InstanceId::random());
+    ported.egress = Some(
+        server
+            .narrowed(&[Pattern::parse("203.0.113.7:443").unwrap()])
+            .unwrap(),
+    );
+    let refused = backend.create(&ported, &NoProgress).await.unwrap_err();
+    assert!(
+        refused
+            .to_string()
+            .contains("'203.0.113.7:443' names a port, and Modal's network allow-list has none"),
+        "{refused}"
+    );
+    assert_eq!(creates(&fake).len(), before, "nothing was created");
+    backend.remove(&restarted).await.unwrap();
+    backend.remove(&sandbox).await.unwrap();
+}

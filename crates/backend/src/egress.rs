@@ -282,6 +282,18 @@ impl Pattern {
             }
     }
 
+    /// Whether some host both patterns name, ports aside (for providers whose rules have no
+    /// ports). Names nest and networks nest or lie apart, so two overlap exactly when one
+    /// covers the other.
+    pub fn overlaps_host(&self, other: &Pattern) -> bool {
+        let host_only = |p: &Pattern| Pattern {
+            host: p.host.clone(),
+            port: None,
+        };
+        let (a, b) = (host_only(self), host_only(other));
+        a.covers(&b) || b.covers(&a)
+    }
+
     /// Whether everything `other` matches, this pattern matches too (the narrowing rule).
     pub fn covers(&self, other: &Pattern) -> bool {
         let ports = match other.port {
@@ -451,6 +463,18 @@ impl EgressPolicy {
 
     /// The policy of a computer created with `egress: {allow}`: every pattern must lie inside
     /// what this (the server's) policy allows; the server's deny rules stay.
+    /// A deny rule and an allow rule that name a host in common, ports aside: what a provider
+    /// whose allow rules beat its deny rules, or that has no deny rules, cannot express. A deny
+    /// rule apart from every allow rule changes nothing in `allowlist` mode.
+    pub fn deny_within_allow(&self) -> Option<(&Pattern, &Pattern)> {
+        self.deny.iter().find_map(|deny| {
+            self.allow
+                .iter()
+                .find(|allow| allow.overlaps_host(deny))
+                .map(|allow| (deny, allow))
+        })
+    }
+
     pub fn narrowed(&self, allow: &[Pattern]) -> Result<Self, NarrowError> {
         for pattern in allow {
             let covered = match self.mode {
@@ -559,6 +583,62 @@ pub struct DeniedEntry {
     /// RFC 3339 UTC, whole seconds ([`crate::clock::rfc3339_utc`]).
     pub first_at: String,
     pub last_at: String,
+}
+
+/// One refused connection of a computer, as the enforcement reported it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Denial {
+    pub host: String,
+    pub port: u16,
+    pub reason: String,
+}
+
+impl Denial {
+    /// The line that says so at the end of a command's or a job's stderr (docs/egress.md,
+    /// "Docker wiring").
+    pub fn stderr_line(&self) -> String {
+        format!(
+            "[kilntainers: network access to {}:{} was blocked: {}]",
+            self.host, self.port, self.reason
+        )
+    }
+}
+
+/// Refusal lines shown at the end of one result; the rest are counted.
+pub const LINES_SHOWN: usize = 5;
+
+/// What ends a command's or a finished job's stderr after refusals while it ran
+/// (docs/egress.md, "Docker wiring"): one line per refused host and port, the first
+/// [`LINES_SHOWN`], then a count; empty without refusals. Starts with a newline unless
+/// `at_line_start`.
+pub fn stderr_tail(denials: &[Denial], at_line_start: bool) -> String {
+    let mut distinct: Vec<&Denial> = Vec::new();
+    for denial in denials {
+        if !distinct
+            .iter()
+            .any(|d| d.host == denial.host && d.port == denial.port)
+        {
+            distinct.push(denial);
+        }
+    }
+    if distinct.is_empty() {
+        return String::new();
+    }
+    let mut text = String::new();
+    if !at_line_start {
+        text.push('\n');
+    }
+    for denial in distinct.iter().take(LINES_SHOWN) {
+        text.push_str(&denial.stderr_line());
+        text.push('\n');
+    }
+    if distinct.len() > LINES_SHOWN {
+        text.push_str(&format!(
+            "[kilntainers: {} more network accesses were blocked]\n",
+            distinct.len() - LINES_SHOWN
+        ));
+    }
+    text
 }
 
 /// The server's egress settings as every backend gets them (`Common`): the policy new

@@ -223,3 +223,56 @@ fn the_label_round_trips_and_refuses_what_it_cannot_read() {
     assert!(EgressPolicy::open().is_unfiltered());
     assert!(!policy(EgressMode::Open, &[], &["a.test"]).is_unfiltered());
 }
+
+#[test]
+fn a_refusal_becomes_the_stderr_line() {
+    let denial = Denial {
+        host: "other.test".to_owned(),
+        port: 443,
+        reason: "not in this computer's allow-list".to_owned(),
+    };
+    assert_eq!(
+        denial.stderr_line(),
+        "[kilntainers: network access to other.test:443 was blocked: not in this computer's allow-list]"
+    );
+}
+
+#[test]
+fn the_stderr_tail_shows_each_host_once_and_counts_past_five() {
+    let denial = |host: &str, port: u16| Denial {
+        host: host.to_owned(),
+        port,
+        reason: "why".to_owned(),
+    };
+    assert_eq!(stderr_tail(&[], false), "");
+    assert_eq!(
+        stderr_tail(&[denial("a.test", 443), denial("a.test", 443)], false),
+        "\n[kilntainers: network access to a.test:443 was blocked: why]\n"
+    );
+    let many: Vec<Denial> = (0..8).map(|n| denial(&format!("h{n}.test"), 80)).collect();
+    let tail = stderr_tail(&many, true);
+    assert_eq!(tail.lines().count(), 6);
+    assert!(tail.starts_with("[kilntainers: network access to h0.test:80"));
+    assert!(tail.ends_with("[kilntainers: 3 more network accesses were blocked]\n"));
+}
+
+#[test]
+fn deny_rules_within_allow_rules_are_found_ports_aside() {
+    let apart = policy(
+        EgressMode::Allowlist,
+        &["a.test", "203.0.113.0/24"],
+        &["b.test", "198.51.100.7"],
+    );
+    assert_eq!(apart.deny_within_allow(), None);
+    let nested = policy(EgressMode::Allowlist, &["*.a.test"], &["x.b.a.test:22"]);
+    assert_eq!(
+        nested.deny_within_allow(),
+        Some((&pattern("x.b.a.test:22"), &pattern("*.a.test")))
+    );
+    // Wider deny rules overlap too; an apex is not its own subdomain; a name never an address.
+    assert!(pattern("*.a.test").overlaps_host(&pattern("*.x.a.test")));
+    assert!(pattern("10.0.0.0/8").overlaps_host(&pattern("10.1.2.3:5432")));
+    assert!(!pattern("*.a.test").overlaps_host(&pattern("a.test")));
+    assert!(!pattern("a.test").overlaps_host(&pattern("203.0.113.7")));
+    assert!(!pattern("10.0.0.0/8").overlaps_host(&pattern("2001:db8::/32")));
+}

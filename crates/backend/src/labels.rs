@@ -42,6 +42,9 @@ pub mod dashed {
     pub const INSTANCE: &str = "kilntainers-instance";
     /// New: the principal that created the computer (docs/auth.md).
     pub const OWNER: &str = "kilntainers-owner";
+    /// New: the computer's egress policy when it has rules, as Docker's `kilntainers.egress`
+    /// (docs/egress.md, "Recorded").
+    pub const EGRESS: &str = "kilntainers-egress";
 }
 
 /// Fly Machine metadata keys; the Machine name is the computer id.
@@ -54,12 +57,12 @@ pub mod fly {
 
 /// E2B sandbox metadata keys. E2B has no lease.
 pub mod e2b {
-    pub use super::dashed::{COMPUTER_ID, IMAGE, INSTANCE, MANAGED, OWNER, TEMPORARY};
+    pub use super::dashed::{COMPUTER_ID, EGRESS, IMAGE, INSTANCE, MANAGED, OWNER, TEMPORARY};
 }
 
 /// Modal sandbox tag keys; the sandbox name is also the computer id. Modal has no lease.
 pub mod modal {
-    pub use super::dashed::{COMPUTER_ID, IMAGE, INSTANCE, MANAGED, OWNER, TEMPORARY};
+    pub use super::dashed::{COMPUTER_ID, EGRESS, IMAGE, INSTANCE, MANAGED, OWNER, TEMPORARY};
 }
 
 /// Reads a mode label: missing means temporary, values compare case-insensitively.

@@ -357,6 +357,18 @@ pub trait Backend: Send + Sync {
         Ok(None)
     }
 
+    /// The refusals recorded for `sandbox` from `from_ms` to `to_ms` (Unix milliseconds, both
+    /// included), oldest first: a job's, which ran past the exec that appends a command's
+    /// (docs/egress.md, "Docker wiring"). Empty when this backend records none.
+    async fn egress_denials_between(
+        &self,
+        _sandbox: &SandboxRef,
+        _from_ms: u64,
+        _to_ms: u64,
+    ) -> Vec<egress::Denial> {
+        Vec::new()
+    }
+
     /// The questions of ask-to-allow (docs/egress.md, "Ask-to-allow"): connections held until
     /// the server answers each. The receiving end is handed out once (to the server); `None`
     /// when this backend never asks, or it was taken already.

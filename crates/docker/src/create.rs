@@ -66,8 +66,10 @@ pub(super) async fn create_from(
         .image
         .clone()
         .unwrap_or_else(|| backend.config.image.clone());
-    // Spares are temporary containers of the configured image (docs/warm-pool.md).
-    let from_pool = spec.temporary && image == backend.config.image && local.is_none();
+    // Spares are temporary containers of the configured image with the server's egress
+    // policy, which their labels record from birth (docs/warm-pool.md).
+    let from_pool =
+        spec.temporary && image == backend.config.image && local.is_none() && spec.egress.is_none();
     let owner = spec
         .owner
         .clone()
@@ -131,7 +133,10 @@ pub(super) async fn create_from(
             run_image: run_image.clone(),
             labels: labels.clone(),
             network_mode: placement.network_mode.clone(),
-            proxy: placement.proxy.as_ref().map(|p| p.address),
+            proxy: placement
+                .proxy
+                .as_ref()
+                .map(|p| ProxyAt::Address(p.address)),
         };
         match new_container(backend, wanted).await {
             Err(Refused::NetworkMissing(_)) if attempts < 2 => continue,
@@ -171,13 +176,18 @@ pub(super) async fn spare(
     // Only for log lines and messages about the spare; the container carries no id.
     let placeholder = ComputerId::parse(&format!("spare-{suffix}"))
         .map_err(|e| BackendError::Provider(e.to_string()))?;
-    let labels = HashMap::from([
+    let mut labels = HashMap::from([
         (label::MANAGED.to_owned(), "true".to_owned()),
         (label::TEMPORARY.to_owned(), format_bool(true).to_owned()),
         (label::IMAGE.to_owned(), image.clone()),
         (label::INSTANCE.to_owned(), instance.to_string()),
         (label::POOLED.to_owned(), "true".to_owned()),
     ]);
+    // Behind the proxy once handed out, with the server's policy (docs/warm-pool.md, "Egress").
+    let egress = backend.networks.egress();
+    if egress {
+        labels.insert(label::EGRESS.to_owned(), backend.egress_policy.to_label());
+    }
     let docker = backend.client().await?;
     let placement = backend.networks.place_spare(docker).await?;
     let wanted = Wanted {
@@ -188,7 +198,7 @@ pub(super) async fn spare(
         run_image: None,
         labels,
         network_mode: placement.network_mode.clone(),
-        proxy: None,
+        proxy: egress.then_some(ProxyAt::Named),
     };
     let made = new_container(backend, wanted).await;
     drop(placement);
@@ -213,8 +223,17 @@ struct Wanted<'a> {
     labels: HashMap<String, String>,
     /// `HostConfig.NetworkMode` ([`super::networks::Placement`]).
     network_mode: Option<String>,
-    /// The egress proxy's address on that network: the computer's DNS server and proxy.
-    proxy: Option<std::net::IpAddr>,
+    /// Where the computer finds its egress proxy: its DNS server and HTTP proxy.
+    proxy: Option<ProxyAt>,
+}
+
+/// How a new container is told where its egress proxy is.
+enum ProxyAt {
+    /// The proxy's address on the network it is made on.
+    Address(std::net::IpAddr),
+    /// A warm-pool spare's: [`super::egress::PROXY_HOST`], pointed at the proxy of its owner's
+    /// network when it is handed out (docs/warm-pool.md, "Egress").
+    Named,
 }
 
 /// A container made and started, with its readiness checked.
@@ -339,15 +358,25 @@ fn container_body(backend: &DockerBackend, wanted: &Wanted<'_>) -> ContainerCrea
         ..Default::default()
     };
     super::run_flags_api::apply_run_flags(&config.run_flags, &mut body);
-    if let Some(proxy) = wanted.proxy {
-        // After the run flags, so that none of them points the computer elsewhere.
-        if let Some(host) = body.host_config.as_mut() {
-            host.dns = Some(vec![proxy.to_string()]);
-            host.dns_search = Some(Vec::new());
+    // After the run flags, so that none of them points the computer elsewhere.
+    match wanted.proxy {
+        Some(ProxyAt::Address(proxy)) => {
+            if let Some(host) = body.host_config.as_mut() {
+                host.dns = Some(vec![proxy.to_string()]);
+                host.dns_search = Some(Vec::new());
+            }
+            body.env
+                .get_or_insert_default()
+                .extend(super::egress::proxy_env(&super::egress::proxy_url_host(
+                    proxy,
+                )));
         }
-        body.env
-            .get_or_insert_default()
-            .extend(super::egress::proxy_env(proxy));
+        Some(ProxyAt::Named) => {
+            body.env
+                .get_or_insert_default()
+                .extend(super::egress::proxy_env(super::egress::PROXY_HOST));
+        }
+        None => {}
     }
     body
 }

@@ -28,7 +28,7 @@ use super::describe;
 use crate::helper::binary;
 use kilntainers_backend::BackendError;
 use kilntainers_backend::egress::{
-    ASK_TIMEOUT, DeniedEntry, EgressAnswer, EgressMode, EgressPolicy, EgressQuestion,
+    ASK_TIMEOUT, Denial, DeniedEntry, EgressAnswer, EgressMode, EgressPolicy, EgressQuestion,
     EgressSettings, Pattern, reasons,
 };
 use kilntainers_backend::ids::ComputerId;
@@ -218,13 +218,23 @@ pub(crate) fn policy_line(computer: IpAddr, policy: &EgressPolicy) -> String {
     )
 }
 
+/// The name a warm-pool spare's environment gives the proxy: a spare is made before its
+/// owner's network (and so its proxy's address) is known, and the name is pointed at the
+/// address when it is handed out ([`SPARE_NETWORK_FIXUP`]).
+pub(crate) const PROXY_HOST: &str = "kilntainers-egress-proxy";
+
+/// The proxy's host as a URL names it: an address (IPv6 in brackets) or [`PROXY_HOST`].
+pub(crate) fn proxy_url_host(proxy: IpAddr) -> String {
+    match proxy {
+        IpAddr::V6(ip) => format!("[{ip}]"),
+        IpAddr::V4(ip) => ip.to_string(),
+    }
+}
+
 /// What a computer behind the proxy has in its environment: programs that honour proxy
 /// settings use the proxy's port; the rest reach allowed names on 80 and 443 through its DNS.
-pub(crate) fn proxy_env(proxy: IpAddr) -> Vec<String> {
-    let url = match proxy {
-        IpAddr::V6(ip) => format!("http://[{ip}]:{PROXY_PORT}"),
-        IpAddr::V4(ip) => format!("http://{ip}:{PROXY_PORT}"),
-    };
+pub(crate) fn proxy_env(host: &str) -> Vec<String> {
+    let url = format!("http://{host}:{PROXY_PORT}");
     let mut env = Vec::new();
     for key in ["HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY"] {
         env.push(format!("{key}={url}"));
@@ -235,59 +245,12 @@ pub(crate) fn proxy_env(proxy: IpAddr) -> Vec<String> {
     env
 }
 
-/// One refusal the proxy reported.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Denial {
-    pub host: String,
-    pub port: u16,
-    pub reason: String,
-}
-
-impl Denial {
-    /// The line appended to a command's stderr (docs/egress.md, "What the model sees").
-    pub(crate) fn stderr_line(&self) -> String {
-        format!(
-            "[kilntainers: network access to {}:{} was blocked: {}]",
-            self.host, self.port, self.reason
-        )
-    }
-}
-
-/// Refusal lines shown per command; the rest are counted.
-pub(crate) const LINES_SHOWN: usize = 5;
-
-/// What ends a command's stderr after refusals while it ran (docs/egress.md, "What the model
-/// sees"): one line per refused host and port, the first [`LINES_SHOWN`], then a count; empty
-/// without refusals. Starts with a newline unless `at_line_start`.
-pub(crate) fn stderr_tail(denials: &[Denial], at_line_start: bool) -> String {
-    let mut distinct: Vec<&Denial> = Vec::new();
-    for denial in denials {
-        if !distinct
-            .iter()
-            .any(|d| d.host == denial.host && d.port == denial.port)
-        {
-            distinct.push(denial);
-        }
-    }
-    if distinct.is_empty() {
-        return String::new();
-    }
-    let mut text = String::new();
-    if !at_line_start {
-        text.push('\n');
-    }
-    for denial in distinct.iter().take(LINES_SHOWN) {
-        text.push_str(&denial.stderr_line());
-        text.push('\n');
-    }
-    if distinct.len() > LINES_SHOWN {
-        text.push_str(&format!(
-            "[kilntainers: {} more network accesses were blocked]\n",
-            distinct.len() - LINES_SHOWN
-        ));
-    }
-    text
-}
+/// Run as root in a computer born a warm-pool spare, each time it is attached behind a proxy
+/// (docs/warm-pool.md, "Egress"): `$1` is the proxy's address, `$2` [`PROXY_HOST`]. The
+/// engine writes both files again when the container starts. Neither is a safeguard (the
+/// computer reaches nothing but the proxy whatever they say); they make names resolve as on a
+/// computer made behind the proxy.
+pub(crate) const SPARE_NETWORK_FIXUP: &str = r#"printf 'nameserver %s\n' "$1" > /etc/resolv.conf && hosts=$(while IFS= read -r l; do case "$l" in *" $2") ;; *) printf '%s\n' "$l" ;; esac; done < /etc/hosts) && printf '%s\n%s %s\n' "$hosts" "$1" "$2" > /etc/hosts"#;
 
 /// Passes a command's output on and notes whether its stderr ends a line, so that refusal
 /// lines start on a line of their own.
@@ -412,22 +375,34 @@ impl Lines {
     }
 }
 
-/// The last refusals of each computer on one proxy, oldest first, [`DENIALS_KEPT`] each; and
-/// the last [`DENIALS_KEPT`] distinct ones with their counts, for `computer_network`.
+/// The last refusals of each computer on one proxy, oldest first, [`DENIALS_KEPT`] each, with
+/// when this server recorded them; and the last [`DENIALS_KEPT`] distinct ones with their
+/// counts, for `computer_network`.
 #[derive(Default)]
 pub(crate) struct DenialLog {
-    by_computer: HashMap<IpAddr, VecDeque<Denial>>,
+    /// Each refusal with the Unix time in milliseconds it was recorded at.
+    by_computer: HashMap<IpAddr, VecDeque<(u64, Denial)>>,
     distinct: HashMap<IpAddr, VecDeque<DeniedEntry>>,
     /// Count of refusals ever recorded per computer, so a reader can ask for "since".
     counts: HashMap<IpAddr, u64>,
 }
 
+/// Now, in Unix milliseconds (the clock job windows are given in).
+fn now_unix_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
 impl DenialLog {
     pub(crate) fn record(&mut self, computer: IpAddr, denial: Denial) {
-        self.record_at(computer, denial, &kilntainers_backend::clock::now_rfc3339());
+        self.record_at(computer, denial, now_unix_ms());
     }
 
-    pub(crate) fn record_at(&mut self, computer: IpAddr, denial: Denial, now: &str) {
+    pub(crate) fn record_at(&mut self, computer: IpAddr, denial: Denial, now_ms: u64) {
+        let now = kilntainers_backend::clock::rfc3339_utc(
+            i64::try_from(now_ms / 1000).unwrap_or(i64::MAX),
+        );
         let distinct = self.distinct.entry(computer).or_default();
         let same = distinct.iter().position(|e| {
             e.host == denial.host && e.port == denial.port && e.reason == denial.reason
@@ -439,12 +414,12 @@ impl DenialLog {
                 port: denial.port,
                 reason: denial.reason.clone(),
                 count: 0,
-                first_at: now.to_owned(),
+                first_at: now.clone(),
                 last_at: String::new(),
             },
         };
         entry.count += 1;
-        now.clone_into(&mut entry.last_at);
+        entry.last_at = now;
         if distinct.len() == DENIALS_KEPT {
             distinct.pop_front();
         }
@@ -453,7 +428,7 @@ impl DenialLog {
         if log.len() == DENIALS_KEPT {
             log.pop_front();
         }
-        log.push_back(denial);
+        log.push_back((now_ms, denial));
         *self.counts.entry(computer).or_default() += 1;
     }
 
@@ -471,7 +446,19 @@ impl DenialLog {
         let new = usize::try_from(total.saturating_sub(mark)).unwrap_or(usize::MAX);
         log.iter()
             .skip(log.len().saturating_sub(new))
-            .cloned()
+            .map(|(_, denial)| denial.clone())
+            .collect()
+    }
+
+    /// The refusals recorded from `from_ms` to `to_ms` (Unix milliseconds, both included; at
+    /// most [`DENIALS_KEPT`]): a job's, which ran outside any exec this server watched.
+    pub(crate) fn between(&self, computer: IpAddr, from_ms: u64, to_ms: u64) -> Vec<Denial> {
+        self.by_computer
+            .get(&computer)
+            .into_iter()
+            .flatten()
+            .filter(|(at, _)| (from_ms..=to_ms).contains(at))
+            .map(|(_, denial)| denial.clone())
             .collect()
     }
 

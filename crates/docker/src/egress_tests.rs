@@ -81,38 +81,6 @@ fn events_are_read_strictly() {
 }
 
 #[test]
-fn a_refusal_becomes_the_stderr_line() {
-    let denial = Denial {
-        host: "other.test".to_owned(),
-        port: 443,
-        reason: "not in this computer's allow-list".to_owned(),
-    };
-    assert_eq!(
-        denial.stderr_line(),
-        "[kilntainers: network access to other.test:443 was blocked: not in this computer's allow-list]"
-    );
-}
-
-#[test]
-fn the_stderr_tail_shows_each_host_once_and_counts_past_five() {
-    let denial = |host: &str, port: u16| Denial {
-        host: host.to_owned(),
-        port,
-        reason: "why".to_owned(),
-    };
-    assert_eq!(stderr_tail(&[], false), "");
-    assert_eq!(
-        stderr_tail(&[denial("a.test", 443), denial("a.test", 443)], false),
-        "\n[kilntainers: network access to a.test:443 was blocked: why]\n"
-    );
-    let many: Vec<Denial> = (0..8).map(|n| denial(&format!("h{n}.test"), 80)).collect();
-    let tail = stderr_tail(&many, true);
-    assert_eq!(tail.lines().count(), 6);
-    assert!(tail.starts_with("[kilntainers: network access to h0.test:80"));
-    assert!(tail.ends_with("[kilntainers: 3 more network accesses were blocked]\n"));
-}
-
-#[test]
 fn lines_are_split_across_frames_and_overlong_ones_dropped_whole() {
     let mut lines = Lines::default();
     let mut seen = Vec::new();
@@ -165,9 +133,11 @@ fn distinct_refusals_count_up_and_move_to_the_end() {
         port: 443,
         reason: "r".to_owned(),
     };
-    log.record_at(a, denial("x.test"), "2026-01-01T00:00:00Z");
-    log.record_at(a, denial("y.test"), "2026-01-01T00:00:01Z");
-    log.record_at(a, denial("x.test"), "2026-01-01T00:00:02Z");
+    // 2026-01-01T00:00:00Z and two seconds after.
+    let at = |secs: u64| (1_767_225_600 + secs) * 1000;
+    log.record_at(a, denial("x.test"), at(0));
+    log.record_at(a, denial("y.test"), at(1));
+    log.record_at(a, denial("x.test"), at(2));
     let entries = log.distinct(a);
     assert_eq!(
         entries
@@ -184,6 +154,28 @@ fn distinct_refusals_count_up_and_move_to_the_end() {
             ("x.test", 2, "2026-01-01T00:00:00Z", "2026-01-01T00:00:02Z"),
         ]
     );
+}
+
+#[test]
+fn a_jobs_refusals_are_those_recorded_within_its_lifetime() {
+    let mut log = DenialLog::default();
+    let (a, b): (IpAddr, IpAddr) = ("172.30.0.5".parse().unwrap(), "172.30.0.6".parse().unwrap());
+    let denial = |host: &str| Denial {
+        host: host.to_owned(),
+        port: 80,
+        reason: "r".to_owned(),
+    };
+    log.record_at(a, denial("before.test"), 999);
+    log.record_at(a, denial("first.test"), 1000);
+    log.record_at(b, denial("neighbour.test"), 1500);
+    log.record_at(a, denial("last.test"), 2000);
+    log.record_at(a, denial("after.test"), 2001);
+    assert_eq!(
+        log.between(a, 1000, 2000),
+        [denial("first.test"), denial("last.test")]
+    );
+    assert_eq!(log.between(b, 0, u64::MAX), [denial("neighbour.test")]);
+    assert!(log.between(a, 3000, 4000).is_empty());
 }
 
 #[test]

@@ -246,9 +246,21 @@ pub(super) async fn run_simple(
     argv: Vec<String>,
     limit: Duration,
 ) -> Result<(i64, Vec<u8>), String> {
+    run_simple_as(docker, container, None, argv, limit).await
+}
+
+/// [`run_simple`] as `user` (`None`: the container's).
+pub(super) async fn run_simple_as(
+    docker: &Docker,
+    container: &str,
+    user: Option<&str>,
+    argv: Vec<String>,
+    limit: Duration,
+) -> Result<(i64, Vec<u8>), String> {
     let work = async {
         let options = CreateExecOptions {
             cmd: Some(argv),
+            user: user.map(str::to_owned),
             attach_stdout: Some(true),
             attach_stderr: Some(true),
             tty: Some(false),

@@ -110,13 +110,6 @@ pub struct DockerBackend {
 
 impl DockerBackend {
     pub fn new(config: &DockerConfig, common: &Common) -> Result<Self, BackendError> {
-        if common.egress.filters() && config.warm_pool > 0 {
-            // Spares wait on a network of their own and would need the proxy's policy moved
-            // with them; not done yet (docs/egress.md, "Status").
-            return Err(BackendError::Provider(
-                "--warm-pool cannot be used with an egress policy (--egress allowlist or --egress-deny) in this version.".to_owned(),
-            ));
-        }
         // Questions flow only where a proxy can ask them (docs/egress.md, "Ask-to-allow").
         let (asking, questions) = if common.egress.filters() && common.egress.policy.ask {
             let (tx, rx) = tokio::sync::mpsc::channel(egress::QUESTIONS_QUEUED);
@@ -298,7 +291,13 @@ impl DockerBackend {
     /// Behind the egress proxy: gives the proxy this running container's policy at its
     /// current address and remembers both for its commands' refusal lines.
     async fn egress_attach(&self, inspect: &ContainerInspectResponse) -> Result<(), BackendError> {
-        if !self.networks.egress() {
+        let name = inspect.name.as_deref().unwrap_or_default();
+        // A spare waiting for an owner is behind no proxy yet (docs/warm-pool.md, "Egress").
+        if !self.networks.egress()
+            || name
+                .trim_start_matches('/')
+                .starts_with(label::SPARE_NAME_PREFIX)
+        {
             return Ok(());
         }
         let docker = self.client().await?;
@@ -306,6 +305,15 @@ impl DockerBackend {
             .networks
             .apply_policy(docker, inspect, &self.egress_policy)
             .await?;
+        let born_spare = inspect
+            .config
+            .as_ref()
+            .and_then(|c| c.labels.as_ref())
+            .and_then(|l| l.get(label::POOLED))
+            .is_some_and(|pooled| pooled == "true");
+        if let (true, Some((proxy, _))) = (born_spare, &attached) {
+            self.point_at_proxy(docker, inspect, proxy.address).await?;
+        }
         if let (Some(attached), Some(id)) = (attached, inspect.id.as_deref()) {
             self.egress_addresses
                 .lock()
@@ -313,6 +321,42 @@ impl DockerBackend {
                 .insert(id.chars().take(12).collect(), attached);
         }
         Ok(())
+    }
+
+    /// Points the resolver and [`egress::PROXY_HOST`] of a computer born a warm-pool spare at
+    /// the proxy of the network it was handed over to (docs/warm-pool.md, "Egress").
+    async fn point_at_proxy(
+        &self,
+        docker: &bollard::Docker,
+        inspect: &ContainerInspectResponse,
+        proxy: std::net::IpAddr,
+    ) -> Result<(), BackendError> {
+        let container = inspect.id.as_deref().unwrap_or_default();
+        let argv = vec![
+            self.shell.clone(),
+            "-c".to_owned(),
+            egress::SPARE_NETWORK_FIXUP.to_owned(),
+            "sh".to_owned(),
+            proxy.to_string(),
+            egress::PROXY_HOST.to_owned(),
+        ];
+        match exec::run_simple_as(
+            docker,
+            container,
+            Some("0"),
+            argv,
+            posix::KILL_SWEEP_TIMEOUT,
+        )
+        .await
+        {
+            Ok((0, _)) => Ok(()),
+            Ok((code, _)) => Err(BackendError::Provider(format!(
+                "could not point container {container} at its egress proxy (exit code {code})"
+            ))),
+            Err(e) => Err(BackendError::Provider(format!(
+                "could not point container {container} at its egress proxy: {e}"
+            ))),
+        }
     }
 
     /// Where to read the refusals of `sandbox`'s commands: its proxy, its address and the
@@ -778,6 +822,24 @@ impl Backend for DockerBackend {
         Ok(Some(entries))
     }
 
+    async fn egress_denials_between(
+        &self,
+        sandbox: &SandboxRef,
+        from_ms: u64,
+        to_ms: u64,
+    ) -> Vec<kilntainers_backend::egress::Denial> {
+        let Some((proxy, address, _)) = self.egress_mark(sandbox) else {
+            return Vec::new();
+        };
+        // A refusal is on its way to this process before the computer hears of it.
+        proxy.sync().await;
+        proxy
+            .denials
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .between(address, from_ms, to_ms)
+    }
+
     async fn exec(
         &self,
         sandbox: &SandboxRef,
@@ -811,7 +873,7 @@ impl Backend for DockerBackend {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .since(address, mark);
-        let tail = egress::stderr_tail(&denials, watched.at_line_start());
+        let tail = kilntainers_backend::egress::stderr_tail(&denials, watched.at_line_start());
         if !tail.is_empty() {
             watched.push(kilntainers_backend::Stream::Stderr, tail.as_bytes());
         }

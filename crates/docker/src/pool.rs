@@ -263,12 +263,26 @@ async fn adopt(
         .name(&DockerBackend::container_name(id))
         .build();
     match docker.rename_container(container.as_str(), options).await {
-        Ok(()) => Adoption::Adopted(SandboxRef {
-            computer_id: id.clone(),
-            sandbox_id: container.clone(),
-            temporary: true,
-            image: spare.sandbox.image.clone(),
-        }),
+        Ok(()) => {
+            // Behind its owner's proxy now: the proxy learns its address and policy, and the
+            // computer where its proxy is (docs/warm-pool.md, "Egress").
+            if backend.networks.egress() {
+                let attached = match backend.inspect(container.as_str()).await {
+                    Ok(Some(inspect)) => backend.egress_attach(&inspect).await,
+                    Ok(None) => return Adoption::Unfit("it vanished after the rename".to_owned()),
+                    Err(error) => Err(error),
+                };
+                if let Err(error) = attached {
+                    return Adoption::Unfit(error.to_string());
+                }
+            }
+            Adoption::Adopted(SandboxRef {
+                computer_id: id.clone(),
+                sandbox_id: container.clone(),
+                temporary: true,
+                image: spare.sandbox.image.clone(),
+            })
+        }
         Err(e) => match status_of(&e) {
             Some(404) => Adoption::Unfit("it vanished before the rename".to_owned()),
             Some(409) => Adoption::NameTaken,

@@ -139,6 +139,9 @@ pub(super) struct NewSandbox<'a> {
     pub metadata: &'a BTreeMap<String, String>,
     #[serde(rename = "envVars")]
     pub env_vars: &'a BTreeMap<String, String>,
+    /// The egress policy as E2B's network config ([`crate::egress`]); absent without rules.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub network: Option<crate::egress::NetworkConfig>,
 }
 
 /// `Sandbox`: the answer of create and connect.
@@ -485,6 +488,7 @@ mod tests {
             auto_pause: false,
             metadata: &meta,
             env_vars: &env,
+            network: None,
         })
         .unwrap();
         assert_eq!(

@@ -11,12 +11,14 @@
 //!
 //! Split: [`api`] (control plane, retries, error texts), [`checkpoints`] (snapshots as
 //! checkpoints), [`connect`] (Connect framing),
-//! [`process`] (envd process service), [`files`] (the file tools over envd's file API). reqwest appears only under this folder and `fly/`.
+//! [`process`] (envd process service), [`files`] (the file tools over envd's file API),
+//! [`egress`] (the egress policy as E2B's network config). reqwest appears only under this folder and `fly/`.
 
 mod api;
 mod checkpoints;
 pub mod config;
 mod connect;
+pub mod egress;
 mod files;
 mod process;
 
@@ -32,6 +34,7 @@ use tracing::{info, warn};
 use crate::config::E2bConfig;
 use api::{Api, ApiError, Connected, KEY_HINT, NewSandbox};
 use kilntainers_backend::Common;
+use kilntainers_backend::egress::EgressPolicy;
 use kilntainers_backend::files::FileSystem;
 use kilntainers_backend::ids::{ComputerId, ExecId, InstanceId, Principal, SandboxId};
 use kilntainers_backend::labels::{self, e2b as meta};
@@ -89,6 +92,8 @@ pub struct E2bBackend {
     pids: Mutex<HashMap<String, (String, u32)>>,
     /// Checkpoint records (`checkpoints`), under the state directory.
     records: SnapshotCheckpoints,
+    /// The server's egress policy: new computers get it unless they narrow it.
+    egress_policy: EgressPolicy,
 }
 
 impl E2bBackend {
@@ -119,6 +124,7 @@ impl E2bBackend {
             conns: Mutex::new(HashMap::new()),
             pids: Mutex::new(HashMap::new()),
             records: SnapshotCheckpoints::new(config.state_dir.as_deref(), "e2b"),
+            egress_policy: common.egress.policy.clone(),
         })
     }
 
@@ -421,6 +427,18 @@ impl E2bBackend {
         if spec.temporary {
             metadata.insert(meta::INSTANCE.to_owned(), spec.instance.to_string());
         }
+        // E2B enforces the policy; recorded so a restart, a rollback or another server process
+        // finds it again (docs/egress.md, "E2B").
+        let policy = spec.egress.as_ref().unwrap_or(&self.egress_policy);
+        let network = egress::network_config(policy).map_err(|why| {
+            BackendError::Provider(format!(
+                "Cannot create computer '{}': E2B cannot enforce its egress policy: {why}.",
+                id.slug()
+            ))
+        })?;
+        if network.is_some() {
+            metadata.insert(meta::EGRESS.to_owned(), policy.to_label());
+        }
         let body = NewSandbox {
             template_id: snapshot.unwrap_or(&template),
             timeout: self.config.sandbox_timeout_secs,
@@ -429,6 +447,7 @@ impl E2bBackend {
             auto_pause: false,
             metadata: &metadata,
             env_vars: &self.config.env,
+            network,
         };
         let created = self.api.create(&body).await.map_err(|e| match e {
             ApiError::Auth { text, .. } => BackendError::Unavailable(text),
@@ -478,6 +497,11 @@ impl E2bBackend {
         let owner = row
             .as_ref()
             .and_then(|row| row.meta(meta::OWNER).and_then(Principal::parse));
+        // A narrowed policy stays the computer's.
+        let egress = match &row {
+            Some(row) => recorded_policy(&sandbox.computer_id, row)?,
+            None => None,
+        };
         self.remove_sandbox(sandbox).await?;
         let spec = CreateSpec {
             computer_id: sandbox.computer_id.clone(),
@@ -485,7 +509,7 @@ impl E2bBackend {
             image: Some(sandbox.image.clone()),
             instance,
             owner,
-            egress: None,
+            egress,
         };
         let fresh = self
             .create_sandbox(&spec, &kilntainers_backend::NoProgress)
@@ -509,6 +533,20 @@ impl E2bBackend {
         self.conns().remove(sandbox.sandbox_id.as_str());
         Ok(())
     }
+}
+
+/// The egress policy recorded on a sandbox (docs/egress.md, "Recorded"); one the server
+/// cannot read is an error for that computer, never an open computer.
+fn recorded_policy(
+    id: &ComputerId,
+    row: &api::Listed,
+) -> Result<Option<EgressPolicy>, BackendError> {
+    row.meta(meta::EGRESS)
+        .map(|text| {
+            EgressPolicy::from_label(text)
+                .map_err(|e| BackendError::Provider(format!("computer '{}': {e}", id.slug())))
+        })
+        .transpose()
 }
 
 /// Output of an internal command.
@@ -570,6 +608,16 @@ impl Backend for E2bBackend {
 
     async fn validate(&self) -> Result<(), BackendError> {
         self.validated().await
+    }
+
+    async fn egress_policy(
+        &self,
+        sandbox: &SandboxRef,
+    ) -> Result<Option<EgressPolicy>, BackendError> {
+        match self.find(&sandbox.computer_id).await? {
+            Some(row) => recorded_policy(&sandbox.computer_id, &row),
+            None => Err(BackendError::Vanished(sandbox.computer_id.clone())),
+        }
     }
 
     async fn create(

@@ -6,7 +6,8 @@
 //! sandbox lives at most `--sandbox-timeout` seconds.
 //!
 //! Split: [`auth`] (credentials, endpoint), [`api`] (the control plane's wire API),
-//! [`checkpoints`] (filesystem snapshots as checkpoints),
+//! [`checkpoints`] (filesystem snapshots as checkpoints), [`egress`] (the egress policy as
+//! Modal's network allow-list),
 //! [`router`] (the per-task command router's wire API), [`exec`] (commands: through the router,
 //! or through `ContainerExec*` when it is unavailable). The local stand-in server of the tests is its own crate, `fakes/modal/`.
 
@@ -14,6 +15,7 @@ mod api;
 mod auth;
 mod checkpoints;
 pub mod config;
+pub mod egress;
 mod exec;
 mod router;
 
@@ -29,6 +31,7 @@ use tracing::{info, warn};
 use crate::config::ModalConfig;
 use api::{Api, ApiError, pb};
 use kilntainers_backend::Common;
+use kilntainers_backend::egress::EgressPolicy;
 use kilntainers_backend::ids::{ComputerId, ExecId, InstanceId, Principal, SandboxId};
 use kilntainers_backend::labels::{self, modal as tag};
 use kilntainers_backend::posix::{self, KILL_SWEEP_TIMEOUT, SweepReach, shell_basename};
@@ -75,6 +78,8 @@ pub(crate) struct ModalInner {
     exec_path: std::sync::atomic::AtomicU8,
     /// Checkpoint records (`checkpoints`), under the state directory.
     records: SnapshotCheckpoints,
+    /// The server's egress policy: new computers get it unless they narrow it.
+    egress_policy: EgressPolicy,
 }
 
 impl ModalBackend {
@@ -92,9 +97,24 @@ impl ModalBackend {
                 routers: router::Routers::default(),
                 exec_path: std::sync::atomic::AtomicU8::new(0),
                 records: SnapshotCheckpoints::new(config.state_dir.as_deref(), "modal"),
+                egress_policy: common.egress.policy.clone(),
             }),
         }
     }
+}
+
+/// The egress policy recorded in a sandbox's tags (docs/egress.md, "Recorded"); one the
+/// server cannot read is an error for that computer, never an open computer.
+fn recorded_policy(
+    id: &ComputerId,
+    tags: &BTreeMap<String, String>,
+) -> Result<Option<EgressPolicy>, BackendError> {
+    tags.get(tag::EGRESS)
+        .map(|text| {
+            EgressPolicy::from_label(text)
+                .map_err(|e| BackendError::Provider(format!("computer '{}': {e}", id.slug())))
+        })
+        .transpose()
 }
 
 /// The error texts of docs/decisions.md, "Modal sandboxes" for statuses that mean "cannot talk to Modal at all".
@@ -531,6 +551,21 @@ impl ModalInner {
             .image
             .clone()
             .unwrap_or_else(|| self.config.image.clone());
+        // Modal enforces the policy; recorded in the tags so a restart, a rollback or another
+        // server process finds it again (docs/egress.md, "Modal").
+        let policy = spec.egress.as_ref().unwrap_or(&self.egress_policy);
+        let allowed = egress::allowed_cidrs(policy).map_err(|why| {
+            BackendError::Provider(format!(
+                "Cannot create computer '{}': Modal cannot enforce its egress policy: {why}.",
+                id.slug()
+            ))
+        })?;
+        let network_access_type = match &allowed {
+            Some(cidrs) if !cidrs.is_empty() => pb::network_access::NetworkAccessType::Allowlist,
+            Some(_) => pb::network_access::NetworkAccessType::Blocked,
+            None if self.network => pb::network_access::NetworkAccessType::Open,
+            None => pb::network_access::NetworkAccessType::Blocked,
+        };
         let api = self.api().await?;
         let app_id = self.app_id().await?;
         let image_id = match snapshot {
@@ -563,12 +598,8 @@ impl ModalInner {
                 })
             }),
             network_access: Some(pb::NetworkAccess {
-                network_access_type: if self.network {
-                    pb::network_access::NetworkAccessType::Open as i32
-                } else {
-                    pb::network_access::NetworkAccessType::Blocked as i32
-                },
-                allowed_cidrs: Vec::new(),
+                network_access_type: network_access_type as i32,
+                allowed_cidrs: allowed.clone().unwrap_or_default(),
             }),
             verbose: false,
             name: Some(id.to_string()),
@@ -612,6 +643,9 @@ impl ModalInner {
         }
         if let Some(instance) = instance_tag.filter(|_| spec.temporary) {
             tags.push((tag::INSTANCE, instance));
+        }
+        if allowed.is_some() {
+            tags.push((tag::EGRESS, policy.to_label()));
         }
         let started = async {
             self.task_id(&sandbox).await?;
@@ -702,6 +736,26 @@ impl Backend for ModalBackend {
 
     async fn validate(&self) -> Result<(), BackendError> {
         self.inner.app_id().await.map(drop)
+    }
+
+    async fn egress_policy(
+        &self,
+        sandbox: &SandboxRef,
+    ) -> Result<Option<EgressPolicy>, BackendError> {
+        let tags = self
+            .inner
+            .tags(sandbox.sandbox_id.as_str())
+            .await
+            .map_err(|e| {
+                failure(
+                    &e,
+                    format!(
+                        "Modal SandboxTagsGet for sandbox {} (computer '{}') failed",
+                        sandbox.sandbox_id, sandbox.computer_id
+                    ),
+                )
+            })?;
+        recorded_policy(&sandbox.computer_id, &tags)
     }
 
     /// Filesystem snapshots as checkpoints ([`checkpoints`]).
@@ -819,6 +873,11 @@ impl Backend for ModalBackend {
             .as_ref()
             .and_then(|t| t.get(tag::OWNER))
             .and_then(|o| Principal::parse(o));
+        // A narrowed policy stays the computer's.
+        let egress = match &old_tags {
+            Some(tags) => recorded_policy(&sandbox.computer_id, tags)?,
+            None => None,
+        };
         inner.terminate(sandbox).await?;
         let spec = CreateSpec {
             computer_id: sandbox.computer_id.clone(),
@@ -827,7 +886,7 @@ impl Backend for ModalBackend {
             // Unused: the instance tag is carried over (or stays absent) below.
             instance: InstanceId::random(),
             owner,
-            egress: None,
+            egress,
         };
         let created = inner
             .create(&spec, instance, None, &kilntainers_backend::NoProgress)

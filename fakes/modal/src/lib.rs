@@ -637,6 +637,15 @@ impl ModalClient for Service {
         let blocked = definition.network_access.as_ref().is_some_and(|n| {
             n.network_access_type == pb::network_access::NetworkAccessType::Blocked as i32
         });
+        // An allow-list holds CIDR blocks (`cidr_allowlist` in Modal's SDK). The fake keeps it
+        // in the definition, which tests read from the log; it does not filter traffic.
+        if let Some(access) = &definition.network_access
+            && let Some(bad) = access.allowed_cidrs.iter().find(|cidr| !is_cidr(cidr))
+        {
+            return Err(Status::invalid_argument(format!(
+                "allowed_cidrs: '{bad}' is not a CIDR block"
+            )));
+        }
         let mut argv = vec!["run", "-d", "--rm", "--name", &container, "--label", &label];
         if blocked {
             argv.extend(["--network", "none"]);
@@ -1395,6 +1404,18 @@ impl Drop for FakeModal {
 /// `FAKE_MODAL_TOKEN_SECRET`, `FAKE_MODAL_LABEL` and `FAKE_MODAL_PAGE_SIZE` configure it;
 /// with `FAKE_MODAL_LOG=<file>` every call is appended there as one line
 /// (`<method>\t<metadata>\t<request>`), for black-box assertions.
+/// `address/prefix` with the prefix within the address's length.
+fn is_cidr(text: &str) -> bool {
+    let Some((addr, prefix)) = text.split_once('/') else {
+        return false;
+    };
+    match (addr.parse::<std::net::IpAddr>(), prefix.parse::<u8>()) {
+        (Ok(std::net::IpAddr::V4(_)), Ok(prefix)) => prefix <= 32,
+        (Ok(std::net::IpAddr::V6(_)), Ok(prefix)) => prefix <= 128,
+        _ => false,
+    }
+}
+
 pub fn main() -> ExitCode {
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
