@@ -471,7 +471,7 @@ describe("network and idle-stop countdown of a computer in the web dashboard (eg
       if (new URL(req.url()).pathname === "/mcp") pageRequests.push(rpc({ body: req.postData() }));
     });
     await netPage.goto(`${netServer.url}/#token=${TOKEN}`);
-    await waitFor(async () => /^\d+ computers?$/.test((await netPage.locator("#status").textContent()) ?? ""), 20_000, "the inventory");
+    await waitFor(async () => /^(Connected|\d+ computers?)$/.test((await netPage.locator("#status").textContent()) ?? ""), 20_000, "connected");
   });
 
   after(async () => {
