@@ -13,16 +13,22 @@
 //! command shows. At most [`MAX_QUESTIONS_PER_SESSION`] open per session; a `deny` is remembered for the
 //! computer and host for [`DENY_REMEMBERED`]; `decline`, `cancel` and no answer refuse this
 //! connection only.
+//!
+//! The dashboard (docs/egress.md, "Dashboard"): a computer a dashboard watches
+//! ([`Asks::watch`]) has its questions posted on a board as well, and the first answer wins,
+//! from the session or the board ([`Asks::answer_on_board`]); a question no session can be
+//! asked then waits for the dashboard instead of being refused at once.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
 use rmcp::model::{
-    CallToolResponse, CallToolResult, ClientCapabilities, ElicitRequest, ElicitRequestParams,
-    ElicitResult, ElicitationAction, ElicitationSchema, EnumSchema, InputRequest,
-    InputRequiredResult, InputResponses, ProtocolVersion,
+    CallToolResponse, CallToolResult, CancelledNotificationParam, ClientCapabilities, ClientResult,
+    ElicitRequest, ElicitRequestParams, ElicitResult, ElicitationAction, ElicitationSchema,
+    EnumSchema, InputRequest, InputRequiredResult, InputResponses, ProtocolVersion, ServerRequest,
 };
+use rmcp::service::PeerRequestOptions;
 use rmcp::service::ServiceError;
 use rmcp::{ErrorData, Peer, RoleServer};
 use tokio::sync::{mpsc, oneshot};
@@ -106,6 +112,49 @@ pub struct Asks {
     calls: Mutex<HashMap<u64, mpsc::Sender<Pending>>>,
     /// Calls waiting for the client's retry, by their `requestState`.
     parked: Mutex<HashMap<String, Parked>>,
+    /// The questions a dashboard may answer, and the computers a dashboard watches.
+    board: Mutex<Board>,
+}
+
+/// How long a dashboard's look at a computer's questions counts as watching it: its questions
+/// are then held for the dashboard too (it polls far more often than this).
+const WATCHED_FOR: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Questions open to a dashboard (docs/egress.md, "Dashboard"): those of computers a dashboard
+/// looked at within [`WATCHED_FOR`]. The first answer wins, from the dashboard or the session.
+#[derive(Default)]
+struct Board {
+    next: u64,
+    open: HashMap<u64, OnBoard>,
+    watched: HashMap<ComputerId, Instant>,
+}
+
+struct OnBoard {
+    computer: ComputerId,
+    host: String,
+    port: u16,
+    asked_at: String,
+    reply: oneshot::Sender<Asked>,
+}
+
+/// A question as the dashboard lists it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BoardQuestion {
+    pub id: u64,
+    pub host: String,
+    pub port: u16,
+    pub asked_at: String,
+}
+
+/// Why the dashboard's answer was not taken.
+#[derive(Debug, thiserror::Error)]
+pub enum BoardError {
+    #[error(
+        "There is no pending question {id} for computer '{computer}': it was answered, withdrawn or timed out."
+    )]
+    NoQuestion { id: u64, computer: String },
+    #[error("choice must be 'allow once', 'allow for this computer' or 'deny'; got '{0}'.")]
+    Choice(String),
 }
 
 /// A question put to a 2026-07-28 call: the form, and where the person's answer goes.
@@ -314,46 +363,33 @@ impl Asks {
         {
             return EgressAnswer::Refuse(reasons::DECLINED_EARLIER.to_owned());
         }
-        let chosen = {
-            let askers = lock(&self.askers);
-            registry
-                .egress_audience(&question.computer_id)
-                .into_iter()
-                .find_map(|session| askers.get(&session).map(|a| (session, a.clone())))
-        };
-        let (session, channel) = match chosen {
-            None => return EgressAnswer::Refuse(reasons::NO_SESSION.to_owned()),
-            Some((_, Asker::NoElicitation)) => {
-                return EgressAnswer::Refuse(reasons::NO_ELICITATION.to_owned());
-            }
-            Some((session, Asker::Mrtr)) => match lock(&self.calls).get(&session) {
-                Some(call) => (session, Channel::Call(call.clone())),
-                None => return EgressAnswer::Refuse(reasons::CALL_ENDED.to_owned()),
+        let (posted, answered) = self.post(question).unzip();
+        let asked = match self.session_channel(registry, question) {
+            Err(reason) => match answered {
+                // Nobody to ask but a watching dashboard: it alone may answer.
+                Some(answered) => by_dashboard(answered).await,
+                None => return EgressAnswer::Refuse(reason.to_owned()),
             },
-            Some((session, Asker::Elicit(peer))) => (session, Channel::Peer(peer)),
-        };
-        {
-            let mut open = lock(&self.open);
-            let count = open.entry(session).or_default();
-            if *count >= MAX_QUESTIONS_PER_SESSION {
-                return EgressAnswer::Refuse(reasons::TOO_MANY.to_owned());
+            Ok((session, channel)) => {
+                let asked = match channel {
+                    Channel::Peer(peer) => ask(&peer, question, answered).await,
+                    Channel::Call(call) => match answered {
+                        // The first answer wins; the parked call's answer is then ignored.
+                        Some(answered) => tokio::select! {
+                            asked = ask_call(&call, question) => asked,
+                            asked = by_dashboard(answered) => asked,
+                        },
+                        None => ask_call(&call, question).await,
+                    },
+                };
+                self.release(session);
+                asked
             }
-            *count += 1;
-        }
-        let answer = match channel {
-            Channel::Peer(peer) => ask(&peer, question).await,
-            Channel::Call(call) => ask_call(&call, question).await,
         };
-        {
-            let mut open = lock(&self.open);
-            if let Some(count) = open.get_mut(&session) {
-                *count = count.saturating_sub(1);
-                if *count == 0 {
-                    open.remove(&session);
-                }
-            }
+        if let Some(id) = posted {
+            lock(&self.board).open.remove(&id);
         }
-        match answer {
+        match asked {
             Asked::Answer(answer) => answer,
             Asked::Deny => {
                 let mut declined = lock(&self.declined);
@@ -370,6 +406,129 @@ impl Asks {
                 EgressAnswer::Refuse(reasons::DECLINED.to_owned())
             }
         }
+    }
+
+    /// The session to ask and how, with one more question counted open on it; else the
+    /// reason the question is refused when no dashboard can answer it either.
+    fn session_channel(
+        &self,
+        registry: &Registry,
+        question: &EgressQuestion,
+    ) -> Result<(u64, Channel), &'static str> {
+        let chosen = {
+            let askers = lock(&self.askers);
+            registry
+                .egress_audience(&question.computer_id)
+                .into_iter()
+                .find_map(|session| askers.get(&session).map(|a| (session, a.clone())))
+        };
+        let (session, channel) = match chosen {
+            None => return Err(reasons::NO_SESSION),
+            Some((_, Asker::NoElicitation)) => return Err(reasons::NO_ELICITATION),
+            Some((session, Asker::Mrtr)) => match lock(&self.calls).get(&session) {
+                Some(call) => (session, Channel::Call(call.clone())),
+                None => return Err(reasons::CALL_ENDED),
+            },
+            Some((session, Asker::Elicit(peer))) => (session, Channel::Peer(peer)),
+        };
+        let mut open = lock(&self.open);
+        let count = open.entry(session).or_default();
+        if *count >= MAX_QUESTIONS_PER_SESSION {
+            return Err(reasons::TOO_MANY);
+        }
+        *count += 1;
+        Ok((session, channel))
+    }
+
+    /// A question on `session` is over.
+    fn release(&self, session: u64) {
+        let mut open = lock(&self.open);
+        if let Some(count) = open.get_mut(&session) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                open.remove(&session);
+            }
+        }
+    }
+
+    /// Puts `question` on the board when a dashboard watches its computer: its id, and where
+    /// the dashboard's answer arrives.
+    fn post(&self, question: &EgressQuestion) -> Option<(u64, oneshot::Receiver<Asked>)> {
+        let mut board = lock(&self.board);
+        board.watched.retain(|_, at| at.elapsed() < WATCHED_FOR);
+        if !board.watched.contains_key(&question.computer_id) {
+            return None;
+        }
+        board.next += 1;
+        let id = board.next;
+        let (reply, answered) = oneshot::channel();
+        board.open.insert(
+            id,
+            OnBoard {
+                computer: question.computer_id.clone(),
+                host: question.host.clone(),
+                port: question.port,
+                asked_at: crate::clock::now_rfc3339(),
+                reply,
+            },
+        );
+        Some((id, answered))
+    }
+
+    /// A dashboard looks at `computer`: its questions from now on are held for the dashboard
+    /// too, and those open now are returned, oldest first.
+    pub fn watch(&self, computer: &ComputerId) -> Vec<BoardQuestion> {
+        let mut board = lock(&self.board);
+        board.watched.retain(|_, at| at.elapsed() < WATCHED_FOR);
+        board.watched.insert(computer.clone(), Instant::now());
+        let mut open: Vec<BoardQuestion> = board
+            .open
+            .iter()
+            .filter(|(_, q)| q.computer == *computer)
+            .map(|(id, q)| BoardQuestion {
+                id: *id,
+                host: q.host.clone(),
+                port: q.port,
+                asked_at: q.asked_at.clone(),
+            })
+            .collect();
+        open.sort_by_key(|q| q.id);
+        open
+    }
+
+    /// The dashboard's answer to question `id` of `computer`: taken when the question is still
+    /// open (the first answer wins, wherever it comes from).
+    pub fn answer_on_board(
+        &self,
+        computer: &ComputerId,
+        id: u64,
+        choice: &str,
+    ) -> Result<(), BoardError> {
+        let asked = match choice {
+            ALLOW_ONCE => Asked::Answer(EgressAnswer::Once),
+            ALLOW_COMPUTER => Asked::Answer(EgressAnswer::ForComputer),
+            DENY => Asked::Deny,
+            other => return Err(BoardError::Choice(other.to_owned())),
+        };
+        let missing = || BoardError::NoQuestion {
+            id,
+            computer: computer.slug().to_owned(),
+        };
+        let mut board = lock(&self.board);
+        // Another principal's question, or another computer's, is answered like a missing one.
+        if board.open.get(&id).is_none_or(|q| q.computer != *computer) {
+            return Err(missing());
+        }
+        let question = board.open.remove(&id).ok_or_else(missing)?;
+        question.reply.send(asked).map_err(|_| missing())
+    }
+}
+
+/// Waits for a dashboard's answer, up to the proxy's hold.
+async fn by_dashboard(answered: oneshot::Receiver<Asked>) -> Asked {
+    match tokio::time::timeout(ASK_TIMEOUT, answered).await {
+        Ok(Ok(asked)) => asked,
+        _ => Asked::Answer(EgressAnswer::Refuse(reasons::NO_ANSWER.to_owned())),
     }
 }
 
@@ -411,25 +570,65 @@ fn request(question: &EgressQuestion) -> Option<ElicitRequestParams> {
     })
 }
 
-async fn ask(peer: &Peer<RoleServer>, question: &EgressQuestion) -> Asked {
+/// Asks through `elicitation/create`; with a dashboard watching (`answered`), whichever answers
+/// first decides, and a form the dashboard answered first is withdrawn from the client
+/// (`notifications/cancelled`).
+async fn ask(
+    peer: &Peer<RoleServer>,
+    question: &EgressQuestion,
+    answered: Option<oneshot::Receiver<Asked>>,
+) -> Asked {
     let Some(params) = request(question) else {
-        return Asked::Answer(EgressAnswer::Refuse(reasons::NO_ELICITATION.to_owned()));
+        return match answered {
+            Some(answered) => by_dashboard(answered).await,
+            None => Asked::Answer(EgressAnswer::Refuse(reasons::NO_ELICITATION.to_owned())),
+        };
     };
     debug!(computer = %question.computer_id, host = %question.host, port = question.port, "asking the user");
-    let result = match peer
-        .create_elicitation_with_timeout(params, Some(ASK_TIMEOUT))
+    let elicit = ServerRequest::ElicitRequest(ElicitRequest::new(params));
+    let handle = match peer
+        .send_request_with_option(elicit, PeerRequestOptions::with_timeout(ASK_TIMEOUT))
         .await
     {
-        Ok(result) => result,
+        Ok(handle) => handle,
+        Err(error) => {
+            warn!(%error, "the elicitation could not be sent");
+            return match answered {
+                Some(answered) => by_dashboard(answered).await,
+                None => Asked::Answer(EgressAnswer::Refuse(reasons::NO_ANSWER.to_owned())),
+            };
+        }
+    };
+    let request_id = handle.id.clone();
+    let response = handle.await_response();
+    let result = match answered {
+        None => response.await,
+        Some(answered) => tokio::select! {
+            result = response => result,
+            asked = by_dashboard(answered) => {
+                let withdrawn = CancelledNotificationParam::new(
+                    Some(request_id),
+                    Some("answered on the dashboard".to_owned()),
+                );
+                let _ = peer.notify_cancelled(withdrawn).await;
+                return asked;
+            }
+        },
+    };
+    match result {
+        Ok(ClientResult::ElicitResult(result)) => asked_from(&result),
+        Ok(_) => {
+            warn!("the client answered the elicitation with another result");
+            Asked::Answer(EgressAnswer::Refuse(reasons::NO_ANSWER.to_owned()))
+        }
         Err(ServiceError::Timeout { .. }) => {
-            return Asked::Answer(EgressAnswer::Refuse(reasons::NO_ANSWER.to_owned()));
+            Asked::Answer(EgressAnswer::Refuse(reasons::NO_ANSWER.to_owned()))
         }
         Err(error) => {
             warn!(%error, "the elicitation failed");
-            return Asked::Answer(EgressAnswer::Refuse(reasons::NO_ANSWER.to_owned()));
+            Asked::Answer(EgressAnswer::Refuse(reasons::NO_ANSWER.to_owned()))
         }
-    };
-    asked_from(&result)
+    }
 }
 
 /// Puts a question to a 2026-07-28 call, which answers its client with `input_required`.
@@ -493,6 +692,49 @@ mod tests {
                 serde_json::json!([ALLOW_ONCE, ALLOW_COMPUTER, DENY])
             );
         }
+    }
+
+    #[tokio::test]
+    async fn a_watched_computers_question_is_answered_once_on_the_board() {
+        let asks = Asks::default();
+        let alice = Principal::named("alice").unwrap();
+        let id = ComputerId::parse("dev-box").unwrap().owned_by(&alice);
+        let (unwatched, _) = EgressQuestion::new(id.clone(), "other.test".to_owned(), 80);
+        assert!(
+            asks.post(&unwatched).is_none(),
+            "posted without a dashboard"
+        );
+        assert!(asks.watch(&id).is_empty());
+        let (posted, answered) = asks.post(&unwatched).expect("not posted while watched");
+        let shown = asks.watch(&id);
+        assert_eq!(
+            shown
+                .iter()
+                .map(|q| (q.id, q.host.as_str(), q.port))
+                .collect::<Vec<_>>(),
+            vec![(posted, "other.test", 80)]
+        );
+        // Another principal's computer of the same slug sees nothing and answers nothing.
+        let bobs = ComputerId::parse("dev-box")
+            .unwrap()
+            .owned_by(&Principal::named("bob").unwrap());
+        assert!(asks.watch(&bobs).is_empty());
+        assert!(matches!(
+            asks.answer_on_board(&bobs, posted, ALLOW_ONCE),
+            Err(BoardError::NoQuestion { .. })
+        ));
+        assert!(matches!(
+            asks.answer_on_board(&id, posted, "maybe"),
+            Err(BoardError::Choice(_))
+        ));
+        asks.answer_on_board(&id, posted, ALLOW_ONCE).unwrap();
+        assert!(matches!(
+            by_dashboard(answered).await,
+            Asked::Answer(EgressAnswer::Once)
+        ));
+        // The first answer won: a second finds no question.
+        assert!(asks.answer_on_board(&id, posted, DENY).is_err());
+        assert!(asks.watch(&id).is_empty());
     }
 
     fn question() -> EgressQuestion {

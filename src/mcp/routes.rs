@@ -25,6 +25,9 @@ pub(super) enum Switch {
     Checkpoints,
     /// An egress policy other than `open` without rules (docs/egress.md).
     Egress,
+    /// The dashboard (the lifecycle switch) and an egress policy both: the person's egress
+    /// tools, for the app alone (docs/egress.md, "Dashboard").
+    EgressDashboard,
 }
 
 /// The switches one process runs with.
@@ -46,6 +49,7 @@ impl Switches {
             Switch::Lifecycle => self.lifecycle,
             Switch::Checkpoints => self.checkpoints,
             Switch::Egress => self.egress,
+            Switch::EgressDashboard => self.egress && self.lifecycle,
         }
     }
 }
@@ -233,6 +237,34 @@ pub(super) static ROUTES: &[Route] = &[
         handler: handler!(network::computer_network),
         errors: ErrorText::Message,
     },
+    Route {
+        name: network::ALLOW,
+        switch: Switch::EgressDashboard,
+        tool: network::allow_tool,
+        handler: handler!(network::allow),
+        errors: ErrorText::Message,
+    },
+    Route {
+        name: network::REMOVE,
+        switch: Switch::EgressDashboard,
+        tool: network::remove_tool,
+        handler: handler!(network::remove),
+        errors: ErrorText::Message,
+    },
+    Route {
+        name: network::QUESTIONS,
+        switch: Switch::EgressDashboard,
+        tool: network::questions_tool,
+        handler: handler!(network::questions),
+        errors: ErrorText::Message,
+    },
+    Route {
+        name: network::ANSWER,
+        switch: Switch::EgressDashboard,
+        tool: network::answer_tool,
+        handler: handler!(network::answer),
+        errors: ErrorText::Message,
+    },
 ];
 
 /// The routes `switches` turn on, in listing order.
@@ -303,5 +335,27 @@ mod tests {
             Some(ports::PORT_URL)
         );
         assert!(find(ALL_ON, jobs::OUTPUT).is_some());
+    }
+
+    #[test]
+    fn the_persons_egress_tools_need_the_dashboard_and_a_policy() {
+        let only = |lifecycle, egress| Switches {
+            jobs: false,
+            files: false,
+            lifecycle,
+            checkpoints: false,
+            egress,
+        };
+        for name in [
+            network::ALLOW,
+            network::REMOVE,
+            network::QUESTIONS,
+            network::ANSWER,
+        ] {
+            assert!(find(only(true, true), name).is_some(), "{name}");
+            assert!(find(only(false, true), name).is_none(), "{name}");
+            assert!(find(only(true, false), name).is_none(), "{name}");
+        }
+        assert!(find(only(false, true), network::COMPUTER_NETWORK).is_some());
     }
 }

@@ -27,6 +27,7 @@ import {
 import { checkpointSteps, prepareCheckpoints } from "./lib/checkpoints.mjs";
 import { fileSteps, prepareFiles } from "./lib/files.mjs";
 import { HOSTILE, TICK, jobSteps, startJob } from "./lib/jobs.mjs";
+import { fakeInternet, networkServerArgs, networkSteps, prepareNetwork } from "./lib/network.mjs";
 
 const ID = uniqueId("dash");
 const TEMP_ID = uniqueId("dash-tmp");
@@ -264,6 +265,17 @@ describe("dashboard in headless Chromium via the ext-apps AppBridge", () => {
     assert.equal(await app.locator("#checkpoints").getAttribute("hidden"), "");
   });
 
+  step("has no Network section and no countdown without an egress policy or --idle-stop", async () => {
+    // As for jobs: the first computer_network, for the first computer opened, is refused as unknown.
+    await waitFor(() => toolCalls("computer_network").some((c) => c.error), 10_000, "the refused computer_network");
+    assert.deepEqual(toolCalls("computer_network").map((c) => c.arguments), [{ computer_id: TEMP_ID }]);
+    assert.match(toolCalls("computer_network")[0].error, /tool not found/);
+    assert.equal(toolCalls().filter((c) => /^computer_network_/.test(c.name)).length, 0);
+    assert.equal(await app.locator("#network").isVisible(), false);
+    assert.equal(await app.locator("#network").getAttribute("hidden"), "");
+    assert.equal(await app.locator("#list .idle-stop").count(), 0);
+  });
+
   step("moves the selection with the arrow keys in the listbox", async () => {
     const ids = await app.locator('li[role="option"]').evaluateAll((els) => els.map((e) => e.dataset.id));
     assert.ok(ids.length >= 2, `only ${ids.length} rows`);
@@ -450,6 +462,12 @@ describe("dashboard in headless Chromium via the ext-apps AppBridge", () => {
     assert.equal(await app.locator("#ports").isVisible(), false);
   });
 
+  step("never showed Network nor asked an egress tool again without an egress policy", async () => {
+    assert.equal(toolCalls("computer_network").length, 1);
+    assert.equal(toolCalls().filter((c) => /^computer_network_/.test(c.name)).length, 0);
+    assert.equal(await app.locator("#network").isVisible(), false);
+  });
+
   step("never showed Checkpoints nor asked a checkpoint tool again without --checkpoint-tools", async () => {
     const checkpointCalls = toolCalls().filter((c) => /^(computer_(checkpoint|rollback|fork)|checkpoint_(list|delete))$/.test(c.name));
     assert.deepEqual(checkpointCalls.map((c) => c.name), ["checkpoint_list"]);
@@ -622,6 +640,66 @@ describe("checkpoints of a computer in the dashboard (app mode, --checkpoint-too
     screenshot: async (name) => {
       await settleFrame(ckptPage, frame);
       await ckptPage.screenshot({ path: join(OUTPUT_DIR, `dashboard-${name}`), fullPage: true });
+    },
+  });
+});
+
+describe("network and idle-stop countdown of a computer in the dashboard (app mode, egress policy, --idle-stop)", () => {
+  const NET_ID = uniqueId("dash-net");
+  const made = new Set([NET_ID]);
+  const netCalls = [];
+  let internet;
+  let netServer;
+  let netHost;
+  let netBrowser;
+  let netPage;
+  let frame;
+
+  const netStep = stepsInOrder();
+
+  before(async () => {
+    assertPrerequisites();
+    ensureOutputDir();
+    removeComputers([...made]);
+    internet = fakeInternet();
+    netServer = await startServer({ args: [...SERVER_ARGS, ...networkServerArgs(internet)] });
+    await prepareNetwork(netServer.client, NET_ID);
+    const read = await netServer.client.readResource({ uri: DASHBOARD_URI });
+    netHost = await startHostServer({ appHtml: read.contents[0].text, hostJs: await bundleHost() });
+    netBrowser = await launchBrowser({ viewport: { width: 1100, height: 1300 } });
+    netPage = netBrowser.page;
+    netPage.on("pageerror", (e) => console.error(`[host page error] ${e.message}`));
+    await netPage.exposeFunction("__mcpRelay", makeRelay(netServer.client, netCalls));
+    await netPage.goto(netHost.url);
+    await netPage.waitForFunction(() => window.__host !== undefined);
+    await netPage.evaluate((opts) => window.__host.start(opts), {
+      appUrl: "/app",
+      hostContext: HOST_CONTEXT,
+      toolName: "computer_dashboard",
+    });
+    frame = netPage.frameLocator("#app");
+    await waitFor(async () => /^\d+ computers?$/.test((await frame.locator("#status").textContent()) ?? ""), 20_000, "the inventory");
+  });
+
+  after(async () => {
+    // Deleted through the server, so that it removes its egress network's proxy with the last one.
+    for (const id of made) await netServer?.client.callTool({ name: "computer_delete", arguments: { computer_id: id } }).catch(() => {});
+    removeComputers([...made]);
+    await netBrowser?.close();
+    await netHost?.close();
+    await netServer?.close();
+    internet?.close();
+  });
+
+  networkSteps(netStep, {
+    root: () => frame,
+    client: { callTool: (req) => netServer.client.callTool(req, undefined, { timeout: 120_000 }) },
+    computerId: NET_ID,
+    track: (id) => made.add(id),
+    toolArgs: (name) => netCalls.filter((c) => c.method === "tools/call" && c.name === name).map((c) => c.arguments),
+    screenshot: async (name) => {
+      await settleFrame(netPage, frame);
+      await netPage.screenshot({ path: join(OUTPUT_DIR, `dashboard-${name}`), fullPage: true });
     },
   });
 });

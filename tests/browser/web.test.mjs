@@ -25,6 +25,7 @@ import {
 import { checkpointSteps, prepareCheckpoints } from "./lib/checkpoints.mjs";
 import { fileSteps, prepareFiles } from "./lib/files.mjs";
 import { HOSTILE, TICK, jobSteps, startJob } from "./lib/jobs.mjs";
+import { fakeInternet, networkServerArgs, networkSteps, prepareNetwork } from "./lib/network.mjs";
 
 const TOKEN = randomBytes(12).toString("hex");
 const created = new Set();
@@ -165,6 +166,14 @@ describe("dashboard in web mode over Streamable HTTP", () => {
     assert.equal(await page.locator("#checkpoints").getAttribute("hidden"), "");
     const checkpointCalls = mcpRequests((r) => /^(computer_(checkpoint|rollback|fork)|checkpoint_(list|delete))$/.test(rpc(r)?.params?.name ?? ""));
     assert.equal(checkpointCalls.length, 0, "the page called a checkpoint tool");
+  });
+
+  step("has no Network section and no countdown without an egress policy or --idle-stop (tools/list says so)", async () => {
+    assert.equal(await page.locator("#network").isVisible(), false);
+    assert.equal(await page.locator("#network").getAttribute("hidden"), "");
+    assert.equal(await page.locator("#list .idle-stop").count(), 0);
+    const networkCalls = mcpRequests((r) => /^computer_network/.test(rpc(r)?.params?.name ?? ""));
+    assert.equal(networkCalls.length, 0, "the page called an egress tool");
   });
 
   step("creates a second computer, runs a command in it and deletes it (container gone)", async () => {
@@ -426,6 +435,69 @@ describe("checkpoints of a computer in the web dashboard (--checkpoint-tools)", 
     toolArgs: (name) =>
       pageRequests.filter((m) => m?.method === "tools/call" && m.params?.name === name).map((m) => m.params.arguments),
     screenshot: (name) => ckptPage.screenshot({ path: join(OUTPUT_DIR, `web-${name}`), fullPage: true }),
+  });
+});
+
+describe("network and idle-stop countdown of a computer in the web dashboard (egress policy, --idle-stop)", () => {
+  const NET_ID = uniqueId("web-net");
+  const made = new Set([NET_ID]);
+  const pageRequests = [];
+  let internet;
+  let netServer;
+  let netBrowser;
+  let netPage;
+  let client;
+
+  const netStep = stepsInOrder();
+
+  before(async () => {
+    assertPrerequisites();
+    ensureOutputDir();
+    removeComputers([...made]);
+    internet = fakeInternet();
+    netServer = await startHttpServer({ token: TOKEN, extraArgs: networkServerArgs(internet) });
+    // The test's own session: it makes the requests in the computer the page watches.
+    client = new Client({ name: "kilntainers-browser-tests", version: "1.0.0" }, { capabilities: {} });
+    await client.connect(
+      new StreamableHTTPClientTransport(new URL(`${netServer.url}/mcp`), {
+        requestInit: { headers: { Authorization: `Bearer ${TOKEN}` } },
+      }),
+    );
+    await prepareNetwork(client, NET_ID);
+    netBrowser = await launchBrowser({ viewport: { width: 1100, height: 1300 } });
+    netPage = netBrowser.page;
+    netPage.on("pageerror", (e) => console.error(`[page error] ${e.message}`));
+    netPage.on("request", (req) => {
+      if (new URL(req.url()).pathname === "/mcp") pageRequests.push(rpc({ body: req.postData() }));
+    });
+    await netPage.goto(`${netServer.url}/#token=${TOKEN}`);
+    await waitFor(async () => /^(Connected|\d+ computers?)$/.test((await netPage.locator("#status").textContent()) ?? ""), 20_000, "connected");
+  });
+
+  after(async () => {
+    // Deleted through the server, so that it removes its egress network's proxy with the last one.
+    for (const id of made) await client?.callTool({ name: "computer_delete", arguments: { computer_id: id } }).catch(() => {});
+    removeComputers([...made]);
+    await netBrowser?.close();
+    await client?.close().catch(() => {});
+    await netServer?.close();
+    internet?.close();
+  });
+
+  netStep("learns the egress tools from tools/list and asks nothing before a computer is opened", async () => {
+    await waitFor(() => pageRequests.some((m) => m?.method === "tools/list"), 10_000, "tools/list");
+    assert.equal(pageRequests.filter((m) => /^computer_network/.test(m?.params?.name ?? "")).length, 0);
+    assert.equal(await netPage.locator("#network").isVisible(), false);
+  });
+
+  networkSteps(netStep, {
+    root: () => netPage,
+    client: { callTool: (req) => client.callTool(req, undefined, { timeout: 120_000 }) },
+    computerId: NET_ID,
+    track: (id) => made.add(id),
+    toolArgs: (name) =>
+      pageRequests.filter((m) => m?.method === "tools/call" && m.params?.name === name).map((m) => m.params.arguments),
+    screenshot: (name) => netPage.screenshot({ path: join(OUTPUT_DIR, `web-${name}`), fullPage: true }),
   });
 });
 

@@ -416,6 +416,18 @@ pub struct NarrowError {
     pub server: String,
 }
 
+/// An allow rule a person may not add to a computer: outside the server's bounds
+/// ([`EgressPolicy::admits`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum GrantError {
+    #[error("'{pattern}' is denied by this server's rule '{rule}'; a person cannot allow it.")]
+    Denied { pattern: String, rule: String },
+    #[error(
+        "'{pattern}' is outside what this server allows ({server}); a person can allow only hosts within the server's allow-list."
+    )]
+    Outside { pattern: String, server: String },
+}
+
 /// A recorded policy that cannot be read back.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("unreadable egress label: {0}")]
@@ -499,6 +511,33 @@ impl EgressPolicy {
             ask: self.ask,
             allow_private: self.allow_private,
         })
+    }
+
+    /// Whether a person may add `pattern` to a computer's allow rules (docs/egress.md,
+    /// "Dashboard"): no deny rule of this (the server's) policy covers it, and it lies within
+    /// what a person could allow through ask-to-allow too: inside an allow rule, or anything
+    /// with `--egress-ask`. `open` mode without a matching deny rule admits it (a computer
+    /// narrowed at creation is then widened within the server's bounds); `none` admits nothing.
+    pub fn admits(&self, pattern: &Pattern) -> Result<(), GrantError> {
+        if let Some(rule) = self.deny.iter().find(|d| d.covers(pattern)) {
+            return Err(GrantError::Denied {
+                pattern: pattern.to_string(),
+                rule: rule.to_string(),
+            });
+        }
+        let within = match self.mode {
+            EgressMode::Open => true,
+            EgressMode::Allowlist => self.ask || self.allow.iter().any(|a| a.covers(pattern)),
+            EgressMode::None => false,
+        };
+        if within {
+            Ok(())
+        } else {
+            Err(GrantError::Outside {
+                pattern: pattern.to_string(),
+                server: self.summary(),
+            })
+        }
     }
 
     /// One line naming what the policy allows, for messages.

@@ -196,6 +196,40 @@ fn narrowing_accepts_only_patterns_inside_the_servers() {
 }
 
 #[test]
+fn a_person_may_add_only_rules_within_the_servers_bounds() {
+    let mut server = policy(
+        EgressMode::Allowlist,
+        &["*.example.com", "api.test"],
+        &["bad.example.com"],
+    );
+    assert!(server.admits(&pattern("a.example.com")).is_ok());
+    assert!(server.admits(&pattern("api.test:443")).is_ok());
+    let outside = server.admits(&pattern("other.test")).unwrap_err();
+    assert!(
+        matches!(&outside, GrantError::Outside { pattern, .. } if pattern == "other.test"),
+        "{outside}"
+    );
+    assert!(outside.to_string().contains("'other.test'"), "{outside}");
+    let denied = server.admits(&pattern("bad.example.com")).unwrap_err();
+    assert_eq!(
+        denied.to_string(),
+        "'bad.example.com' is denied by this server's rule 'bad.example.com'; a person cannot allow it."
+    );
+    // With --egress-ask a person could allow any host no deny rule covers: so can the dashboard.
+    server.ask = true;
+    assert!(server.admits(&pattern("other.test")).is_ok());
+    assert!(server.admits(&pattern("bad.example.com")).is_err());
+    let open = policy(EgressMode::Open, &[], &["*.evil.test"]);
+    assert!(open.admits(&pattern("a.test")).is_ok());
+    assert!(open.admits(&pattern("x.evil.test")).is_err());
+    assert!(
+        policy(EgressMode::None, &[], &[])
+            .admits(&pattern("a.test"))
+            .is_err()
+    );
+}
+
+#[test]
 fn the_label_round_trips_and_refuses_what_it_cannot_read() {
     let p = EgressPolicy {
         ask: true,

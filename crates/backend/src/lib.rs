@@ -369,6 +369,31 @@ pub trait Backend: Send + Sync {
         Vec::new()
     }
 
+    /// The allow rules people added for `sandbox` (ask-to-allow's `allow for this computer`,
+    /// the dashboard's; docs/egress.md, "Dashboard"), already among
+    /// [`Backend::egress_policy`]'s allow rules; `None` when this backend keeps none.
+    async fn egress_grants(
+        &self,
+        _sandbox: &SandboxRef,
+    ) -> Result<Option<Vec<egress::Pattern>>, BackendError> {
+        Ok(None)
+    }
+
+    /// Adds (`granted`) or removes a person's allow rule for `sandbox`, kept outside the
+    /// computer and given to its enforcement at once when it runs; whether anything changed.
+    /// The caller has checked the rule against the server's bounds.
+    async fn set_egress_grant(
+        &self,
+        _sandbox: &SandboxRef,
+        _pattern: &egress::Pattern,
+        _granted: bool,
+    ) -> Result<bool, BackendError> {
+        Err(BackendError::Provider(format!(
+            "the {} backend keeps no egress rules for a computer",
+            self.kind()
+        )))
+    }
+
     /// The questions of ask-to-allow (docs/egress.md, "Ask-to-allow"): connections held until
     /// the server answers each. The receiving end is handed out once (to the server); `None`
     /// when this backend never asks, or it was taken already.

@@ -557,7 +557,7 @@ impl Grants {
             .collect()
     }
 
-    /// Adds `pattern` to `container`'s grants (written whole to a temporary file, then renamed).
+    /// Adds `pattern` to `container`'s grants.
     pub(crate) fn add(&self, container: &str, pattern: &Pattern) -> Result<(), String> {
         let path = self
             .path(container)
@@ -572,12 +572,31 @@ impl Grants {
             ));
         }
         patterns.push(pattern.clone());
+        Self::store(&path, &patterns)
+    }
+
+    /// Takes `pattern` out of `container`'s grants; whether it was one of them.
+    pub(crate) fn revoke(&self, container: &str, pattern: &Pattern) -> Result<bool, String> {
+        let path = self
+            .path(container)
+            .ok_or("the server has no state directory to keep it in")?;
+        let mut patterns = self.load(container);
+        let before = patterns.len();
+        patterns.retain(|p| p != pattern);
+        if patterns.len() == before {
+            return Ok(false);
+        }
+        Self::store(&path, &patterns).map(|()| true)
+    }
+
+    /// Writes `patterns` whole to a temporary file, then renames it over `path`.
+    fn store(path: &std::path::Path, patterns: &[Pattern]) -> Result<(), String> {
         let text: String = patterns.iter().map(|p| format!("{p}\n")).collect();
         let dir = path.parent().ok_or("no directory")?;
         std::fs::create_dir_all(dir).map_err(|e| e.to_string())?;
         let temporary = path.with_extension("new");
         std::fs::write(&temporary, text).map_err(|e| e.to_string())?;
-        std::fs::rename(&temporary, &path).map_err(|e| e.to_string())
+        std::fs::rename(&temporary, path).map_err(|e| e.to_string())
     }
 
     /// Forgets a removed container's grants.

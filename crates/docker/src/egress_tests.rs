@@ -412,6 +412,14 @@ fn grants_are_kept_per_container_outside_it_and_applied_to_its_policy() {
             pattern("[2001:db8::1]:22")
         ]
     );
+    // A person takes one back: only a granted rule is revoked.
+    assert!(
+        grants
+            .revoke(container, &pattern("[2001:db8::1]:22"))
+            .unwrap()
+    );
+    assert!(!grants.revoke(container, &pattern("allowed.test")).unwrap());
+    assert_eq!(grants.load(container), vec![pattern("other.test:443")]);
     grants.remove(container);
     assert_eq!(grants.apply(container, policy.clone()), policy);
     // Without a state dir nothing can be kept, and saying so is the answer.

@@ -111,11 +111,12 @@ pub struct DockerBackend {
 impl DockerBackend {
     pub fn new(config: &DockerConfig, common: &Common) -> Result<Self, BackendError> {
         // Questions flow only where a proxy can ask them (docs/egress.md, "Ask-to-allow").
+        let grants = egress::Grants::new(config.state_dir.as_deref());
         let (asking, questions) = if common.egress.filters() && common.egress.policy.ask {
             let (tx, rx) = tokio::sync::mpsc::channel(egress::QUESTIONS_QUEUED);
             let asking = egress::Asking {
                 questions: tx,
-                grants: egress::Grants::new(config.state_dir.as_deref()),
+                grants: grants.clone(),
             };
             (Some(asking), Some(rx))
         } else {
@@ -130,6 +131,7 @@ impl DockerBackend {
                 config.engine,
                 &common.egress,
                 asking,
+                grants,
             ),
             egress_questions: std::sync::Mutex::new(questions),
             egress_policy: common.egress.policy.clone(),
@@ -791,6 +793,58 @@ impl Backend for DockerBackend {
             Some(grants) => grants.apply(&full_id, policy),
             None => policy,
         }))
+    }
+
+    async fn egress_grants(
+        &self,
+        sandbox: &SandboxRef,
+    ) -> Result<Option<Vec<kilntainers_backend::egress::Pattern>>, BackendError> {
+        let Some(grants) = self.networks.grants() else {
+            return Ok(None);
+        };
+        let name = Self::container_name(&sandbox.computer_id);
+        let Some(inspect) = self.inspect(&name).await? else {
+            return Err(BackendError::Vanished(sandbox.computer_id.clone()));
+        };
+        Ok(Some(grants.load(inspect.id.as_deref().unwrap_or_default())))
+    }
+
+    async fn set_egress_grant(
+        &self,
+        sandbox: &SandboxRef,
+        pattern: &kilntainers_backend::egress::Pattern,
+        granted: bool,
+    ) -> Result<bool, BackendError> {
+        let Some(grants) = self.networks.grants() else {
+            return Err(BackendError::Provider(
+                "this server runs no egress proxy, so it keeps no rules for a computer".to_owned(),
+            ));
+        };
+        let name = Self::container_name(&sandbox.computer_id);
+        let Some(inspect) = self.inspect(&name).await? else {
+            return Err(BackendError::Vanished(sandbox.computer_id.clone()));
+        };
+        let container = inspect.id.as_deref().unwrap_or_default();
+        let changed = if granted {
+            let before = grants.load(container).len();
+            grants
+                .add(container, pattern)
+                .map(|()| grants.load(container).len() != before)
+        } else {
+            grants.revoke(container, pattern)
+        }
+        .map_err(|why| {
+            BackendError::Provider(format!(
+                "cannot keep the rule for computer '{}': {why}",
+                sandbox.computer_id.slug()
+            ))
+        })?;
+        // A running computer's proxy gets the recorded policy with its grants now; a stopped
+        // one gets it when it starts.
+        if changed && is_running(&inspect) {
+            self.egress_attach(&inspect).await?;
+        }
+        Ok(changed)
     }
 
     fn egress_questions(

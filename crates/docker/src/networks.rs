@@ -64,8 +64,11 @@ pub(super) struct Networks {
     egress: Option<EgressSettings>,
     /// The proxies this process started or took over, by network name.
     proxies: Mutex<HashMap<String, Arc<Proxy>>>,
-    /// Where the proxies' questions go, and the hosts people allowed per computer.
+    /// Where the proxies' questions go (with `--egress-ask`).
     asking: Option<Asking>,
+    /// The hosts people allowed per computer, whenever computers run behind the proxy
+    /// (ask-to-allow and the dashboard add them; docs/egress.md, "Dashboard").
+    grants: Option<egress::Grants>,
 }
 
 /// This process's coordination around one network name.
@@ -87,6 +90,7 @@ impl Networks {
         engine: Engine,
         egress: &EgressSettings,
         asking: Option<Asking>,
+        grants: egress::Grants,
     ) -> Self {
         let egress =
             (mode != ComputerNetwork::Disabled && egress.filters()).then(|| egress.clone());
@@ -99,15 +103,16 @@ impl Networks {
             },
             engine,
             gates: Mutex::new(HashMap::new()),
-            egress,
             proxies: Mutex::new(HashMap::new()),
+            grants: egress.is_some().then_some(grants),
+            egress,
             asking,
         }
     }
 
-    /// The hosts people allowed per computer, when questions are asked at all.
+    /// The hosts people allowed per computer, when computers run behind the proxy.
     pub(super) fn grants(&self) -> Option<&egress::Grants> {
-        self.asking.as_ref().map(|a| &a.grants)
+        self.grants.as_ref()
     }
 
     /// A recorded policy with the computer's grants added.
