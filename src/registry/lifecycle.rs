@@ -6,6 +6,7 @@ use std::collections::HashSet;
 
 use super::slots::Slot;
 use super::{Interruption, Registry, RegistryError, Removal, lock};
+use crate::backends::egress::EgressPolicy;
 use crate::backends::{ComputerInfo, CreateSpec, Progress, SandboxRef};
 use crate::ids::{ComputerId, Principal};
 
@@ -151,6 +152,7 @@ impl Registry {
     ) -> Result<SandboxRef, RegistryError> {
         self.with_lifecycle(id, Interruption::Reset, async |sandbox| {
             let _admitted = self.admit_if_stopped(owner, id).await?;
+            let egress = self.egress_made_with(&sandbox).await?;
             self.backend.remove(&sandbox).await?;
             self.removed(id, Removal::Replaced);
             let spec = CreateSpec {
@@ -159,12 +161,29 @@ impl Registry {
                 image: Some(sandbox.image.clone()),
                 instance: self.instance.clone(),
                 owner: Some(owner.clone()),
-                egress: None,
+                egress,
             };
             let fresh = self.backend.create(&spec, progress).await?;
             Ok((fresh.clone(), Some(fresh)))
         })
         .await
+    }
+
+    /// The egress policy `sandbox` was made with (docs/egress.md, "Policy model"): what a
+    /// factory reset gives the fresh computer, so a narrowed policy stays narrowed (the model
+    /// must not widen it by resetting). The hosts people allowed for the computer are not part
+    /// of it: they go with the old computer, as on delete.
+    async fn egress_made_with(
+        &self,
+        sandbox: &SandboxRef,
+    ) -> Result<Option<EgressPolicy>, RegistryError> {
+        let Some(mut policy) = self.backend.egress_policy(sandbox).await? else {
+            return Ok(None);
+        };
+        if let Some(granted) = self.backend.egress_grants(sandbox).await? {
+            policy.allow.retain(|pattern| !granted.contains(pattern));
+        }
+        Ok(Some(policy))
     }
 
     pub async fn delete(&self, id: &ComputerId) -> Result<(), RegistryError> {

@@ -355,6 +355,13 @@ async def test_issue_33_computer_create_narrows_the_servers_policy(kbb, fake_int
         assert "hello-from-other.test" in res.structured["stdout"], res
         again = await srv.call({"computer_id": narrow, "egress": {"allow": ["allowed.test"]}}, name="computer_create")
         assert again.is_error and "already exists" in again.text, again
+        # A factory reset keeps the narrowed policy: the model cannot widen it that way.
+        (await srv.call({"computer_id": narrow}, name="computer_factory_reset")).ok()
+        res = await srv.run(VIA_PROXY.format(host="other.test"), computer_id=narrow)
+        assert "hello-from" not in res.structured["stdout"], res
+        assert f"other.test:80 was blocked: {ALLOW_REFUSAL}" in res.structured["stderr"], res
+        shown = (await srv.call({"computer_id": narrow}, name="computer_network")).structured
+        assert (shown["mode"], shown["allow"]) == ("allowlist", ["allowed.test"]), shown
 
 
 async def test_issue_33_ip_literals_mismatched_tunnels_and_private_answers_are_refused(kbb, fake_internet):
