@@ -65,8 +65,6 @@ pub struct TaskRead {
     pub record: TaskRecord,
     /// `None` once the job ended.
     pub running_tail: Option<Snapshot>,
-    /// The job was ended by its wall-clock limit (its supervisor's `timedout` mark).
-    pub timed_out: bool,
     /// `tasks/cancel` ended the job (the `cancelled` mark).
     pub cancelled: bool,
 }
@@ -96,8 +94,8 @@ echo ok
 
 /// Reads a task's job: `$1` id, `$2` the shell, `$3` the read script, `$4` how much of a
 /// running job's output to return. Prints `missing` (no job, or a job that is no task), else
-/// the `task` line, then `ended <timed out 0/1> <cancelled 0/1>`, or `running <offset> 0 0`
-/// and the read script's answer from that offset.
+/// the `task` line, then `ended <cancelled 0/1>`, or `running <offset>` and the read script's
+/// answer from that offset.
 fn status_script() -> String {
     format!(
         r#"j=$1
@@ -105,14 +103,13 @@ fn status_script() -> String {
 head -c {RECORD_LIMIT} "$d/task" | head -n 1
 settle "$d"
 if [ -f "$d/exit" ]; then
-  f=0; [ -f "$d/timedout" ] && f=1
   c=0; [ -f "$d/cancelled" ] && c=1
-  printf 'ended %s %s\n' "$f" "$c"
+  printf 'ended %s\n' "$c"
   exit 0
 fi
 t=$(awk '{{t += $2}} END {{printf "%.0f\n", t}}' "$d/order")
 if [ "$t" -gt "$4" ]; then s=$((t - $4)); else s=0; fi
-printf 'running %s 0 0\n' "$s"
+printf 'running %s\n' "$s"
 exec "$2" -c "$3" kilntainers-job "$j" "$s" "$4" 0 output
 "#
     )
@@ -222,30 +219,24 @@ impl Jobs {
             return Ok(None);
         };
         let marks = String::from_utf8_lossy(marks);
-        let words: Vec<&str> = marks.split_whitespace().collect();
-        let (state, number, timed_out, cancelled) = match words.as_slice() {
-            [state, number, timed_out, cancelled] => (*state, *number, *timed_out, *cancelled),
-            [state, timed_out, cancelled] => (*state, "0", *timed_out, *cancelled),
-            _ => return Ok(None),
-        };
-        let running_tail = match state {
-            "ended" => None,
-            "running" => {
-                let since: u64 = number.parse().unwrap_or(0);
+        let (running_tail, cancelled) = match marks.split_once(' ') {
+            Some(("ended", cancelled)) => (None, cancelled == "1"),
+            Some(("running", since)) => {
+                let since: u64 = since.parse().unwrap_or(0);
                 let snapshot = parse::snapshot(answer, stderr, since, super::now_ms());
-                Some(snapshot.ok_or_else(|| JobError::Failed {
+                let snapshot = snapshot.ok_or_else(|| JobError::Failed {
                     action: "read the task of a",
                     computer: sandbox.computer_id.clone(),
                     reason: "its answer was not understood".to_owned(),
-                })?)
+                })?;
+                (Some(snapshot), false)
             }
             _ => return Ok(None),
         };
         Ok(Some(TaskRead {
             record,
             running_tail,
-            timed_out: timed_out == "1",
-            cancelled: cancelled == "1",
+            cancelled,
         }))
     }
 

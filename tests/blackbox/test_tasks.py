@@ -73,8 +73,10 @@ class Raw:
         body = {"jsonrpc": "2.0", "id": request_id, "method": method, "params": params}
         async with httpx.AsyncClient(timeout=120) as client:
             response = await client.post(self.url, headers=headers, json=body)
-        assert response.status_code == 200, (response.status_code, response.text)
+        # rmcp answers a request its gate refuses (-32021) with HTTP 400 and the error as JSON.
+        assert response.status_code in (200, 400), (response.status_code, response.text)
         (answer,) = [m for m in messages(response) if m.get("id") == request_id]
+        assert response.status_code == 200 or "error" in answer, answer
         return answer
 
     async def execute(self, **arguments) -> dict:
@@ -158,7 +160,8 @@ async def test_issue_36_a_long_command_becomes_a_task_polled_to_its_full_result(
             "computer_id": cid, "temporary": False, "stdout": "line1\nline2\nline3\n", "stderr": "oops\n",
             "exit_code": 3,
         }
-        assert result["structuredContent"]["exec_duration_ms"] >= 3000
+        # Three one-second sleeps; a job records its end to the second.
+        assert result["structuredContent"]["exec_duration_ms"] >= 2000
         # The result stays until the task expires.
         again = (await raw.get(task["taskId"]))["result"]
         assert again["status"] == "completed" and again["result"] == result
