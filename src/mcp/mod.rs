@@ -258,7 +258,7 @@ impl SessionHandler {
         self.surface
             .tasks
             .get()
-            .ok_or_else(|| ErrorData::method_not_found::<rmcp::model::GetTaskMethod>())
+            .ok_or_else(ErrorData::method_not_found::<rmcp::model::GetTaskMethod>)
     }
 
     fn with_session(surface: Arc<Surface>, session: Arc<Session>) -> Self {

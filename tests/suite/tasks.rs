@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use rmcp::RoleClient;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CancelTaskParams, ClientCapabilities, ClientInfo,
+    CallToolRequestParams, CallToolResponse, CancelTaskParams, ClientCapabilities, ClientConfig,
     GetTaskParams, GetTaskResult, Implementation, ProtocolVersion, TaskPayload, TaskStatus,
 };
 use rmcp::service::{ClientLifecycleMode, ClientServiceExt, RunningService};
@@ -23,7 +23,7 @@ const BUSYBOX: [&str; 4] = ["--image", "sandbox-busybox:full", "--shell", "/bin/
 /// A first answer after one second, so the cases need not wait the default five.
 const FAST: [&str; 2] = ["--task-after", "1"];
 
-type Client = RunningService<RoleClient, ClientInfo>;
+type Client = RunningService<RoleClient, ClientConfig>;
 
 /// A 2026-07-28 client of `server` that declares the Tasks extension on every request.
 async fn client(server: &HttpServer) -> Client {
@@ -32,7 +32,7 @@ async fn client(server: &HttpServer) -> Client {
             .auth_header(server.token()),
     );
     let capabilities = ClientCapabilities::builder().enable_tasks().build();
-    ClientInfo::new(capabilities, Implementation::new("tasks-suite", "1"))
+    ClientConfig::new(capabilities, Implementation::new("tasks-suite", "1"))
         .with_protocol_version(ProtocolVersion::V_2026_07_28)
         .serve_with_lifecycle(
             transport,
