@@ -93,7 +93,7 @@ KILNTAINERS_EXEC_HELPER=off "$KILNTAINERS_TEST_VENV/bin/python" -m pytest -q -p 
     tests/blackbox/test_limits.py tests/blackbox/test_lifecycle_docker.py \
     tests/blackbox/test_crash_gc.py tests/blackbox/test_jobs.py tests/blackbox/test_files.py \
     tests/blackbox/test_ports.py tests/blackbox/test_warm_pool.py \
-    tests/blackbox/test_checkpoints.py
+    tests/blackbox/test_checkpoints.py tests/blackbox/test_tasks.py
 
 step "install paths: the PyPI wheel (built, audited, installed without Rust) and serve.sh as a normal user"
 wheel="$(bash scripts/build-wheel.sh)"

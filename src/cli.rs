@@ -402,6 +402,25 @@ pub struct Cli {
     )]
     pub idle_stop: String,
 
+    // ---- MCP Tasks (docs/tasks.md) ----
+    #[arg(
+        long,
+        env = "KILNTAINERS_TASK_AFTER",
+        default_value_t = 5,
+        allow_negative_numbers = true,
+        value_name = "SECONDS",
+        help = "For a client that declared the MCP Tasks extension, answer terminal_execute with a task when the command still runs after this many seconds, 0-3600 (default: 5)"
+    )]
+    pub task_after: i64,
+    #[arg(
+        long,
+        env = "KILNTAINERS_TASK_TTL",
+        default_value = "1h",
+        value_name = "DURATION",
+        help = "How long a task and its result are kept (e.g. 30m, 2h, 1d; at most 7d); its command is ended when it runs out (default: 1h)"
+    )]
+    pub task_ttl: String,
+
     // ---- tool description ----
     #[arg(
         long,

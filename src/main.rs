@@ -17,7 +17,7 @@ use mcp_sandbox_computer_vm_for_ai::cli::Cli;
 use mcp_sandbox_computer_vm_for_ai::config::{self, Config, Transport};
 use mcp_sandbox_computer_vm_for_ai::ids::InstanceId;
 use mcp_sandbox_computer_vm_for_ai::jobs::{JobSettings, Jobs};
-use mcp_sandbox_computer_vm_for_ai::mcp::{Surface, description};
+use mcp_sandbox_computer_vm_for_ai::mcp::{Surface, TaskSettings, description};
 use mcp_sandbox_computer_vm_for_ai::providers;
 use mcp_sandbox_computer_vm_for_ai::registry::{Registry, orphans};
 use mcp_sandbox_computer_vm_for_ai::state::{self, InstanceLock};
@@ -91,18 +91,18 @@ async fn run(config: Config) -> i32 {
         config.limits,
         config.quotas,
     );
-    let jobs = config.jobs.enabled.then(|| {
-        Jobs::new(
-            backend.clone(),
-            config.shell.clone(),
-            JobSettings {
-                max_jobs: config.jobs.max_jobs,
-                default_timeout_secs: config.jobs.default_timeout_secs,
-                log_limit: config.jobs.log_limit,
-                output_limit: config.limits.output_limit,
-            },
-        )
-    });
+    // Tasks are jobs whether or not the job tools are listed (docs/tasks.md).
+    let all_jobs = Jobs::new(
+        backend.clone(),
+        config.shell.clone(),
+        JobSettings {
+            max_jobs: config.jobs.max_jobs,
+            default_timeout_secs: config.jobs.default_timeout_secs,
+            log_limit: config.jobs.log_limit,
+            output_limit: config.limits.output_limit,
+        },
+    );
+    let jobs = config.jobs.enabled.then(|| all_jobs.clone());
     registry.set_max_checkpoints(config.checkpoints.max_per_computer);
     if let Some(after) = config.idle_stop {
         match backend.idle_stop() {
@@ -116,7 +116,8 @@ async fn run(config: Config) -> i32 {
                     backend.kind()
                 );
             }
-            IdleStop::Stops => registry.start_idle_stop(after, jobs.clone()),
+            // A task's job keeps its computer awake like any job.
+            IdleStop::Stops => registry.start_idle_stop(after, Some(all_jobs.clone())),
         }
     }
     let surface = Surface::with_checkpoints(
@@ -132,6 +133,13 @@ async fn run(config: Config) -> i32 {
             .egress
             .filters()
             .then(|| config.egress.policy.clone()),
+    );
+    surface.enable_tasks(
+        all_jobs,
+        TaskSettings {
+            after: config.tasks.after,
+            ttl: config.tasks.ttl,
+        },
     );
 
     if backend.warm_pool().is_some() {

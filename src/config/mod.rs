@@ -96,6 +96,8 @@ pub struct Config {
     /// `--idle-stop`: how long a permanent computer may go unused before it is stopped
     /// (docs/idle-stop.md); `None` = never.
     pub idle_stop: Option<Duration>,
+    /// `--task-after`, `--task-ttl` (docs/tasks.md, "Settings").
+    pub tasks: TasksConfig,
     /// `--max-computers-per-user`, `--max-running-per-user` (docs/auth.md, "Quotas").
     pub quotas: Quotas,
     pub description: DescriptionConfig,
@@ -239,6 +241,16 @@ pub fn check_oauth_url(flag: &str, url: &str) -> Result<(), ConfigError> {
     }
 }
 
+/// When a `terminal_execute` of a client that declared the Tasks extension becomes a task, and
+/// how long a task is kept (docs/tasks.md, "Settings").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TasksConfig {
+    /// `--task-after`: how long the call waits for the command before answering with a task.
+    pub after: Duration,
+    /// `--task-ttl`: the time to live every task is granted.
+    pub ttl: Duration,
+}
+
 /// The job switch and settings (docs/jobs.md, "Settings").
 #[derive(Debug, Clone, Copy)]
 pub struct JobsConfig {
@@ -332,6 +344,10 @@ impl Config {
             return fail("--job-log-limit must be at least 1048576 bytes (1 MiB).");
         }
         let idle_stop = parse_idle_stop(&cli.idle_stop)?;
+        let tasks = TasksConfig {
+            after: parse_task_after(cli.task_after)?,
+            ttl: parse_task_ttl(&cli.task_ttl)?,
+        };
         let Ok(port) = u16::try_from(cli.port)
             .map_err(drop)
             .and_then(|p| if p == 0 { Err(()) } else { Ok(p) })
@@ -448,6 +464,7 @@ impl Config {
                 max_per_computer: cli.max_checkpoints as usize,
             },
             idle_stop,
+            tasks,
             quotas: Quotas {
                 max_computers: cli.max_computers_per_user.map(|n| n as usize),
                 max_running: cli.max_running_per_user.map(|n| n as usize),
@@ -478,20 +495,31 @@ impl Config {
 /// The longest `--idle-stop`: 30 days.
 const MAX_IDLE_STOP: Duration = Duration::from_secs(30 * 24 * 3600);
 
-/// `--idle-stop`: `0` (off), or whole numbers each followed by `d`, `h`, `m` or `s`, largest
-/// first (`90s`, `30m`, `1h30m`); a bare number is seconds. Between 1 second and 30 days.
+/// `--idle-stop`: `0` (off), or a duration ([`duration_secs`]) between 1 second and 30 days.
 pub fn parse_idle_stop(raw: &str) -> Result<Option<Duration>, ConfigError> {
-    let malformed = || {
-        ConfigError(format!(
-            "--idle-stop must be a duration such as 90s, 30m, 2h or 1h30m, or 0 to never stop; got '{raw}'."
-        ))
-    };
-    let text = raw.trim();
-    if text == "0" {
+    if raw.trim() == "0" {
         return Ok(None);
     }
+    let Some(total) = duration_secs(raw) else {
+        return Err(ConfigError(format!(
+            "--idle-stop must be a duration such as 90s, 30m, 2h or 1h30m, or 0 to never stop; got '{raw}'."
+        )));
+    };
+    let duration = Duration::from_secs(total);
+    if duration.is_zero() || duration > MAX_IDLE_STOP {
+        return Err(ConfigError(format!(
+            "--idle-stop must be between 1s and 30d (or 0 to never stop); got '{raw}'."
+        )));
+    }
+    Ok(Some(duration))
+}
+
+/// The seconds of a duration flag: whole numbers each followed by `d`, `h`, `m` or `s`,
+/// largest first (`90s`, `30m`, `1h30m`); a bare number is seconds. `None` when malformed.
+fn duration_secs(raw: &str) -> Option<u64> {
+    let text = raw.trim();
     if text.is_empty() {
-        return Err(malformed());
+        return None;
     }
     let mut total: u64 = 0;
     let mut rest = text;
@@ -501,9 +529,9 @@ pub fn parse_idle_stop(raw: &str) -> Result<Option<Duration>, ConfigError> {
             .find(|c: char| !c.is_ascii_digit())
             .unwrap_or(rest.len());
         if digits == 0 {
-            return Err(malformed());
+            return None;
         }
-        let number: u64 = rest[..digits].parse().map_err(|_| malformed())?;
+        let number: u64 = rest[..digits].parse().ok()?;
         rest = &rest[digits..];
         let unit = match rest.chars().next() {
             None if total == 0 && last_unit == u64::MAX => 1,
@@ -511,25 +539,50 @@ pub fn parse_idle_stop(raw: &str) -> Result<Option<Duration>, ConfigError> {
             Some('h') => 3_600,
             Some('m') => 60,
             Some('s') => 1,
-            _ => return Err(malformed()),
+            _ => return None,
         };
         if unit >= last_unit {
-            return Err(malformed());
+            return None;
         }
         last_unit = unit;
         rest = rest.get(1..).unwrap_or("");
         total = number
             .checked_mul(unit)
-            .and_then(|secs| total.checked_add(secs))
-            .ok_or_else(malformed)?;
+            .and_then(|secs| total.checked_add(secs))?;
     }
-    let duration = Duration::from_secs(total);
-    if duration.is_zero() || duration > MAX_IDLE_STOP {
+    Some(total)
+}
+
+/// The longest `--task-after`: what `yield_after` allows too (docs/tasks.md, "Settings").
+pub const MAX_TASK_AFTER_SECS: i64 = 3600;
+
+/// The longest `--task-ttl`: one week, the longest wall-clock limit of anything else.
+const MAX_TASK_TTL: Duration = Duration::from_secs(MAX_TIMEOUT_SECS);
+
+/// `--task-after`: whole seconds, 0 to 3600.
+pub fn parse_task_after(secs: i64) -> Result<Duration, ConfigError> {
+    if !(0..=MAX_TASK_AFTER_SECS).contains(&secs) {
         return Err(ConfigError(format!(
-            "--idle-stop must be between 1s and 30d (or 0 to never stop); got '{raw}'."
+            "--task-after must be between 0 and {MAX_TASK_AFTER_SECS} seconds; got {secs}."
         )));
     }
-    Ok(Some(duration))
+    Ok(Duration::from_secs(secs.unsigned_abs()))
+}
+
+/// `--task-ttl`: a duration ([`duration_secs`]) between 1 second and 7 days.
+pub fn parse_task_ttl(raw: &str) -> Result<Duration, ConfigError> {
+    let Some(total) = duration_secs(raw) else {
+        return Err(ConfigError(format!(
+            "--task-ttl must be a duration such as 90s, 30m, 1h or 2d; got '{raw}'."
+        )));
+    };
+    let duration = Duration::from_secs(total);
+    if duration.is_zero() || duration > MAX_TASK_TTL {
+        return Err(ConfigError(format!(
+            "--task-ttl must be between 1s and 7d; got '{raw}'."
+        )));
+    }
+    Ok(duration)
 }
 
 /// A backend left out of this build fails at startup with one clear line rather than at the

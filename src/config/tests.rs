@@ -353,3 +353,44 @@ fn idle_stop_durations() {
         );
     }
 }
+
+#[test]
+fn task_settings_default_and_are_checked() {
+    // See: issue 36
+    let c = config(&[]).unwrap();
+    assert_eq!(c.tasks.after, Duration::from_secs(5));
+    assert_eq!(c.tasks.ttl, Duration::from_secs(3600));
+    let c = config(&["--task-after", "0", "--task-ttl", "90s"]).unwrap();
+    assert_eq!(
+        (c.tasks.after, c.tasks.ttl),
+        (Duration::ZERO, Duration::from_secs(90))
+    );
+    let c = config(&["--task-after=3600", "--task-ttl=7d"]).unwrap();
+    assert_eq!(
+        (c.tasks.after, c.tasks.ttl),
+        (Duration::from_secs(3600), Duration::from_secs(604_800))
+    );
+    for out_of_range in ["-1", "3601"] {
+        assert_eq!(
+            config(&[&format!("--task-after={out_of_range}")]).unwrap_err(),
+            format!("--task-after must be between 0 and 3600 seconds; got {out_of_range}.")
+        );
+    }
+    assert!(
+        config(&["--task-after", "5s"])
+            .unwrap_err()
+            .contains("invalid value '5s' for '--task-after <SECONDS>'")
+    );
+    for malformed in ["", "soon", "1h1h", "-5m", "1.5h"] {
+        assert_eq!(
+            config(&[&format!("--task-ttl={malformed}")]).unwrap_err(),
+            format!("--task-ttl must be a duration such as 90s, 30m, 1h or 2d; got '{malformed}'.")
+        );
+    }
+    for out_of_range in ["0", "0s", "8d", "169h"] {
+        assert_eq!(
+            config(&[&format!("--task-ttl={out_of_range}")]).unwrap_err(),
+            format!("--task-ttl must be between 1s and 7d; got '{out_of_range}'.")
+        );
+    }
+}

@@ -14,6 +14,7 @@
 mod in_server;
 mod parse;
 pub mod script;
+mod tasks;
 #[cfg(test)]
 mod tests;
 
@@ -28,6 +29,7 @@ use crate::backends::{Backend, BackendError, SandboxRef, posix};
 use crate::exec::{self, ExecOutcome, ExecRequest, Program};
 use crate::ids::{ComputerId, ExecId, JobId};
 pub use parse::{JobSummary, Snapshot};
+pub use tasks::{STATUS_TAIL, TaskRead, TaskRecord};
 
 /// `job_output`'s marker when more output is waiting than one result carries.
 pub const MORE_WAITING: &str = "[kilntainers: more output waiting; call job_output again]";

@@ -20,7 +20,7 @@ done
 /// (checked by the tag in its environment, so a reused pid does not count); `settle` records
 /// the end of a job whose supervisor died without writing `exit` (the computer restarted):
 /// exit code unknown, ended now; `stdin_open` whether `job_write` can still reach the job.
-const JOB_FUNCTIONS: &str = r#"alive() {
+pub(super) const JOB_FUNCTIONS: &str = r#"alive() {
   { read -r sp < "$1/pid"; } 2>/dev/null && grep -q "KILNTAINERS_EXEC_ID=jobsup-${1##*/}" "/proc/$sp/environ" 2>/dev/null
 }
 settle() {
@@ -36,7 +36,7 @@ stdin_open() {
 "#;
 
 /// `d` = the directory of job `$j`, or empty.
-const FIND_JOB: &str = r#"d=
+pub(super) const FIND_JOB: &str = r#"d=
 for b in /.kilntainers/jobs /tmp/.kilntainers/jobs; do
   if [ -d "$b/$j" ]; then d=$b/$j; break; fi
 done

@@ -1,7 +1,8 @@
 //! `terminal_execute` (docs/decisions.md, "Tool list" and "terminal_execute validation"): its
 //! definition, the arguments checked before anything is created, and the six result fields of
-//! a finished command. With `yield_after` the command runs as a job (`jobs.rs`). No provider
-//! logic and no lifecycle rules live here.
+//! a finished command. With `yield_after` the command runs as a job (`jobs.rs`); for a client
+//! that declared the Tasks extension it may become a task (`tasks.rs`). No provider logic and
+//! no lifecycle rules live here.
 
 use rmcp::model::{MetaObject, Tool, ToolAnnotations};
 use serde_json::{Map, Value, json};
@@ -10,6 +11,8 @@ use super::args::Args;
 use super::call::{Call, CallError, Payload};
 use super::format;
 use super::routes::Definitions;
+use super::tasks::{Started, Tasks};
+use crate::backends::SandboxRef;
 use crate::config::MAX_TIMEOUT_SECS;
 use crate::exec::{ExecOutcome, ExecRequest, Program, STDIN_LIMIT};
 use crate::ids::ComputerId;
@@ -194,17 +197,54 @@ fn decode_execute(
     })
 }
 
-/// `terminal_execute`: the command's six fields once it ended, or with `yield_after` the job's.
-pub(super) async fn terminal_execute(call: &Call<'_>) -> Result<Payload, CallError> {
-    let registry = call.registry();
-    let jobs = call.surface.jobs.as_deref();
+/// The call's arguments, checked, with `computer_id` scoped to the caller.
+fn decode_call(call: &Call<'_>) -> Result<ExecuteCall, CallError> {
     let mut execute = decode_execute(
         &call.args(),
-        registry.limits().default_timeout_secs,
-        jobs.is_some(),
+        call.registry().limits().default_timeout_secs,
+        call.surface.jobs.is_some(),
     )?;
     execute.computer_id = execute.computer_id.map(|id| id.owned_by(call.principal()));
-    if let (Some(jobs), Some(job)) = (jobs, &execute.job)
+    Ok(execute)
+}
+
+/// `terminal_execute`: the command's six fields once it ended, or with `yield_after` the job's.
+pub(super) async fn terminal_execute(call: &Call<'_>) -> Result<Payload, CallError> {
+    run(call, decode_call(call)?).await
+}
+
+/// `terminal_execute` for a request that declared the Tasks extension (docs/tasks.md): the
+/// command runs as a job, and the answer is its ordinary result when it ends within
+/// `--task-after`, else a task. A call with `yield_after` asked for a job and gets one.
+pub(super) async fn terminal_execute_or_task(
+    call: &Call<'_>,
+    tasks: &Tasks,
+) -> Result<Started, CallError> {
+    let execute = decode_call(call)?;
+    if execute
+        .job
+        .as_ref()
+        .is_some_and(|job| job.yield_after.is_some())
+    {
+        return run(call, execute).await.map(Started::Finished);
+    }
+    let request = StartRequest {
+        timeout_secs: execute
+            .timeout_given
+            .then_some(execute.request.timeout_secs),
+        program: execute.request.program,
+        stdin: execute.request.stdin,
+        working_dir: execute.request.working_dir,
+        keep_stdin_open: false,
+    };
+    tasks
+        .start(call, (execute.computer_id, execute.temporary), request)
+        .await
+}
+
+async fn run(call: &Call<'_>, execute: ExecuteCall) -> Result<Payload, CallError> {
+    let registry = call.registry();
+    if let (Some(jobs), Some(job)) = (call.surface.jobs.as_deref(), &execute.job)
         && let Some(yield_after) = job.yield_after
     {
         let request = StartRequest {
@@ -230,7 +270,13 @@ pub(super) async fn terminal_execute(call: &Call<'_>) -> Result<Payload, CallErr
             call.cancel,
         )
         .await?;
-    let (stdout, stderr, exit_code, duration) = match executed.outcome {
+    Ok(finished(&executed.sandbox, executed.outcome))
+}
+
+/// The six fields of a finished command, in order: the one shape of a command's result,
+/// whether it ran in the foreground or as a task's job (docs/decisions.md, "Command results").
+pub(super) fn finished(sandbox: &SandboxRef, outcome: ExecOutcome) -> Payload {
+    let (stdout, stderr, exit_code, duration) = match outcome {
         ExecOutcome::Completed {
             stdout,
             stderr,
@@ -265,11 +311,8 @@ pub(super) async fn terminal_execute(call: &Call<'_>) -> Result<Payload, CallErr
         ),
     };
     let mut payload = Map::new();
-    payload.insert(
-        "computer_id".into(),
-        json!(executed.sandbox.computer_id.slug()),
-    );
-    payload.insert("temporary".into(), json!(executed.sandbox.temporary));
+    payload.insert("computer_id".into(), json!(sandbox.computer_id.slug()));
+    payload.insert("temporary".into(), json!(sandbox.temporary));
     payload.insert("stdout".into(), json!(stdout));
     payload.insert("stderr".into(), json!(stderr));
     payload.insert("exit_code".into(), json!(exit_code));
@@ -277,7 +320,7 @@ pub(super) async fn terminal_execute(call: &Call<'_>) -> Result<Payload, CallErr
         "exec_duration_ms".into(),
         json!(u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)),
     );
-    Ok(payload.into())
+    payload.into()
 }
 
 #[cfg(test)]

@@ -17,7 +17,7 @@ use crate::ids::{ComputerId, JobId};
 use crate::jobs::{
     JobError, Jobs, Listing, MAX_WAIT_SECS, MORE_WAITING, Signal, Snapshot, StartRequest, WaitFor,
 };
-use crate::registry::Unnamed;
+use crate::registry::{Registry, Session, Unnamed};
 
 pub const OUTPUT: &str = "job_output";
 pub const WRITE: &str = "job_write";
@@ -239,8 +239,9 @@ fn job_payload(job: &JobId, computer: &ComputerId, snapshot: &Snapshot) -> Paylo
 /// Runs `op` (job scripts) on the computer. When it finds the computer stopped, the registry
 /// starts it — the one start path, admitted against the running limit like a command's
 /// restart-once — and `op` runs once more on the started computer.
-async fn on_running<T, F, Fut>(
-    call: &Call<'_>,
+pub(super) async fn on_running<T, F, Fut>(
+    registry: &Registry,
+    session: &Session,
     sandbox: SandboxRef,
     op: F,
 ) -> Result<(SandboxRef, T), CallError>
@@ -250,10 +251,7 @@ where
 {
     match op(sandbox.clone()).await {
         Err(JobError::Backend(BackendError::NotRunning(_))) => {
-            let started = call
-                .registry()
-                .start_stopped(call.session, &sandbox)
-                .await?;
+            let started = registry.start_stopped(session, &sandbox).await?;
             let value = op(started.clone()).await?;
             Ok((started, value))
         }
@@ -284,9 +282,12 @@ pub(super) async fn execute(
         )
         .await?;
     let (cancel, request) = (call.cancel, &request);
-    let (sandbox, job) = on_running(call, sandbox, |sandbox| async move {
-        jobs.start(&sandbox, request, cancel).await
-    })
+    let (sandbox, job) = on_running(
+        call.registry(),
+        call.session,
+        sandbox,
+        |sandbox| async move { jobs.start(&sandbox, request, cancel).await },
+    )
     .await?;
     let wait = Duration::from_secs(yield_after);
     let snapshot = jobs
@@ -412,11 +413,16 @@ where
         .since
         .unwrap_or_else(|| jobs.cursor(session, &sandbox.computer_id, &job));
     let (job, act, cancel) = (&job, &act, call.cancel);
-    let (sandbox, snapshot) = on_running(call, sandbox, |sandbox| async move {
-        act(sandbox.clone()).await?;
-        jobs.read(&sandbox, job, since, from.wait, WaitFor::Output, cancel)
-            .await
-    })
+    let (sandbox, snapshot) = on_running(
+        call.registry(),
+        call.session,
+        sandbox,
+        |sandbox| async move {
+            act(sandbox.clone()).await?;
+            jobs.read(&sandbox, job, since, from.wait, WaitFor::Output, cancel)
+                .await
+        },
+    )
     .await?;
     if from.since.is_none() {
         jobs.set_cursor(session, &sandbox.computer_id, job, snapshot.next_since);
@@ -523,9 +529,12 @@ pub(super) async fn list(call: &Call<'_>) -> Result<Payload, CallError> {
 async fn jobs_of(call: &Call<'_>, jobs: &Jobs, id: &ComputerId) -> Result<Listing, CallError> {
     let sandbox = call.registry().attach_existing(call.session, id).await?;
     let cancel = call.cancel;
-    let (_, listing) = on_running(call, sandbox, |sandbox| async move {
-        jobs.list(&sandbox, cancel).await
-    })
+    let (_, listing) = on_running(
+        call.registry(),
+        call.session,
+        sandbox,
+        |sandbox| async move { jobs.list(&sandbox, cancel).await },
+    )
     .await?;
     Ok(listing)
 }

@@ -22,15 +22,17 @@ mod network;
 pub mod ports;
 mod progress;
 mod routes;
+mod tasks;
 
 use std::sync::Arc;
 
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, Implementation, JsonObject,
+    CallToolRequestParams, CallToolResponse, CallToolResult, CancelTaskParams, GetTaskParams,
+    GetTaskResult, Implementation, InitializeRequestParams, InitializeResult, JsonObject,
     ListPromptsResult, ListResourceTemplatesResult, ListResourcesResult, ListToolsResult,
     MetaObject, PaginatedRequestParams, PromptsCapability, ReadResourceRequestParams,
     ReadResourceResponse, ReadResourceResult, Resource, ResourceContents, ResourcesCapability,
-    ServerCapabilities, ServerConfig, Tool, ToolsCapability,
+    ServerCapabilities, ServerConfig, Tool, ToolsCapability, UpdateTaskParams,
 };
 use rmcp::service::{NotificationContext, RequestContext};
 use rmcp::{ErrorData, RoleServer, ServerHandler};
@@ -39,6 +41,7 @@ use tokio_util::sync::CancellationToken;
 
 use self::call::{Call, CallError};
 use self::routes::{Definitions, Switches};
+pub use self::tasks::TaskSettings;
 use crate::backends::Progress;
 use crate::dashboard;
 use crate::ids::Principal;
@@ -70,6 +73,8 @@ pub struct Surface {
     asks: Option<Arc<ask::Asks>>,
     /// The HTTP transport's base URL, for `port_url`'s `proxy_url` (unset in stdio mode).
     proxy_base: std::sync::OnceLock<String>,
+    /// The Tasks extension (docs/tasks.md), on every backend whose jobs live in the computer.
+    tasks: std::sync::OnceLock<tasks::Tasks>,
     instructions: String,
 }
 
@@ -150,8 +155,28 @@ impl Surface {
             ports,
             egress,
             proxy_base: std::sync::OnceLock::new(),
+            tasks: std::sync::OnceLock::new(),
             instructions,
         })
+    }
+
+    /// Turns the Tasks extension on (docs/tasks.md): its tasks are jobs of `jobs`, whether or
+    /// not the job tools are listed. Backends that keep jobs in the server (WASM) have no
+    /// durable jobs to make tasks of, and stay without.
+    pub fn enable_tasks(&self, jobs: Arc<Jobs>, settings: TaskSettings) {
+        if self.registry.backend().runs_jobs_in_server() {
+            return;
+        }
+        if self.jobs.is_none() {
+            // With the job tools on, their service already forgets removed computers.
+            let weak = Arc::downgrade(&jobs);
+            self.registry.on_removed(Box::new(move |id, _| {
+                if let Some(jobs) = weak.upgrade() {
+                    jobs.forget_computer(id);
+                }
+            }));
+        }
+        let _ = self.tasks.set(tasks::Tasks::new(jobs, settings));
     }
 
     /// Tells `port_url` where the HTTP transport serves `/computers/<id>/ports/<port>/`.
@@ -228,6 +253,14 @@ impl SessionHandler {
         Self::with_session(surface, session)
     }
 
+    /// The Tasks extension; rmcp routes `tasks/*` here only while it is advertised.
+    fn tasks(&self) -> Result<&tasks::Tasks, ErrorData> {
+        self.surface
+            .tasks
+            .get()
+            .ok_or_else(ErrorData::method_not_found::<rmcp::model::GetTaskMethod>)
+    }
+
     fn with_session(surface: Arc<Surface>, session: Arc<Session>) -> Self {
         let release = ReleaseOnDrop {
             registry: surface.registry.clone(),
@@ -282,14 +315,17 @@ impl ServerHandler for SessionHandler {
         let mut prompts = PromptsCapability::default();
         prompts.list_changed = Some(false);
         capabilities.prompts = Some(prompts);
+        let mut extensions = rmcp::model::ExtensionCapabilities::new();
         if self.surface.switches.lifecycle {
             let mut ui = JsonObject::new();
             ui.insert("mimeTypes".to_owned(), json!([dashboard::MIME_TYPE]));
-            capabilities.extensions = Some(
-                [("io.modelcontextprotocol/ui".to_owned(), ui)]
-                    .into_iter()
-                    .collect(),
-            );
+            extensions.insert("io.modelcontextprotocol/ui".to_owned(), ui);
+        }
+        if self.surface.tasks.get().is_some() {
+            extensions.insert(tasks::EXTENSION.to_owned(), JsonObject::new());
+        }
+        if !extensions.is_empty() {
+            capabilities.extensions = Some(extensions);
         }
         ServerConfig::new(capabilities)
             .with_server_info(
@@ -297,6 +333,60 @@ impl ServerHandler for SessionHandler {
                     .with_title("MCP Sandbox Computer VM for AI"),
             )
             .with_instructions(self.surface.instructions.clone())
+    }
+
+    /// The Tasks extension is advertised where it defines its advertisement, in
+    /// `server/discover`; `initialize` answers as before it existed (docs/tasks.md).
+    async fn initialize(
+        &self,
+        request: InitializeRequestParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<InitializeResult, ErrorData> {
+        context.peer.set_peer_info(request.clone());
+        let mut result = self.negotiate_initialize(&request)?;
+        if let Some(extensions) = result.capabilities.extensions.as_mut() {
+            extensions.remove(tasks::EXTENSION);
+            if extensions.is_empty() {
+                result.capabilities.extensions = None;
+            }
+        }
+        Ok(result)
+    }
+
+    async fn get_task(
+        &self,
+        request: GetTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<GetTaskResult, ErrorData> {
+        let tasks = self.tasks()?;
+        let registry = &self.surface.registry;
+        tasks
+            .get(registry, &self.session, &request.task_id, &context.ct)
+            .await
+    }
+
+    async fn cancel_task(
+        &self,
+        request: CancelTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        let tasks = self.tasks()?;
+        let registry = &self.surface.registry;
+        tasks
+            .cancel(registry, &self.session, &request.task_id, &context.ct)
+            .await
+    }
+
+    async fn update_task(
+        &self,
+        request: UpdateTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        let tasks = self.tasks()?;
+        let registry = &self.surface.registry;
+        tasks
+            .update(registry, &self.session, &request.task_id, &context.ct)
+            .await
     }
 
     async fn on_initialized(&self, context: NotificationContext<RoleServer>) {
@@ -394,8 +484,11 @@ impl ServerHandler for SessionHandler {
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         if let Some(asks) = &self.surface.asks {
-            let session = self.session.id();
-            asks.connected(session, &context.peer, context.meta.client_capabilities());
+            asks.connected(
+                self.session.id(),
+                &context.peer,
+                context.meta.client_capabilities(),
+            );
             // 2026-07-28: a question while the call runs answers it with `input_required`
             // and the client's retry carries the answer (docs/egress.md, "Ask-to-allow").
             if let Some(state) = request.request_state.as_deref() {
@@ -403,6 +496,26 @@ impl ServerHandler for SessionHandler {
                 let responses = request.input_responses.as_ref();
                 return asks.resume(state, responses, principal, &context.ct).await;
             }
+        }
+        if let Some(tasks) = self.surface.tasks.get()
+            && request.name == execute::TERMINAL_EXECUTE
+            && tasks::declared(&context.meta)
+        {
+            let progress = progress::McpProgress::start(&context);
+            let call = Call {
+                tool: execute::TERMINAL_EXECUTE,
+                surface: &self.surface,
+                session: &self.session,
+                arguments: request.arguments.as_ref(),
+                progress: &progress,
+                cancel: &context.ct,
+            };
+            let answer = execute::terminal_execute_or_task(&call, tasks).await;
+            progress.finish().await;
+            return tasks::respond(answer);
+        }
+        if let Some(asks) = &self.surface.asks {
+            let session = self.session.id();
             if asks.takes_input_required(session) {
                 let progress = progress::McpProgress::start(&context);
                 let cancel = CancellationToken::new();

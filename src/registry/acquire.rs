@@ -83,11 +83,13 @@ impl Registry {
         if !id.belongs_to(session.principal()) {
             return Err(RegistryError::NotFound(id.clone()));
         }
-        if let Some(sandbox) = self
-            .existing_slot(id)
-            .and_then(|s| lock(&s.state).record.clone())
-        {
-            return Ok(sandbox);
+        if let Some(slot) = self.existing_slot(id) {
+            let record = lock(&slot.state).record.clone();
+            if let Some(sandbox) = record {
+                // A job or task read is use: a sessionless holder's lease goes on.
+                Self::renew_lease(&slot, session);
+                return Ok(sandbox);
+            }
         }
         let Some(found) = self.backend.lookup(id).await? else {
             return Err(RegistryError::NotFound(id.clone()));

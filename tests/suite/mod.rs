@@ -2,7 +2,8 @@
 //! the Rust MCP client against a real Docker engine; `engines` does the same on Podman and on
 //! gVisor; `exec_helper` drives the resident exec helper through the `Backend` trait;
 //! `contract` runs the same backend behaviours on every backend; `fly`, `e2b`, `modal` and `wasm`
-//! pin what is particular to one provider.
+//! pin what is particular to one provider; `tasks` drives the MCP Tasks extension with rmcp's
+//! own client.
 
 mod contract;
 #[cfg(feature = "e2b")]
@@ -15,6 +16,7 @@ mod http;
 #[cfg(feature = "modal")]
 mod modal;
 mod stdio;
+mod tasks;
 mod tidy;
 #[cfg(feature = "wasm")]
 mod wasm;

@@ -205,7 +205,7 @@ const CONFINED: &[(&str, &[&str])] = &[
     ("axum::", &["src/transport/"]),
     ("hyper::", &["src/transport/"]),
     ("hyper_util::", &["src/transport/"]),
-    ("subtle::", &["src/transport/"]),
+    ("subtle::", &["src/transport/", "src/mcp/tasks.rs"]),
     // The OAuth module is `oauth.rs` and its tests `oauth/tests.rs`.
     ("reqwest::", &["src/transport/http/auth/oauth"]),
     ("jsonwebtoken::", &["src/transport/http/auth/oauth"]),
