@@ -498,6 +498,7 @@ mod tests {
             more,
             stdin_open: false,
             elapsed_ms: 1500,
+            lifetime_ms: None,
         }
     }
 
