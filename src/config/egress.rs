@@ -216,6 +216,19 @@ fn check_backend(cli: &Cli, settings: &EgressSettings) -> Result<(), ConfigError
         BackendKind::Docker if settings.filters() && cli.docker.warm_pool > 0 => fail(
             "--warm-pool cannot be used with --egress allowlist or --egress-deny rules in this version; drop one of them.",
         ),
+        // No NetworkPolicy is made for computers yet (docs/kubernetes.md, "Not built yet"), so
+        // neither rules nor `none` could be kept.
+        BackendKind::Kubernetes if policy.mode != EgressMode::Open || !policy.deny.is_empty() => {
+            fail(format!(
+                "--egress {}{} (or --no-network) is not enforced by the kubernetes backend in this version; use --egress open without rules, and a NetworkPolicy of your own (deploy/kubernetes/networkpolicy.yaml).",
+                policy.mode.name(),
+                if policy.deny.is_empty() {
+                    ""
+                } else {
+                    " with --egress-deny"
+                },
+            ))
+        }
         kind @ (BackendKind::E2b | BackendKind::Modal) if settings.filters() => fail(format!(
             "--egress {}{} is not enforced by the {} backend in this version; use --egress open without rules, or --egress none.",
             policy.mode.name(),

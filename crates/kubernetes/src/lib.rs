@@ -52,6 +52,10 @@ const DELETE_TIMEOUT: Duration = Duration::from_secs(120);
 const POLL: Duration = Duration::from_millis(250);
 /// Readiness exec after a Pod runs (docs/decisions.md, "Execution model").
 const READINESS_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long the first port-forward to a port waits for the kubelet's refusal.
+const PORT_REFUSAL_WAIT: Duration = Duration::from_millis(500);
+/// Bound of the set of ports known to answer; cleared when full (they then wait once more).
+const MAX_ANSWERED_PORTS: usize = 4096;
 /// Container waiting reasons that will not resolve by waiting: the create fails at once.
 const HOPELESS_WAITING: [&str; 5] = [
     "ErrImagePull",
@@ -74,6 +78,8 @@ pub struct KubernetesBackend {
     shell: String,
     default_timeout_secs: u64,
     cluster: OnceCell<Cluster>,
+    /// Ports (per Pod incarnation) a port-forward reached before; see `connect_port`.
+    answered: std::sync::Mutex<HashSet<(SandboxId, u16)>>,
 }
 
 impl KubernetesBackend {
@@ -83,7 +89,12 @@ impl KubernetesBackend {
             shell: common.shell.clone(),
             default_timeout_secs: common.default_timeout_secs,
             cluster: OnceCell::new(),
+            answered: std::sync::Mutex::new(HashSet::new()),
         })
+    }
+
+    fn answered_ports(&self) -> std::sync::MutexGuard<'_, HashSet<(SandboxId, u16)>> {
+        self.answered.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// The cluster, connected and checked once (docs/kubernetes.md, "Startup checks").
@@ -463,6 +474,10 @@ fn name_taken(cluster: &Cluster, id: &ComputerId, kind: &str) -> BackendError {
 /// An API error as the user's message: what was being done, and the API server's own words
 /// (capped) for refusals, never the raw Status object.
 fn api_error(cluster: &Cluster, doing: &str, error: kube::Error) -> BackendError {
+    api_error_at(&cluster.url, doing, error)
+}
+
+fn api_error_at(url: &str, doing: &str, error: kube::Error) -> BackendError {
     match error {
         kube::Error::Api(status) => {
             let message = cap(&status.message);
@@ -485,8 +500,7 @@ fn api_error(cluster: &Cluster, doing: &str, error: kube::Error) -> BackendError
             }
         }
         other => BackendError::Unavailable(format!(
-            "{doing} failed: cannot reach the Kubernetes API server at {}: {}",
-            cluster.url,
+            "{doing} failed: cannot reach the Kubernetes API server at {url}: {}",
             cap(&other.to_string())
         )),
     }
@@ -552,6 +566,30 @@ impl Backend for KubernetesBackend {
                 sandbox.computer_id
             ))
         })?;
+        // The protocol never says a connection was accepted, only (on the port's error
+        // stream) that it was refused, which the kubelet does as soon as its dial fails. The
+        // first connection to a port waits a moment for that refusal, so `port_url` can say
+        // nothing listens; later ones to a port that answered before do not wait.
+        let key = (sandbox.sandbox_id.clone(), port);
+        let known = self.answered_ports().contains(&key);
+        if !known && let Some(refusal) = forwarder.take_error(port) {
+            match tokio::time::timeout(PORT_REFUSAL_WAIT, refusal).await {
+                Ok(Some(why)) => {
+                    return Err(BackendError::Provider(format!(
+                        "Nothing accepts connections on port {port} in computer '{}' ({}). Start a server listening on that port first.",
+                        sandbox.computer_id.slug(),
+                        cap(&why)
+                    )));
+                }
+                Ok(None) | Err(_) => {
+                    let mut answered = self.answered_ports();
+                    if answered.len() >= MAX_ANSWERED_PORTS {
+                        answered.clear();
+                    }
+                    answered.insert(key);
+                }
+            }
+        }
         Ok(Box::new(stream))
     }
 
@@ -767,4 +805,40 @@ impl Backend for KubernetesBackend {
 fn created_at(meta: &ObjectMeta) -> Option<String> {
     let time = meta.creation_timestamp.as_ref()?;
     serde_json::to_value(time).ok()?.as_str().map(str::to_owned)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused(code: u16, message: &str) -> kube::Error {
+        kube::Error::Api(
+            kube::core::Status::failure(message, "Reason")
+                .with_code(code)
+                .boxed(),
+        )
+    }
+
+    #[test]
+    fn api_errors_read_as_sentences_with_the_servers_words_capped() {
+        let forbidden = api_error_at(
+            "https://k8s",
+            "Creating the Pod of computer 'a'",
+            refused(403, "no"),
+        );
+        assert_eq!(
+            forbidden.to_string(),
+            "Creating the Pod of computer 'a' was refused by Kubernetes (forbidden): no. The server's account needs the Role in deploy/kubernetes/rbac.yaml."
+        );
+        let invalid = api_error_at("https://k8s", "Creating", refused(422, &"x".repeat(5000)));
+        let text = invalid.to_string();
+        assert!(
+            text.starts_with("Creating: Kubernetes refused the object as invalid: xxx"),
+            "{text}"
+        );
+        assert!(text.len() < 700, "capped: {}", text.len());
+        assert!(!text.contains("Status"), "{text}");
+        let conflict = api_error_at("https://k8s", "Deleting", refused(409, "changed"));
+        assert!(conflict.to_string().contains("conflicted"), "{conflict}");
+    }
 }
