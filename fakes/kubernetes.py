@@ -808,7 +808,8 @@ class _Handler(QuietHandler):
                                   "body": body.decode(errors="replace")})
         if path.startswith("/_fake/"):
             payload = {"requests": fake.requests, "violations": fake.violation_list}.get(path[7:])
-            return self.reply(200 if payload is not None else 404, payload or {})
+            # An empty list is an answer too: `[]` means no violations.
+            return self.reply(200 if payload is not None else 404, payload if payload is not None else {})
         if not fake.authorized(headers):
             return self.reply(401, status(401, "Unauthorized", "Unauthorized"))
         stream = re.fullmatch(r"/api/v1/namespaces/([^/]+)/pods/([^/]+)/(exec|portforward)", path)

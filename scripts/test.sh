@@ -63,7 +63,7 @@ cargo fmt --all -- --check
 cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
 # Each optional feature on its own and none at all: what a user's `--features` choice builds
 # must build without warnings too (the library and binaries; the tests need every feature).
-for features in "" fly e2b modal wasm oauth; do
+for features in "" fly e2b modal wasm kubernetes oauth; do
     printf -- '-- clippy --no-default-features --features "%s"\n' "$features"
     cargo clippy -p mcp-sandbox-computer-vm-for-ai --no-default-features --features "$features" --locked -- -D warnings
 done

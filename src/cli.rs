@@ -23,17 +23,19 @@ pub enum BackendKind {
     E2b,
     Fly,
     GoBusybox,
+    Kubernetes,
     Modal,
     Wasm,
 }
 
 impl BackendKind {
     /// Every backend, in the order `--help` lists them.
-    pub const ALL: [Self; 6] = [
+    pub const ALL: [Self; 7] = [
         Self::Docker,
         Self::E2b,
         Self::Fly,
         Self::GoBusybox,
+        Self::Kubernetes,
         Self::Modal,
         Self::Wasm,
     ];
@@ -45,6 +47,7 @@ impl BackendKind {
             Self::E2b => "e2b",
             Self::Fly => "fly",
             Self::GoBusybox => "go_busybox",
+            Self::Kubernetes => "kubernetes",
             Self::Modal => "modal",
             Self::Wasm => "wasm",
         }
@@ -57,6 +60,7 @@ impl BackendKind {
             Self::E2b => ("e2b", cfg!(feature = "e2b")),
             Self::Fly => ("fly", cfg!(feature = "fly")),
             Self::GoBusybox | Self::Wasm => ("wasm", cfg!(feature = "wasm")),
+            Self::Kubernetes => ("kubernetes", cfg!(feature = "kubernetes")),
             Self::Modal => ("modal", cfg!(feature = "modal")),
         };
         (!built).then(|| {
@@ -75,7 +79,12 @@ impl ValueEnum for BackendKind {
     }
 
     fn to_possible_value(&self) -> Option<PossibleValue> {
-        Some(PossibleValue::new(self.name()))
+        let value = PossibleValue::new(self.name());
+        Some(match self {
+            // The short name every Kubernetes tool answers to (docs/kubernetes.md).
+            Self::Kubernetes => value.alias("k8s"),
+            _ => value,
+        })
     }
 }
 
@@ -449,6 +458,8 @@ pub struct Cli {
     pub modal: ModalArgs,
     #[command(flatten)]
     pub wasm: WasmArgs,
+    #[command(flatten)]
+    pub kubernetes: KubernetesArgs,
 }
 
 /// The Docker/Podman backend's flags (`docker backend options` in `--help`); `--image` is also Modal's.
@@ -539,6 +550,58 @@ pub struct DockerArgs {
         help = "Keep N started spare containers so a session's first command does not wait for a container start; spares are handed out as temporary computers only. Each spare is an idle container: its keep-alive and exec helper (~1-2 MB of memory), its memory and pid limits, and one slot in the engine's container list. 0 = off (default: 0)"
     )]
     pub warm_pool: u16,
+}
+
+/// `--k8s-mode`: how computers map onto the cluster (docs/kubernetes.md, "Modes").
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum K8sModeChoice {
+    /// The agent-sandbox CRDs (`Sandbox`, `SandboxClaim`): not built yet, refused at startup.
+    Sandbox,
+    /// Plain Pods and PersistentVolumeClaims, on any cluster.
+    Pod,
+}
+
+/// The Kubernetes backend's flags (docs/kubernetes.md, "Options"); `--image`, `--cpu`,
+/// `--memory` and `--runtime` are shared with Docker.
+#[derive(Debug, Clone, Args)]
+#[command(next_help_heading = "kubernetes backend options")]
+pub struct KubernetesArgs {
+    #[arg(
+        long,
+        env = "KILNTAINERS_K8S_NAMESPACE",
+        value_name = "NS",
+        help = "Namespace for computers (default: the kubeconfig context's namespace, the in-cluster namespace, else default)"
+    )]
+    pub k8s_namespace: Option<String>,
+    #[arg(
+        long,
+        env = "KILNTAINERS_K8S_CONTEXT",
+        value_name = "NAME",
+        help = "kubeconfig context (default: the current context of KUBECONFIG or ~/.kube/config; in-cluster configuration in a pod)"
+    )]
+    pub k8s_context: Option<String>,
+    #[arg(
+        long,
+        env = "KILNTAINERS_K8S_MODE",
+        value_enum,
+        help = "pod: plain Pods and PersistentVolumeClaims; sandbox: the agent-sandbox CRDs (not built yet) (default: pod)"
+    )]
+    pub k8s_mode: Option<K8sModeChoice>,
+    #[arg(
+        long,
+        env = "KILNTAINERS_K8S_STORAGE",
+        value_name = "SIZE",
+        default_value = "10Gi",
+        help = "Size of the PersistentVolumeClaim holding a permanent computer's home; 0 = no volume (default: 10Gi)"
+    )]
+    pub k8s_storage: String,
+    #[arg(
+        long,
+        env = "KILNTAINERS_K8S_SERVICE_ACCOUNT",
+        value_name = "NAME",
+        help = "Service account of the computers' pods; its token is never mounted (default: the namespace's default)"
+    )]
+    pub k8s_service_account: Option<String>,
 }
 
 /// The E2B backend's flags.

@@ -10,7 +10,7 @@ use tracing_subscriber::EnvFilter;
 /// their crate names) and the audit target (docs/decisions.md, "Environment variables").
 const DEFAULT_LOG: &str = "warn,mcp_sandbox_computer_vm_for_ai=info,kilntainers_backend=info,\
 kilntainers_docker=info,kilntainers_fly=info,kilntainers_e2b=info,kilntainers_modal=info,\
-kilntainers_wasm=info,kilntainers::audit=info";
+kilntainers_wasm=info,kilntainers_kubernetes=info,kilntainers::audit=info";
 
 use mcp_sandbox_computer_vm_for_ai::backends::IdleStop;
 use mcp_sandbox_computer_vm_for_ai::cli::Cli;

@@ -42,12 +42,19 @@ pub fn build(config: &Config) -> Result<Arc<dyn Backend>, BackendError> {
         BackendKind::Wasm | BackendKind::GoBusybox => {
             Ok(Arc::new(kilntainers_wasm::WasmBackend::new(&config.wasm)?))
         }
+        #[cfg(feature = "kubernetes")]
+        BackendKind::Kubernetes => Ok(Arc::new(kilntainers_kubernetes::KubernetesBackend::new(
+            &config.kubernetes,
+            &common,
+        )?)),
         #[cfg(not(feature = "fly"))]
         kind @ BackendKind::Fly => Err(not_built(kind)),
         #[cfg(not(feature = "e2b"))]
         kind @ BackendKind::E2b => Err(not_built(kind)),
         #[cfg(not(feature = "modal"))]
         kind @ BackendKind::Modal => Err(not_built(kind)),
+        #[cfg(not(feature = "kubernetes"))]
+        kind @ BackendKind::Kubernetes => Err(not_built(kind)),
         #[cfg(not(feature = "wasm"))]
         kind @ (BackendKind::Wasm | BackendKind::GoBusybox) => Err(not_built(kind)),
     }
@@ -55,7 +62,13 @@ pub fn build(config: &Config) -> Result<Arc<dyn Backend>, BackendError> {
 
 /// The error for a backend this build left out (config refuses it earlier; this keeps the
 /// match exhaustive without a fallback).
-#[cfg(not(all(feature = "fly", feature = "e2b", feature = "modal", feature = "wasm")))]
+#[cfg(not(all(
+    feature = "fly",
+    feature = "e2b",
+    feature = "modal",
+    feature = "wasm",
+    feature = "kubernetes"
+)))]
 fn not_built(kind: BackendKind) -> BackendError {
     BackendError::Unavailable(kind.not_built().unwrap_or_default())
 }

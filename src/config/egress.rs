@@ -232,6 +232,19 @@ fn check_backend(cli: &Cli, settings: &EgressSettings) -> Result<(), ConfigError
                     policy.mode.name()
                 ))
             }),
+        // No NetworkPolicy is made for computers yet (docs/kubernetes.md, "Not built yet"), so
+        // neither rules nor `none` could be kept.
+        BackendKind::Kubernetes if policy.mode != EgressMode::Open || !policy.deny.is_empty() => {
+            fail(format!(
+                "--egress {}{} (or --no-network) is not enforced by the kubernetes backend in this version; use --egress open without rules, and a NetworkPolicy of your own (deploy/kubernetes/networkpolicy.yaml).",
+                policy.mode.name(),
+                if policy.deny.is_empty() {
+                    ""
+                } else {
+                    " with --egress-deny"
+                },
+            ))
+        }
         _ => Ok(()),
     }
 }

@@ -10,6 +10,8 @@ pub mod egress;
 pub mod engine;
 #[cfg(feature = "fly")]
 pub mod fly;
+#[cfg(feature = "kubernetes")]
+pub mod kubernetes;
 #[cfg(feature = "modal")]
 pub mod modal;
 pub mod secret;
@@ -30,6 +32,8 @@ pub use kilntainers_backend::DEFAULT_IMAGE;
 pub use kilntainers_backend::egress::EgressSettings;
 pub use kilntainers_docker::config::{ComputerNetwork, DockerConfig, Engine};
 use kilntainers_docker::run_flags::{parse_run_flags, parse_size};
+#[cfg(feature = "kubernetes")]
+pub use kubernetes::KubernetesConfig;
 #[cfg(feature = "modal")]
 pub use modal::ModalConfig;
 use secret::SecretSource;
@@ -110,6 +114,8 @@ pub struct Config {
     pub modal: ModalConfig,
     #[cfg(feature = "wasm")]
     pub wasm: WasmConfig,
+    #[cfg(feature = "kubernetes")]
+    pub kubernetes: KubernetesConfig,
 }
 
 #[derive(Debug, Clone)]
@@ -416,6 +422,24 @@ impl Config {
         let e2b = e2b::from_cli(cli)?;
         #[cfg(feature = "modal")]
         let modal = modal::from_cli(cli, env)?;
+        #[cfg(feature = "kubernetes")]
+        let kubernetes = if cli.backend == BackendKind::Kubernetes {
+            kubernetes::from_cli(cli, &docker)?
+        } else {
+            // The flags of an unselected backend are not checked, as for the others.
+            kubernetes::from_cli(cli, &docker).unwrap_or_else(|_| KubernetesConfig {
+                namespace: None,
+                context: None,
+                mode: kubernetes::ModeChoice::Auto,
+                storage: None,
+                service_account: None,
+                image: docker.image.clone(),
+                cpu: None,
+                memory_bytes: None,
+                runtime: None,
+                kubeconfig: None,
+            })
+        };
 
         let transport = if stdio {
             Transport::Stdio
@@ -488,6 +512,8 @@ impl Config {
             modal,
             #[cfg(feature = "wasm")]
             wasm: wasm::from_cli(cli, env),
+            #[cfg(feature = "kubernetes")]
+            kubernetes,
         })
     }
 }
@@ -727,7 +753,7 @@ fn check_other_backend_values(cli: &Cli) -> Result<(), ConfigError> {
                 return fail("--wasm-fuel must be at least 1.");
             }
         }
-        BackendKind::Docker => {}
+        BackendKind::Docker | BackendKind::Kubernetes => {}
     }
     Ok(())
 }

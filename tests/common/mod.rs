@@ -8,6 +8,8 @@
 pub mod e2b;
 #[cfg(feature = "fly")]
 pub mod fly;
+#[cfg(feature = "kubernetes")]
+pub mod kubernetes;
 #[cfg(feature = "modal")]
 pub mod modal;
 #[cfg(feature = "wasm")]

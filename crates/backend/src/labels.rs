@@ -65,6 +65,14 @@ pub mod modal {
     pub use super::dashed::{COMPUTER_ID, EGRESS, IMAGE, INSTANCE, MANAGED, OWNER, TEMPORARY};
 }
 
+/// Kubernetes keys of Pods and PersistentVolumeClaims: the Docker names, which are valid label
+/// keys as they are. Labels hold what the server selects by (managed, temporary, instance);
+/// the computer id, image and owner are annotations, since label values are limited to 63
+/// characters of `[A-Za-z0-9._-]` and an image reference or a principal may not fit.
+pub mod kubernetes {
+    pub use super::docker::{COMPUTER_ID, IMAGE, INSTANCE, MANAGED, OWNER, TEMPORARY};
+}
+
 /// Reads a mode label: missing means temporary, values compare case-insensitively.
 pub fn parse_temporary(value: Option<&str>) -> bool {
     value.is_none_or(|v| v.trim().eq_ignore_ascii_case("true"))

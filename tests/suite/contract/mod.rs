@@ -84,6 +84,8 @@ mod docker;
 mod e2b;
 #[cfg(feature = "fly")]
 mod fly;
+#[cfg(feature = "kubernetes")]
+mod kubernetes;
 #[cfg(feature = "modal")]
 mod modal;
 mod podman;

@@ -1,0 +1,245 @@
+"""The `kubernetes` backend in pod mode end to end, with the official Python MCP client against
+the built server on the local fake of the Kubernetes API server (`fakes/kubernetes.py`, run in
+this process; Pods are local `sandbox-busybox:full` containers). These show the server drives
+our reading of Kubernetes' published definitions correctly; no real cluster has run them
+(docs/kubernetes.md).
+
+Covered: every startup refusal (unknown context, unreachable API server, missing namespace,
+missing permissions listed together, a storage size that does not parse, sandbox mode), two
+principals each with a computer over HTTP, a temporary Pod deleted when its session ends, a
+permanent computer with its home volume and a running job found again after a server restart,
+and a port reached through pods/portforward.
+Every test asserts the fake saw no request outside the published definitions."""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import time
+
+import httpx
+import pytest
+
+from fakes.kubernetes import FakeKubernetes
+from harness import BIN, BUSYBOX, free_port
+
+pytestmark = pytest.mark.anyio
+
+TOKEN = "k8s-blackbox-token"
+TOKENS = {"alice": "alice-" + "a" * 40, "bob": "bob-" + "b" * 40}
+
+
+@pytest.fixture
+def fake():
+    with FakeKubernetes(namespaces=["default", "team"], tokens=[TOKEN]) as k8s:
+        yield k8s
+        assert k8s.violations() == [], k8s.violations()
+    left = subprocess.run(["docker", "ps", "-aq", "--filter", f"label=fakek8s={k8s.run}"], capture_output=True,
+                          text=True).stdout.split()
+    assert left == [], "the fake left containers behind"
+
+
+def kubeconfig(path, url: str, token: str = TOKEN, namespace: str = "default"):
+    path.write_text(
+        "apiVersion: v1\nkind: Config\n"
+        f"clusters:\n- name: fake\n  cluster:\n    server: {url}\n"
+        f"users:\n- name: fake\n  user:\n    token: {token}\n"
+        f"contexts:\n- name: fake\n  context:\n    cluster: fake\n    user: fake\n    namespace: {namespace}\n"
+        "current-context: fake\n"
+    )
+    return path
+
+
+def k8s_args(*extra: str) -> list[str]:
+    return ["--backend", "k8s", "--image", BUSYBOX, "--shell", "/bin/sh", *extra]
+
+
+def env_for(config) -> dict:
+    return {"KUBECONFIG": str(config)}
+
+
+def run_cli(kbb, config, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([BIN, *args], stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60,
+                          env=kbb.env(kbb.home(), env_for(config)))
+
+
+def error_of(proc: subprocess.CompletedProcess) -> str:
+    assert proc.returncode == 1, (proc.returncode, proc.stderr)
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("kilntainers: error: ")]
+    assert len(lines) == 1, proc.stderr
+    assert proc.stdout == "", "stdout carries only MCP traffic"
+    return lines[0].removeprefix("kilntainers: error: ")
+
+
+def pod_of(fake: FakeKubernetes, name: str, namespace: str = "default") -> dict | None:
+    return fake.get("pods", namespace, name)
+
+
+def test_startup_refuses_an_unknown_context(kbb, fake, tmp_path):
+    config = kubeconfig(tmp_path / "kubeconfig", fake.url)
+    message = error_of(run_cli(kbb, config, *k8s_args("--k8s-context", "production")))
+    assert message.startswith("Kubernetes context 'production' is not in the kubeconfig"), message
+
+
+def test_startup_refuses_an_unreachable_api_server_naming_it(kbb, tmp_path):
+    url = f"http://127.0.0.1:{free_port()}"
+    config = kubeconfig(tmp_path / "kubeconfig", url)
+    message = error_of(run_cli(kbb, config, *k8s_args()))
+    assert message.startswith(f"Cannot reach the Kubernetes API server at {url}/"), message
+
+
+def test_startup_refuses_a_missing_namespace(kbb, fake, tmp_path):
+    config = kubeconfig(tmp_path / "kubeconfig", fake.url)
+    message = error_of(run_cli(kbb, config, *k8s_args("--k8s-namespace", "nowhere")))
+    assert message == (
+        "Kubernetes namespace 'nowhere' does not exist; create it or choose another with --k8s-namespace "
+        "(KILNTAINERS_K8S_NAMESPACE)."
+    )
+    # The namespace of the kubeconfig's context is the default.
+    other = kubeconfig(tmp_path / "other", fake.url, namespace="elsewhere")
+    assert "namespace 'elsewhere' does not exist" in error_of(run_cli(kbb, other, *k8s_args()))
+
+
+def test_startup_lists_every_missing_permission(kbb, fake, tmp_path):
+    fake.deny("create", "pods/exec")
+    fake.deny("delete", "persistentvolumeclaims")
+    config = kubeconfig(tmp_path / "kubeconfig", fake.url)
+    message = error_of(run_cli(kbb, config, *k8s_args("--k8s-namespace", "team")))
+    assert message == (
+        "The Kubernetes credentials lack permissions this server needs in namespace 'team': create pods/exec, "
+        "delete persistentvolumeclaims. Apply the Role in deploy/kubernetes/rbac.yaml (docs/kubernetes.md) to "
+        "the account the server runs as."
+    )
+    reviews = fake.requests_matching("POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews")
+    assert len(reviews) == 12, "one review per permission used"
+    # Without home volumes the claim permissions are not needed.
+    proc = run_cli(kbb, config, *k8s_args("--k8s-namespace", "team", "--k8s-storage", "0"))
+    assert "create pods/exec." in error_of(proc), proc.stderr
+
+
+@pytest.mark.parametrize(("args", "start"), [
+    (["--k8s-storage", "10GB"], "--k8s-storage must be a Kubernetes quantity such as 10Gi, 500Mi or 1G, or 0 for no volume; got '10GB'."),
+    (["--k8s-mode", "sandbox"], "--k8s-mode sandbox (the agent-sandbox CRDs) is not built yet; use --k8s-mode pod"),
+    (["--no-network"], "--egress none (or --no-network) is not enforced by the kubernetes backend in this version"),
+])
+def test_startup_refuses_what_pod_mode_cannot_do(kbb, fake, tmp_path, args, start):
+    config = kubeconfig(tmp_path / "kubeconfig", fake.url)
+    message = error_of(run_cli(kbb, config, *k8s_args(*args)))
+    assert message.startswith(start), message
+    assert fake.requests_matching("POST", "/api/v1/namespaces/default/pods") == []
+
+
+async def test_a_temporary_pod_runs_commands_and_goes_with_its_session(kbb, fake, tmp_path):
+    config = kubeconfig(tmp_path / "kubeconfig", fake.url)
+    async with kbb.server(*k8s_args(), env=env_for(config)) as srv:
+        res = (await srv.call({"command": "cat; echo \"$KILNTAINERS_EXEC_ID\" | wc -c; exit 3",
+                               "stdin": "from stdin\n"})).ok()
+        assert res.structured["stdout"] == "from stdin\n37\n"
+        assert res.structured["exit_code"] == 3 and res.structured["temporary"] is True
+        name = res.structured["computer_id"]
+        pod = pod_of(fake, name)
+        assert pod is not None
+        spec = pod["spec"]
+        assert spec["automountServiceAccountToken"] is False and "env" not in spec["containers"][0]
+        assert spec["activeDeadlineSeconds"] == 86400
+        assert pod["metadata"]["labels"]["kilntainers.temporary"] == "true"
+        assert pod["metadata"]["labels"]["kilntainers.instance"] == srv.instance_id
+        timed = (await srv.call({"command": "sleep 30", "timeout": 1})).ok()
+        assert timed.structured["exit_code"] == 124
+    deadline = time.monotonic() + 15
+    while pod_of(fake, name) is not None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert pod_of(fake, name) is None, "temporary Pod not deleted when the session ended"
+
+
+async def test_two_principals_each_have_their_own_computer(kbb, fake, tmp_path):
+    config = kubeconfig(tmp_path / "kubeconfig", fake.url)
+    tokens = tmp_path / "tokens"
+    tokens.write_text("".join(f"{p}  {t}\n" for p, t in TOKENS.items()))
+    tokens.chmod(0o600)
+    box = kbb.new_id("box")
+    async with kbb.http_server("--auth-tokens-file", str(tokens), "--lifecycle-tools", *k8s_args(),
+                               env=env_for(config)) as srv:
+        async with kbb.http_session(srv, headers={"Authorization": f"Bearer {TOKENS['alice']}"}) as alice, \
+                kbb.http_session(srv, headers={"Authorization": f"Bearer {TOKENS['bob']}"}) as bob:
+            for who, sess in (("alice", alice), ("bob", bob)):
+                out = (await sess.run(f"echo {who} > /root/owner; cat /root/owner; hostname",
+                                      computer_id=box, temporary=False)).ok()
+                assert out.structured["stdout"].split()[0] == who
+            names = {}
+            for who in TOKENS:
+                tag = hashlib.sha256(who.encode()).hexdigest()[:16]
+                names[who] = f"{box}-{tag}"
+                pod = pod_of(fake, names[who])
+                assert pod is not None, f"no Pod {names[who]}"
+                assert pod["metadata"]["annotations"]["kilntainers.owner"] == who
+                assert pod["metadata"]["annotations"]["kilntainers.computer-id"] == f"{box}.{tag}"
+                assert fake.get("persistentvolumeclaims", "default", names[who]) is not None
+            assert pod_of(fake, box) is None
+            for who, sess in (("alice", alice), ("bob", bob)):
+                out = (await sess.run("cat /root/owner", computer_id=box, temporary=False)).ok()
+                assert out.structured["stdout"] == f"{who}\n"
+                listed = (await sess.call({}, name="computer_list")).ok()
+                assert [c["computer_id"] for c in listed.structured["computers"]] == [box]
+            for sess in (alice, bob):
+                (await sess.call({"computer_id": box}, name="computer_delete")).ok()
+            for who in TOKENS:
+                assert pod_of(fake, names[who]) is None
+                assert fake.get("persistentvolumeclaims", "default", names[who]) is None
+
+
+async def test_a_permanent_computer_and_its_job_are_found_after_a_server_restart(kbb, fake, tmp_path):
+    config = kubeconfig(tmp_path / "kubeconfig", fake.url)
+    home = kbb.home()
+    cid = kbb.new_id("perm")
+    args = k8s_args("--job-tools", "--lifecycle-tools")
+    async with kbb.server(*args, home=home, env=env_for(config)) as srv:
+        (await srv.run("echo kept > /root/state", computer_id=cid, temporary=False)).ok()
+        started = (await srv.call({"command": "echo begin; read line; echo \"got $line\"", "computer_id": cid,
+                                   "temporary": False, "yield_after": 1, "keep_stdin_open": True})).ok()
+        job = started.structured["job_id"]
+        assert started.structured["running"] is True
+    assert len(fake.requests_matching("POST", "/api/v1/namespaces/default/pods")) == 1
+    assert pod_of(fake, cid) is not None, "a permanent computer outlives its server"
+    async with kbb.server(*args, home=home, env=env_for(config)) as srv:
+        out = (await srv.run("cat /root/state", computer_id=cid, temporary=False)).ok()
+        assert out.structured["stdout"] == "kept\n"
+        assert len(fake.requests_matching("POST", "/api/v1/namespaces/default/pods")) == 1, "found, not made again"
+        (await srv.call({"job_id": job, "stdin": "hello\n", "close_stdin": True}, name="job_write")).ok()
+        stdout = ""
+        deadline = time.monotonic() + 30
+        while True:
+            res = (await srv.call({"job_id": job, "since": 0, "wait": 2}, name="job_output")).ok()
+            stdout = res.structured["stdout"]
+            if not res.structured["running"] or time.monotonic() > deadline:
+                break
+        assert stdout == "begin\ngot hello\n" and res.structured["exit_code"] == 0, res.structured
+        restarted = (await srv.call({"computer_id": cid}, name="computer_restart")).ok()
+        assert restarted.structured is not None
+        out = (await srv.run("cat /root/state", computer_id=cid, temporary=False)).ok()
+        assert out.structured["stdout"] == "kept\n", "the home volume survives a restart"
+        (await srv.call({"computer_id": cid}, name="computer_delete")).ok()
+    assert pod_of(fake, cid) is None
+    assert fake.get("persistentvolumeclaims", "default", cid) is None
+
+
+async def test_a_port_is_reached_through_port_forward(kbb, fake, tmp_path):
+    config = kubeconfig(tmp_path / "kubeconfig", fake.url)
+    computer = kbb.new_id("web")
+    async with kbb.server(*k8s_args("--file-tools", "--job-tools"), env=env_for(config)) as srv:
+        (await srv.call({"computer_id": computer, "path": "/www/index.html", "content": "hello pod\n"},
+                        name="file_write")).ok()
+        refused = await srv.call({"computer_id": computer, "port": 8000}, name="port_url")
+        assert refused.is_error and "Nothing accepts connections on port 8000" in refused.text, refused.text
+        started = (await srv.call({"computer_id": computer, "command": "busybox httpd -f -p 8000 -h /www",
+                                   "yield_after": 1})).ok()
+        assert started.structured["running"] is True
+        deadline = time.monotonic() + 20
+        while True:
+            res = await srv.call({"computer_id": computer, "port": 8000}, name="port_url")
+            if not res.is_error or time.monotonic() > deadline:
+                break
+        url = res.ok().structured["url"]
+        page = httpx.get(url + "index.html", timeout=10)
+        assert page.status_code == 200 and page.text == "hello pod\n"
+        assert fake.requests_matching("GET", f"/api/v1/namespaces/default/pods/{computer}/portforward")
