@@ -28,7 +28,29 @@ fn fail(message: impl std::fmt::Display) -> ExitCode {
     ExitCode::from(1)
 }
 
+/// Buffers of 256 KiB and more (request bodies, command output) are mapped and unmapped on
+/// their own instead of joining a malloc arena. glibc otherwise raises that threshold after the
+/// first large free, so later large buffers stay in per-thread arenas and the server's resident
+/// memory keeps what a burst of 8 MiB bodies once needed (fault scenario 8 measured 110 MiB
+/// retained under a 64 MiB body budget). Setting the threshold once fixes it.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn return_large_buffers_to_the_system() {
+    // glibc's `M_MMAP_THRESHOLD` (malloc.h); an explicit value also turns off its adjustment.
+    const M_MMAP_THRESHOLD: std::ffi::c_int = -3;
+    unsafe extern "C" {
+        fn mallopt(param: std::ffi::c_int, value: std::ffi::c_int) -> std::ffi::c_int;
+    }
+    // SAFETY: mallopt only sets an allocator parameter; called before any other thread exists.
+    unsafe {
+        mallopt(M_MMAP_THRESHOLD, 256 * 1024);
+    }
+}
+
+#[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+fn return_large_buffers_to_the_system() {}
+
 fn main() -> ExitCode {
+    return_large_buffers_to_the_system();
     let (cli, warnings) = Cli::parse_with_warnings();
     for warning in warnings {
         eprintln!("kilntainers: warning: {warning}");
