@@ -9,10 +9,13 @@
 # that process, and polls `docker info` with a deadline.
 #
 # gVisor: installs Debian's `runsc` and adds
-#   {"runtimes": {"runsc": {"path": "/usr/bin/runsc", "runtimeArgs": ["--network=none"]}}}
-# to /etc/docker/daemon.json (merged into an existing file; never overwrites an existing
-# runsc entry). A running daemon is sent SIGHUP (runtimes are reloadable). Any failure in
-# this part is a warning, not an error: the runsc tests skip themselves.
+#   {"runtimes": {"runsc": {"path": "/usr/bin/runsc",
+#                           "runtimeArgs": ["--network=none", "--host-uds=open"]}}}
+# to /etc/docker/daemon.json (merged into an existing file; an existing runsc entry is left
+# alone, except the one earlier versions of this script wrote, without --host-uds=open, which
+# the egress proxy's socket wiring needs: docs/egress.md, "Socket wiring"). A running daemon
+# is sent SIGHUP (runtimes are reloadable). Any failure in this part is a warning, not an
+# error: the runsc tests skip themselves.
 #
 # Environment:
 #   DOCKERD_LOG            daemon log file (default /var/log/kilntainers-dockerd.log)
@@ -71,7 +74,7 @@ register_runsc() {
             warn "runsc: $DAEMON_JSON exists and no python3 is available to merge it; not touching it"
             return 1
         fi
-        printf '%s\n' '{"runtimes": {"runsc": {"path": "/usr/bin/runsc", "runtimeArgs": ["--network=none"]}}}' >"$DAEMON_JSON"
+        printf '%s\n' '{"runtimes": {"runsc": {"path": "/usr/bin/runsc", "runtimeArgs": ["--network=none", "--host-uds=open"]}}}' >"$DAEMON_JSON"
         RUNSC_CHANGED=1
         return 0
     fi
@@ -93,9 +96,11 @@ if runtimes is None:
     runtimes = data["runtimes"] = {}
 if not isinstance(runtimes, dict):
     print("invalid: 'runtimes' is not an object"); sys.exit(0)
-if "runsc" in runtimes:
+wanted = {"path": runsc, "runtimeArgs": ["--network=none", "--host-uds=open"]}
+earlier = {"path": runsc, "runtimeArgs": ["--network=none"]}
+if "runsc" in runtimes and runtimes["runsc"] != earlier:
     print("unchanged"); sys.exit(0)
-runtimes["runsc"] = {"path": runsc, "runtimeArgs": ["--network=none"]}
+runtimes["runsc"] = wanted
 tmp = path + ".tmp"
 with open(tmp, "w") as f:
     json.dump(data, f, indent=2)

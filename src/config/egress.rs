@@ -196,22 +196,8 @@ fn check_backend(cli: &Cli, settings: &EgressSettings) -> Result<(), ConfigError
         }
         // Guests have no network at all: every mode behaves as `none`.
         BackendKind::Wasm | BackendKind::GoBusybox => Ok(()),
-        // Docker: the egress proxy beside the computers, warm-pool spares included.
-        // Podman: containers on an internal network could not reach each other where Docker's
-        // firewall shares the host (docs/egress.md, "Backends"), so the proxy is not offered.
-        BackendKind::Docker
-            if settings.filters() && cli.docker.engine.trim().eq_ignore_ascii_case("podman") =>
-        {
-            fail(format!(
-                "--egress {}{} is not enforced with --engine podman in this version; use --engine docker, --egress open without rules, or --egress none.",
-                policy.mode.name(),
-                if policy.deny.is_empty() {
-                    ""
-                } else {
-                    " with --egress-deny"
-                },
-            ))
-        }
+        // Docker and Podman: the egress proxy beside the computers (docs/egress.md, "Docker
+        // wiring", "Socket wiring"); nothing to refuse here.
         // E2B's own network config, where it can say the same (docs/egress.md, "E2B").
         #[cfg(feature = "e2b")]
         BackendKind::E2b => kilntainers_e2b::egress::network_config(policy)
@@ -474,13 +460,10 @@ mod tests {
                 "--egress open: deny rule '203.0.113.7' has no counterpart in Modal, whose network access is open, blocked or an allow-list; change that rule, or use the docker backend."
             );
         }
-        // Docker enforces it with the proxy, warm-pool spares included.
+        // Docker and Podman enforce it with the proxy.
         assert!(settings(&["--egress", "allowlist", "--egress-allow", "a.test"]).is_ok());
         assert!(settings(&["--egress-deny", "a.test"]).is_ok());
-        assert_eq!(
-            error(&["--egress-deny", "a.test", "--engine", "podman"]),
-            "--egress open with --egress-deny is not enforced with --engine podman in this version; use --engine docker, --egress open without rules, or --egress none."
-        );
+        assert!(settings(&["--egress-deny", "a.test", "--engine", "podman"]).is_ok());
         assert!(settings(&["--egress-deny", "a.test", "--warm-pool", "1"]).is_ok());
     }
 }

@@ -311,22 +311,6 @@ async def test_issue_33_two_servers_on_one_engine_take_turns_with_the_proxy(kbb,
         assert len(networks) == 1, networks
 
 
-PODMAN_SOCKET = os.environ.get("KILNTAINERS_PODMAN_SOCKET", "unix:///run/podman/podman.sock")
-
-
-async def test_issue_33_podman_allowlist_core_case(kbb):
-    # See: issue 33. On this kind of host (Docker and Podman side by side), Docker's FORWARD
-    # policy drops the bridged traffic of Podman's internal networks, so a computer cannot reach
-    # its proxy there; the server refuses at startup rather than leave computers without network
-    # or filtering (docs/egress.md, "Backends").
-    proc = run_cli(kbb, "--engine", "podman", "--docker-host", PODMAN_SOCKET, "--egress", "allowlist",
-                   "--egress-allow", "allowed.test")
-    assert error_lines(proc) == [
-        "kilntainers: error: --egress allowlist is not enforced with --engine podman in this version; use "
-        "--engine docker, --egress open without rules, or --egress none."
-    ], proc.stderr
-
-
 async def test_issue_33_computer_create_narrows_the_servers_policy(kbb, fake_internet):
     # See: issue 33
     args = [*BUSYBOX_ARGS, "--lifecycle-tools", "--egress", "allowlist", "--egress-allow", "allowed.test",

@@ -6,7 +6,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use bollard::models::{ContainerCreateBody, HostConfig};
+use bollard::models::{ContainerCreateBody, HostConfig, Mount, MountType};
 use bollard::query_parameters::{
     CreateContainerOptionsBuilder, CreateImageOptionsBuilder, StartContainerOptions,
 };
@@ -125,18 +125,27 @@ pub(super) async fn create_from(
     let made = loop {
         attempts += 1;
         let placement = backend.networks.place(docker, &owner).await?;
+        let proxy = match (&placement.proxy, &placement.socket_volume) {
+            (Some(_), Some(volume)) => Some(ProxyAt::Socket(volume.clone())),
+            (Some(proxy), None) => Some(ProxyAt::Address(proxy.address)),
+            (None, _) => None,
+        };
+        let mut labels = labels.clone();
+        if placement.socket_volume.is_some() {
+            labels.insert(
+                super::egress::TOKEN_LABEL.to_owned(),
+                super::egress::new_token(),
+            );
+        }
         let wanted = Wanted {
             name: &name,
             computer_id: &spec.computer_id,
             temporary: spec.temporary,
             image: image.clone(),
             run_image: run_image.clone(),
-            labels: labels.clone(),
+            labels,
             network_mode: placement.network_mode.clone(),
-            proxy: placement
-                .proxy
-                .as_ref()
-                .map(|p| ProxyAt::Address(p.address)),
+            proxy,
         };
         match new_container(backend, wanted).await {
             Err(Refused::NetworkMissing(_)) if attempts < 2 => continue,
@@ -234,6 +243,9 @@ enum ProxyAt {
     /// A warm-pool spare's: [`super::egress::PROXY_HOST`], pointed at the proxy of its owner's
     /// network when it is handed out (docs/warm-pool.md, "Egress").
     Named,
+    /// Socket wiring: the volume of the proxy's socket, mounted read-only; the computer has no
+    /// network, and its relay listens on its loopback (docs/egress.md, "Socket wiring").
+    Socket(String),
 }
 
 /// A container made and started, with its readiness checked.
@@ -359,7 +371,7 @@ fn container_body(backend: &DockerBackend, wanted: &Wanted<'_>) -> ContainerCrea
     };
     super::run_flags_api::apply_run_flags(&config.run_flags, &mut body);
     // After the run flags, so that none of them points the computer elsewhere.
-    match wanted.proxy {
+    match &wanted.proxy {
         Some(ProxyAt::Address(proxy)) => {
             if let Some(host) = body.host_config.as_mut() {
                 host.dns = Some(vec![proxy.to_string()]);
@@ -368,13 +380,29 @@ fn container_body(backend: &DockerBackend, wanted: &Wanted<'_>) -> ContainerCrea
             body.env
                 .get_or_insert_default()
                 .extend(super::egress::proxy_env(&super::egress::proxy_url_host(
-                    proxy,
+                    *proxy,
                 )));
         }
         Some(ProxyAt::Named) => {
             body.env
                 .get_or_insert_default()
                 .extend(super::egress::proxy_env(super::egress::PROXY_HOST));
+        }
+        Some(ProxyAt::Socket(volume)) => {
+            if let Some(host) = body.host_config.as_mut() {
+                // No network whatever the run flags said: the relay is the only way out.
+                host.network_mode = Some("none".to_owned());
+                host.mounts.get_or_insert_default().push(Mount {
+                    target: Some(super::egress::SOCKET_DIR.to_owned()),
+                    source: Some(volume.clone()),
+                    typ: Some(MountType::VOLUME),
+                    read_only: Some(true),
+                    ..Default::default()
+                });
+            }
+            body.env
+                .get_or_insert_default()
+                .extend(super::egress::proxy_env(super::egress::RELAY_HOST));
         }
         None => {}
     }

@@ -13,8 +13,8 @@ use std::sync::{Arc, Mutex};
 
 use bollard::Docker;
 use bollard::models::{
-    ContainerCreateBody, EndpointSettings, HostConfig, NetworkConnectRequest, NetworkCreateRequest,
-    NetworkingConfig,
+    ContainerCreateBody, EndpointSettings, HostConfig, Mount, MountType, NetworkConnectRequest,
+    NetworkCreateRequest, NetworkingConfig,
 };
 use bollard::query_parameters::{
     AttachContainerOptionsBuilder, CreateContainerOptionsBuilder, CreateImageOptionsBuilder,
@@ -59,6 +59,81 @@ const PIDS_LIMIT: i64 = 4096;
 pub(crate) const MAX_LINE_FROM_PROXY: usize = 4096;
 /// Refusals kept per computer for `computer_network`; older ones are dropped first.
 pub(crate) const DENIALS_KEPT: usize = 100;
+
+/// A socket-wired computer's token (`crate::networks::Wiring::Socket`): 32 lowercase hex
+/// digits its relay names it by to the proxy. On the container only, which the computer cannot
+/// read; a computer that reads its own relay's environment learns nothing it could use as
+/// another computer.
+pub(crate) const TOKEN_LABEL: &str = "kilntainers.egress-token";
+/// Where the proxy's volume is mounted, in the proxy (read-write) and in computers (read-only).
+pub(crate) const SOCKET_DIR: &str = "/run/kilntainers-egress";
+/// The proxy's socket, inside [`SOCKET_DIR`].
+pub(crate) const SOCKET_PATH: &str = "/run/kilntainers-egress/proxy.sock";
+/// The environment variable the relay reads its token from.
+pub(crate) const TOKEN_ENV: &str = "KILNTAINERS_EGRESS_TOKEN";
+/// Where a socket-wired computer's relay listens, and so its proxy settings point.
+pub(crate) const RELAY_HOST: &str = "127.0.0.1";
+
+/// How long the relay may take to listen.
+pub(crate) const RELAY_START_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// A new random token for a socket-wired computer.
+pub(crate) fn new_token() -> String {
+    let bytes: [u8; 16] = rand::random();
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Whether `text` has the shape of a token (so a label edited by hand is never sent on).
+pub(crate) fn is_token(text: &str) -> bool {
+    text.len() == 32 && text.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+}
+
+/// The key a socket-wired computer's policy is filed under at the proxy, in place of an
+/// address: an IPv6 unique-local address made from the container's id (stable across
+/// restarts and server processes, distinct per container, never a real destination).
+pub(crate) fn socket_key(container_id: &str) -> Option<IpAddr> {
+    if container_id.len() < 30 || !container_id.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    let mut bytes = [0u8; 16];
+    bytes[0] = 0xfd;
+    for (at, byte) in bytes.iter_mut().enumerate().skip(1) {
+        let pair = &container_id[(at - 1) * 2..at * 2];
+        *byte = u8::from_str_radix(pair, 16).ok()?;
+    }
+    Some(IpAddr::from(bytes))
+}
+
+/// The relay's command line in a socket-wired computer (run as root through the engine, with
+/// [`TOKEN_ENV`] set): it writes the resolver, starts listening in the background and returns
+/// once it listens, or at once when it runs already.
+pub(crate) fn relay_argv(helper_path: &str) -> Vec<String> {
+    vec![
+        helper_path.to_owned(),
+        "egress-relay".to_owned(),
+        SOCKET_PATH.to_owned(),
+        "--resolv-conf".to_owned(),
+        "--background".to_owned(),
+    ]
+}
+
+/// Whether runsc's `runtimeArgs` let a sandbox connect to a Unix socket from the host (a
+/// mounted volume's): `--host-uds` with `open` or `all` (`create` alone only binds).
+pub(crate) fn runsc_reaches_sockets(args: &[String]) -> bool {
+    let mut value = None;
+    let mut words = args.iter();
+    while let Some(word) = words.next() {
+        let word = word.trim_start_matches('-');
+        if let Some(v) = word.strip_prefix("host-uds=") {
+            value = Some(v.to_owned());
+        } else if word == "host-uds" {
+            value = words.next().cloned();
+        } else if word == "fsgofer-host-uds" || word == "fsgofer-host-uds=true" {
+            value = Some("all".to_owned());
+        }
+    }
+    matches!(value.as_deref(), Some("open" | "all"))
+}
 
 /// `repo:tag` of this server's proxy image.
 pub(crate) fn image() -> String {
@@ -145,8 +220,11 @@ pub(crate) fn proxy_name(network: &str) -> String {
 }
 
 /// The proxy's command line after its entrypoint (the helper's `egress-proxy` options).
-pub(crate) fn proxy_args(settings: &EgressSettings) -> Vec<String> {
+pub(crate) fn proxy_args(settings: &EgressSettings, socket: bool) -> Vec<String> {
     let mut args = Vec::new();
+    if socket {
+        args.extend(["--socket".to_owned(), SOCKET_PATH.to_owned()]);
+    }
     if let Some(dns) = settings.dns {
         args.extend(["--dns".to_owned(), dns.to_string()]);
     }
@@ -158,16 +236,32 @@ pub(crate) fn proxy_args(settings: &EgressSettings) -> Vec<String> {
 
 /// The proxy container: on the internal network, stdin open for the control channel, no
 /// capability but binding 53/80/443, read-only, memory and threads capped.
+///
+/// With `socket_volume` (`crate::networks::Wiring::Socket`), `network` is the upstream network
+/// and the volume is mounted at [`SOCKET_DIR`], where the proxy makes its socket.
 pub(crate) fn proxy_body(
     image: &str,
     network: &str,
     settings: &EgressSettings,
+    socket_volume: Option<&str>,
 ) -> ContainerCreateBody {
-    let labels = HashMap::from([(PROXY_LABEL.to_owned(), network.to_owned())]);
+    let labels = HashMap::from([(
+        PROXY_LABEL.to_owned(),
+        socket_volume.unwrap_or(network).to_owned(),
+    )]);
+    let mounts = socket_volume.map(|volume| {
+        vec![Mount {
+            target: Some(SOCKET_DIR.to_owned()),
+            source: Some(volume.to_owned()),
+            typ: Some(MountType::VOLUME),
+            read_only: Some(false),
+            ..Default::default()
+        }]
+    });
     ContainerCreateBody {
         image: Some(image.to_owned()),
         entrypoint: Some(vec![format!("/{BINARY_PATH}"), "egress-proxy".to_owned()]),
-        cmd: Some(proxy_args(settings)),
+        cmd: Some(proxy_args(settings, socket_volume.is_some())),
         labels: Some(labels),
         open_stdin: Some(true),
         stdin_once: Some(false),
@@ -183,6 +277,7 @@ pub(crate) fn proxy_body(
             cap_drop: Some(vec!["ALL".to_owned()]),
             cap_add: Some(vec!["NET_BIND_SERVICE".to_owned()]),
             security_opt: Some(vec!["no-new-privileges".to_owned()]),
+            mounts,
             ..Default::default()
         }),
         networking_config: Some(NetworkingConfig {
@@ -502,6 +597,8 @@ pub(crate) struct Attached {
     /// The container's full id: the key of its grants.
     pub container: String,
     pub policy: EgressPolicy,
+    /// A socket-wired computer's token, given to the proxy with its policy.
+    pub token: Option<String>,
 }
 
 /// Where a proxy's questions go (docs/egress.md, "Ask-to-allow"): to the server, and the
@@ -632,13 +729,18 @@ const MAX_SYNCS: usize = 1024;
 impl Proxy {
     /// Creates and starts the proxy of `network` (which exists), joins it to the upstream
     /// network, attaches to it and waits for `ready`.
+    ///
+    /// [`crate::networks::Wiring::Socket`]: `network` names the volume of the proxy's socket,
+    /// and the proxy is on the upstream network only.
     pub(crate) async fn start(
         docker: &Docker,
         network: &str,
         settings: &EgressSettings,
         default_upstream: &str,
         asking: Option<Asking>,
+        wiring: crate::networks::Wiring,
     ) -> Result<Self, BackendError> {
+        let socket = wiring == crate::networks::Wiring::Socket;
         let failed = |what: &str, e: &bollard::errors::Error| {
             BackendError::Provider(format!(
                 "cannot start the egress proxy of network {network}: {what}: {}",
@@ -648,24 +750,31 @@ impl Proxy {
         let image = ensure_image(docker).await?;
         let name = proxy_name(network);
         let options = CreateContainerOptionsBuilder::default().name(&name).build();
-        let created = docker
-            .create_container(Some(options), proxy_body(&image, network, settings))
-            .await
-            .map_err(|e| failed("create", &e))?;
         let upstream = settings
             .upstream_network
             .as_deref()
             .unwrap_or(default_upstream);
-        docker
-            .connect_network(
-                upstream,
-                NetworkConnectRequest {
-                    container: created.id.clone(),
-                    ..Default::default()
-                },
-            )
+        let body = if socket {
+            proxy_body(&image, upstream, settings, Some(network))
+        } else {
+            proxy_body(&image, network, settings, None)
+        };
+        let created = docker
+            .create_container(Some(options), body)
             .await
-            .map_err(|e| failed("join the upstream network", &e))?;
+            .map_err(|e| failed("create", &e))?;
+        if !socket {
+            docker
+                .connect_network(
+                    upstream,
+                    NetworkConnectRequest {
+                        container: created.id.clone(),
+                        ..Default::default()
+                    },
+                )
+                .await
+                .map_err(|e| failed("join the upstream network", &e))?;
+        }
         let attach = AttachContainerOptionsBuilder::default()
             .stdin(true)
             .stdout(true)
@@ -684,11 +793,14 @@ impl Proxy {
             .inspect_container(&created.id, None::<InspectContainerOptions>)
             .await
             .map_err(|e| failed("inspect", &e))?;
+        // Socket-wired computers find the proxy at their relay, on their own loopback.
+        let relay = socket.then(|| IpAddr::from([127, 0, 0, 1]));
         let address = inspect
             .network_settings
             .and_then(|s| s.networks)
             .and_then(|n| n.get(network).and_then(|e| e.ip_address.clone()))
             .and_then(|ip| ip.parse::<IpAddr>().ok())
+            .or(relay)
             .ok_or_else(|| {
                 BackendError::Provider(format!(
                     "the egress proxy of network {network} got no address on it"
@@ -727,6 +839,19 @@ impl Proxy {
             _ => Err(BackendError::Provider(format!(
                 "the egress proxy of network {network} did not report ready"
             ))),
+        }
+    }
+
+    /// A proxy whose control input is `input`, for tests of what the server sends.
+    #[cfg(test)]
+    pub(crate) fn for_tests(input: Input) -> Self {
+        Self {
+            address: IpAddr::from([127, 0, 0, 1]),
+            input,
+            denials: Arc::default(),
+            syncs: Arc::default(),
+            computers: Arc::default(),
+            ended: Arc::default(),
         }
     }
 
@@ -776,7 +901,11 @@ impl Proxy {
         address: IpAddr,
         attached: Attached,
     ) -> Result<(), BackendError> {
-        let line = policy_line(address, &attached.policy);
+        let mut line = policy_line(address, &attached.policy);
+        if let Some(token) = attached.token.as_deref().filter(|t| is_token(t)) {
+            // Before the policy, so the relay's first connection is never one without it.
+            line = format!("token {address} {token}\n{line}");
+        }
         self.computers
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)

@@ -198,7 +198,7 @@ fn the_proxy_container_is_confined_and_its_network_internal() {
         resolve: vec![("allowed.test".to_owned(), "198.18.0.10".parse().unwrap())],
         ..Default::default()
     };
-    let body = proxy_body("img", "kilntainers-net-x", &settings);
+    let body = proxy_body("img", "kilntainers-net-x", &settings, None);
     assert_eq!(
         body.cmd.unwrap(),
         [
@@ -269,9 +269,16 @@ async fn a_real_proxy_refuses_and_reports_it() {
 }
 
 async fn exercise(docker: &Docker, network: &str) {
-    let proxy = Proxy::start(docker, network, &EgressSettings::default(), "bridge", None)
-        .await
-        .unwrap();
+    let proxy = Proxy::start(
+        docker,
+        network,
+        &EgressSettings::default(),
+        "bridge",
+        None,
+        crate::networks::Wiring::Network,
+    )
+    .await
+    .unwrap();
     let client = format!("{network}-client");
     let body = ContainerCreateBody {
         image: Some("sandbox-busybox:full".to_owned()),
@@ -311,6 +318,7 @@ async fn exercise(docker: &Docker, network: &str) {
         computer_id: ComputerId::parse("client").unwrap(),
         container: inspect_id.clone(),
         policy,
+        token: None,
     };
     proxy.attach(address, attached).await.unwrap();
     // Through the proxy port, as a program honouring HTTP_PROXY would.
@@ -461,6 +469,7 @@ fn shared_with(
             ask: true,
             allow_private: false,
         },
+        token: None,
     };
     let shared = Shared {
         denials: Arc::default(),
@@ -571,4 +580,96 @@ async fn without_a_server_to_ask_questions_are_refused() {
         read_lines(&mut proxy, 1).await,
         [format!("answer 3 refuse {}\n", reasons::NO_SESSION)]
     );
+}
+
+#[test]
+fn a_socket_wired_proxy_mounts_its_volume_and_lives_on_the_upstream_network() {
+    let body = proxy_body(
+        "img",
+        "bridge",
+        &EgressSettings::default(),
+        Some("kilntainers-egress-x"),
+    );
+    assert_eq!(body.cmd.unwrap(), ["--socket", SOCKET_PATH]);
+    let host = body.host_config.unwrap();
+    assert_eq!(host.network_mode.as_deref(), Some("bridge"));
+    let mounts = host.mounts.unwrap();
+    assert_eq!(mounts.len(), 1);
+    assert_eq!(mounts[0].source.as_deref(), Some("kilntainers-egress-x"));
+    assert_eq!(mounts[0].target.as_deref(), Some(SOCKET_DIR));
+    assert_eq!(mounts[0].read_only, Some(false));
+    assert_eq!(
+        body.labels.unwrap().get(PROXY_LABEL).map(String::as_str),
+        Some("kilntainers-egress-x")
+    );
+}
+
+#[test]
+fn tokens_and_socket_keys_have_one_shape() {
+    let token = new_token();
+    assert!(is_token(&token), "{token}");
+    assert_ne!(token, new_token());
+    for bad in [
+        "",
+        "ABCDEF0123456789abcdef0123456789",
+        "0123",
+        "g123456789abcdef0123456789abcdef",
+    ] {
+        assert!(!is_token(bad), "{bad}");
+    }
+    let id = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef";
+    let key = socket_key(id).unwrap();
+    assert_eq!(key.to_string(), "fd01:2345:6789:abcd:ef01:2345:6789:abcd");
+    assert_eq!(socket_key(id), Some(key), "stable");
+    assert_ne!(socket_key(&id.replace('0', "1")), Some(key));
+    assert_eq!(socket_key("not-hex"), None);
+    assert_eq!(socket_key("0123"), None);
+}
+
+#[tokio::test]
+async fn a_socket_wired_computer_gets_its_token_before_its_policy() {
+    use tokio::io::AsyncBufReadExt;
+    let (ours, theirs) = tokio::io::duplex(64 * 1024);
+    let input: Input = Arc::new(tokio::sync::Mutex::new(Box::pin(ours)));
+    let proxy = Proxy::for_tests(input);
+    let key = socket_key("0123456789abcdef0123456789abcdef01234567").unwrap();
+    let token = new_token();
+    let attached = Attached {
+        computer_id: ComputerId::parse("dev-box").unwrap(),
+        container: "0123456789abcdef".to_owned(),
+        policy: EgressPolicy::open(),
+        token: Some(token.clone()),
+    };
+    proxy.attach(key, attached).await.unwrap();
+    drop(proxy);
+    let mut lines = tokio::io::BufReader::new(theirs).lines();
+    assert_eq!(
+        lines.next_line().await.unwrap().unwrap(),
+        format!("token {key} {token}")
+    );
+    assert!(
+        lines
+            .next_line()
+            .await
+            .unwrap()
+            .unwrap()
+            .starts_with(&format!("policy {key} open "))
+    );
+}
+
+#[test]
+fn runsc_reaches_sockets_only_when_host_uds_allows_opening() {
+    let args = |list: &[&str]| list.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+    assert!(runsc_reaches_sockets(&args(&[
+        "--network=none",
+        "--host-uds=open"
+    ])));
+    assert!(runsc_reaches_sockets(&args(&["--host-uds", "all"])));
+    assert!(runsc_reaches_sockets(&args(&["-fsgofer-host-uds"])));
+    assert!(!runsc_reaches_sockets(&args(&["--network=none"])));
+    assert!(!runsc_reaches_sockets(&args(&["--host-uds=create"])));
+    assert!(!runsc_reaches_sockets(&args(&[
+        "--host-uds=open",
+        "--host-uds=none"
+    ])));
 }

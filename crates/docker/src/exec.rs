@@ -257,9 +257,22 @@ pub(super) async fn run_simple_as(
     argv: Vec<String>,
     limit: Duration,
 ) -> Result<(i64, Vec<u8>), String> {
+    run_simple_with(docker, container, user, Vec::new(), argv, limit).await
+}
+
+/// [`run_simple_as`] with `env` (`KEY=value`) added to the container's environment.
+pub(super) async fn run_simple_with(
+    docker: &Docker,
+    container: &str,
+    user: Option<&str>,
+    env: Vec<String>,
+    argv: Vec<String>,
+    limit: Duration,
+) -> Result<(i64, Vec<u8>), String> {
     let work = async {
         let options = CreateExecOptions {
             cmd: Some(argv),
+            env: (!env.is_empty()).then_some(env),
             user: user.map(str::to_owned),
             attach_stdout: Some(true),
             attach_stderr: Some(true),

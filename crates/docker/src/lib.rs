@@ -122,17 +122,30 @@ impl DockerBackend {
         } else {
             (None, None)
         };
+        let wiring = networks::Wiring::for_engine(config.engine, config.runtime.as_deref());
+        let networks = networks::Networks::new(
+            config.network,
+            config.engine,
+            &common.egress,
+            asking,
+            grants,
+            wiring,
+        );
+        // A spare cannot be given the proxy's volume when it is handed out, and a computer
+        // behind a socket-wired proxy needs it from its creation (docs/warm-pool.md, "Egress").
+        let warm_pool = if networks.socket_wired() && config.warm_pool > 0 {
+            warn!(
+                "--warm-pool is not used with this egress wiring (docs/egress.md, \"Socket wiring\"): every computer is made when asked for"
+            );
+            0
+        } else {
+            config.warm_pool
+        };
         Ok(Self {
             config: config.clone(),
             shell: common.shell.clone(),
             default_timeout_secs: common.default_timeout_secs,
-            networks: networks::Networks::new(
-                config.network,
-                config.engine,
-                &common.egress,
-                asking,
-                grants,
-            ),
+            networks,
             egress_questions: std::sync::Mutex::new(questions),
             egress_policy: common.egress.policy.clone(),
             egress_addresses: std::sync::Mutex::new(HashMap::new()),
@@ -140,7 +153,7 @@ impl DockerBackend {
             pulls: create::PullGate::default(),
             starts: tokio::sync::Semaphore::new(create::PARALLEL_STARTS),
             helpers: helper::Helpers::new(config.exec_helper),
-            pool: pool::WarmPool::new(config.warm_pool),
+            pool: pool::WarmPool::new(warm_pool),
         })
     }
 
@@ -316,6 +329,9 @@ impl DockerBackend {
         if let (true, Some((proxy, _))) = (born_spare, &attached) {
             self.point_at_proxy(docker, inspect, proxy.address).await?;
         }
+        if attached.is_some() && self.networks.socket_wired() {
+            self.start_relay(docker, inspect).await?;
+        }
         if let (Some(attached), Some(id)) = (attached, inspect.id.as_deref()) {
             self.egress_addresses
                 .lock()
@@ -323,6 +339,47 @@ impl DockerBackend {
                 .insert(id.chars().take(12).collect(), attached);
         }
         Ok(())
+    }
+
+    /// Socket wiring: starts the relay inside the computer (idempotent: one already running
+    /// stays), which also points its resolver at itself (docs/egress.md, "Socket wiring").
+    /// Run at each start of the computer and when this process first meets it running. A
+    /// computer whose root ends its relay only cuts itself off until its next restart.
+    async fn start_relay(
+        &self,
+        docker: &bollard::Docker,
+        inspect: &ContainerInspectResponse,
+    ) -> Result<(), BackendError> {
+        let container = inspect.id.as_deref().unwrap_or_default();
+        let token = inspect
+            .config
+            .as_ref()
+            .and_then(|c| c.labels.as_ref())
+            .and_then(|l| l.get(egress::TOKEN_LABEL))
+            .cloned()
+            .unwrap_or_default();
+        let failed = |why: String| {
+            BackendError::Provider(format!(
+                "could not start the egress relay in container {container}: {why}"
+            ))
+        };
+        let path = helper::put_binary(docker, container)
+            .await
+            .map_err(failed)?;
+        match exec::run_simple_with(
+            docker,
+            container,
+            Some("0"),
+            vec![format!("{}={token}", egress::TOKEN_ENV)],
+            egress::relay_argv(path),
+            egress::RELAY_START_TIMEOUT,
+        )
+        .await
+        {
+            Ok((0, _)) => Ok(()),
+            Ok((code, _)) => Err(failed(format!("exit code {code}"))),
+            Err(why) => Err(failed(why)),
+        }
     }
 
     /// Points the resolver and [`egress::PROXY_HOST`] of a computer born a warm-pool spare at
@@ -545,6 +602,35 @@ impl Backend for DockerBackend {
 
     async fn validate(&self) -> Result<(), BackendError> {
         self.client().await.map(drop)
+    }
+
+    async fn check_startup(&self) -> Result<(), BackendError> {
+        // An engine not reachable yet is reported at first use, as ever.
+        let Ok(docker) = self.client().await else {
+            return Ok(());
+        };
+        if self.networks.socket_wired()
+            && self.config.engine == Engine::Docker
+            && let Some(runtime) = self.config.runtime.as_deref()
+            && runtime.contains("runsc")
+        {
+            // gVisor refuses connections to host sockets unless told otherwise, and the relay
+            // reaches the proxy through one (docs/egress.md, "Socket wiring").
+            let info = docker.info().await.map_err(|e| {
+                BackendError::Provider(format!("Docker info failed: {}", describe(&e)))
+            })?;
+            let args = info
+                .runtimes
+                .and_then(|mut r| r.remove(runtime))
+                .and_then(|r| r.runtime_args)
+                .unwrap_or_default();
+            if !egress::runsc_reaches_sockets(&args) {
+                return Err(BackendError::Provider(format!(
+                    "--runtime {runtime} with an egress policy needs gVisor to reach the proxy's Unix socket: add \"--host-uds=open\" to the \"runtimeArgs\" of runtime '{runtime}' in /etc/docker/daemon.json and reload Docker (kill -HUP the dockerd process); its runtimeArgs now: {args:?}."
+                )));
+            }
+        }
+        Ok(())
     }
 
     fn validates_eagerly(&self) -> bool {
@@ -1044,13 +1130,22 @@ fn claimed_id<'a>(labels: &'a HashMap<String, String>, name: &'a str) -> Option<
 }
 
 /// The names of the networks a container is on.
+/// The networks a container is on, and the egress volume it mounts (socket wiring), which
+/// [`networks::Networks::release`] removes as it removes a network.
 fn joined_networks(inspect: &ContainerInspectResponse) -> Vec<String> {
-    inspect
+    let networks = inspect
         .network_settings
         .as_ref()
         .and_then(|n| n.networks.as_ref())
-        .map(|n| n.keys().cloned().collect())
-        .unwrap_or_default()
+        .into_iter()
+        .flat_map(|n| n.keys().cloned());
+    let volumes = inspect
+        .mounts
+        .iter()
+        .flatten()
+        .filter_map(|m| m.name.clone())
+        .filter(|name| name.starts_with(networks::EGRESS_NETWORK_PREFIX));
+    networks.chain(volumes).collect()
 }
 
 fn is_running(inspect: &ContainerInspectResponse) -> bool {

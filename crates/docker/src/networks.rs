@@ -16,10 +16,12 @@ use std::sync::{Arc, Mutex};
 
 use bollard::Docker;
 use bollard::models::{
-    ContainerInspectResponse, NetworkConnectRequest, NetworkCreateRequest, NetworkDisconnectRequest,
+    ContainerInspectResponse, NetworkConnectRequest, NetworkCreateRequest,
+    NetworkDisconnectRequest, VolumeCreateRequest,
 };
 use bollard::query_parameters::{
-    ListContainersOptionsBuilder, ListNetworksOptionsBuilder, RemoveContainerOptionsBuilder,
+    ListContainersOptionsBuilder, ListNetworksOptionsBuilder, ListVolumesOptionsBuilder,
+    RemoveContainerOptionsBuilder, RemoveVolumeOptions,
 };
 use tokio::sync::{OwnedRwLockReadGuard, RwLock};
 use tracing::{debug, info, warn};
@@ -45,6 +47,31 @@ const KIND_PRINCIPAL: &str = "principal";
 /// `kilntainers.network` on the spares' network.
 const KIND_POOL: &str = "pool";
 
+/// How computers reach their egress proxy (docs/egress.md, "Socket wiring").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Wiring {
+    /// The computers of a principal share an internal bridge network with their proxy, which
+    /// tells them apart by address.
+    Network,
+    /// A computer has no network at all; a relay inside it carries its loopback connections to
+    /// the proxy's Unix socket on a volume of the principal's, and names the computer by a token
+    /// of its own. Used where bridged traffic between containers cannot be counted on: Podman
+    /// (a host firewall shared with Docker drops it, and the host keeps an address on an
+    /// internal bridge) and gVisor (whose netstack runs with `--network=none` here).
+    Socket,
+}
+
+impl Wiring {
+    /// The wiring for this engine and runtime.
+    pub(super) fn for_engine(engine: Engine, runtime: Option<&str>) -> Self {
+        if engine == Engine::Podman || runtime.is_some_and(|r| r.contains("runsc")) {
+            Self::Socket
+        } else {
+            Self::Network
+        }
+    }
+}
+
 /// The network a new container is created on, and what keeps that network from being
 /// removed before the container exists.
 pub(super) struct Placement {
@@ -52,6 +79,9 @@ pub(super) struct Placement {
     pub network_mode: Option<String>,
     /// The egress proxy guarding the network, when the server has an egress policy.
     pub proxy: Option<Arc<Proxy>>,
+    /// With [`Wiring::Socket`]: the volume holding the proxy's socket, mounted into the
+    /// computer (which then has no network).
+    pub socket_volume: Option<String>,
     _hold: Option<OwnedRwLockReadGuard<()>>,
 }
 
@@ -69,6 +99,8 @@ pub(super) struct Networks {
     /// The hosts people allowed per computer, whenever computers run behind the proxy
     /// (ask-to-allow and the dashboard add them; docs/egress.md, "Dashboard").
     grants: Option<egress::Grants>,
+    /// How computers reach their proxy.
+    wiring: Wiring,
 }
 
 /// This process's coordination around one network name.
@@ -91,6 +123,7 @@ impl Networks {
         egress: &EgressSettings,
         asking: Option<Asking>,
         grants: egress::Grants,
+        wiring: Wiring,
     ) -> Self {
         let egress =
             (mode != ComputerNetwork::Disabled && egress.filters()).then(|| egress.clone());
@@ -107,7 +140,13 @@ impl Networks {
             grants: egress.is_some().then_some(grants),
             egress,
             asking,
+            wiring,
         }
+    }
+
+    /// Whether computers behind the proxy reach it through a socket ([`Wiring::Socket`]).
+    pub(super) fn socket_wired(&self) -> bool {
+        self.egress.is_some() && self.wiring == Wiring::Socket
     }
 
     /// The hosts people allowed per computer, when computers run behind the proxy.
@@ -173,11 +212,13 @@ impl Networks {
             ComputerNetwork::Disabled => Ok(Placement {
                 network_mode: Some("none".to_owned()),
                 proxy: None,
+                socket_volume: None,
                 _hold: None,
             }),
             ComputerNetwork::EngineDefault => Ok(Placement {
                 network_mode: None,
                 proxy: None,
+                socket_volume: None,
                 _hold: None,
             }),
             ComputerNetwork::PerPrincipal => {
@@ -204,9 +245,16 @@ impl Networks {
     ) -> Result<Placement, BackendError> {
         let gate = self.gate(name);
         let hold = gate.in_use.clone().read_owned().await;
+        let socket = self.socket_wired() && owner.is_some();
         let (network_mode, proxy) = {
             let _making = gate.making.lock().await;
-            let network_mode = self.ensure(docker, name, owner).await?;
+            let network_mode = if socket {
+                // No network: the proxy is reached through the volume's socket.
+                ensure_volume(docker, name, owner).await?;
+                "none".to_owned()
+            } else {
+                self.ensure(docker, name, owner).await?
+            };
             let proxy = match (&self.egress, owner) {
                 (Some(settings), Some(_)) => Some(self.ensure_proxy(docker, name, settings).await?),
                 _ => None,
@@ -216,6 +264,7 @@ impl Networks {
         Ok(Placement {
             network_mode: Some(network_mode),
             proxy,
+            socket_volume: socket.then(|| name.to_owned()),
             _hold: Some(hold),
         })
     }
@@ -238,9 +287,18 @@ impl Networks {
             Engine::Docker => "bridge",
             Engine::Podman => "podman",
         };
-        let proxy =
-            Arc::new(Proxy::start(docker, name, settings, upstream, self.asking.clone()).await?);
-        for (address, mut attached) in recorded_policies(docker, name).await? {
+        let proxy = Arc::new(
+            Proxy::start(
+                docker,
+                name,
+                settings,
+                upstream,
+                self.asking.clone(),
+                self.wiring,
+            )
+            .await?,
+        );
+        for (address, mut attached) in recorded_policies(docker, name, self.wiring).await? {
             attached.policy = self.with_grants(&attached.container, attached.policy);
             proxy.attach(address, attached).await?;
         }
@@ -264,30 +322,59 @@ impl Networks {
         let Some(settings) = &self.egress else {
             return Ok(None);
         };
-        let joined = inspect
-            .network_settings
-            .as_ref()
-            .and_then(|n| n.networks.as_ref());
-        let on_egress = joined.and_then(|n| {
-            n.iter()
-                .find(|(name, _)| name.starts_with(EGRESS_NETWORK_PREFIX))
-                .map(|(name, endpoint)| (name.clone(), endpoint.ip_address.clone()))
-        });
         let computer = inspect
             .name
             .as_deref()
             .unwrap_or("?")
             .trim_start_matches('/');
-        let Some((network, Some(address))) = on_egress else {
-            return Err(BackendError::Provider(format!(
-                "container {computer} was made without the egress proxy this server enforces (docs/egress.md); delete that computer, or run the server with --egress open."
-            )));
-        };
-        let address: IpAddr = address.parse().map_err(|_| {
+        let container = inspect.id.clone().unwrap_or_default();
+        let labels = inspect.config.as_ref().and_then(|c| c.labels.as_ref());
+        let made_without = || {
             BackendError::Provider(format!(
-                "container {computer} has no usable address on network {network}"
+                "container {computer} was made without the egress proxy this server enforces (docs/egress.md); delete that computer, or run the server with --egress open."
             ))
-        })?;
+        };
+        let (network, address, token) = match self.wiring {
+            Wiring::Network => {
+                let joined = inspect
+                    .network_settings
+                    .as_ref()
+                    .and_then(|n| n.networks.as_ref());
+                let on_egress = joined.and_then(|n| {
+                    n.iter()
+                        .find(|(name, _)| name.starts_with(EGRESS_NETWORK_PREFIX))
+                        .map(|(name, endpoint)| (name.clone(), endpoint.ip_address.clone()))
+                });
+                let Some((network, Some(address))) = on_egress else {
+                    return Err(made_without());
+                };
+                let address: IpAddr = address.parse().map_err(|_| {
+                    BackendError::Provider(format!(
+                        "container {computer} has no usable address on network {network}"
+                    ))
+                })?;
+                (network, address, None)
+            }
+            Wiring::Socket => {
+                let volume = inspect
+                    .mounts
+                    .iter()
+                    .flatten()
+                    .filter_map(|m| m.name.as_deref())
+                    .find(|name| name.starts_with(EGRESS_NETWORK_PREFIX))
+                    .map(str::to_owned);
+                let token = labels
+                    .and_then(|l| l.get(egress::TOKEN_LABEL))
+                    .filter(|t| egress::is_token(t))
+                    .cloned();
+                let (Some(volume), Some(token), Some(key)) =
+                    (volume, token, egress::socket_key(&container))
+                else {
+                    return Err(made_without());
+                };
+                (volume, key, Some(token))
+            }
+        };
         let policy = match inspect
             .config
             .as_ref()
@@ -298,9 +385,7 @@ impl Networks {
                 .map_err(|e| BackendError::Provider(format!("container {computer}: {e}")))?,
             None => fallback.clone(),
         };
-        let container = inspect.id.clone().unwrap_or_default();
         let policy = self.with_grants(&container, policy);
-        let labels = inspect.config.as_ref().and_then(|c| c.labels.as_ref());
         let computer_id = labels
             .and_then(|l| super::claimed_id(l, inspect.name.as_deref().unwrap_or_default()))
             .and_then(|raw| ComputerId::parse_stored(raw).ok())
@@ -319,6 +404,7 @@ impl Networks {
             computer_id,
             container,
             policy,
+            token,
         };
         proxy.attach(address, attached).await?;
         Ok(Some((proxy, address)))
@@ -590,6 +676,10 @@ impl Networks {
                 .cloned()
                 .collect(),
         };
+        let mut names = names;
+        if self.socket_wired() {
+            names.extend(egress_volumes(docker).await);
+        }
         self.release(docker, names.iter().map(String::as_str)).await;
     }
 
@@ -597,6 +687,9 @@ impl Networks {
     /// any state is on it: a stopped container still needs its network to start again, and
     /// the engine would let the network be removed under it.
     async fn remove_if_unused(&self, docker: &Docker, name: &str) -> Result<(), BackendError> {
+        if self.socket_wired() && name.starts_with(EGRESS_NETWORK_PREFIX) {
+            return self.remove_volume_if_unused(docker, name).await;
+        }
         let networks = match self.engine {
             Engine::Docker => find(docker, name).await?,
             Engine::Podman => vec![name.to_owned()],
@@ -629,6 +722,110 @@ impl Networks {
         }
         Ok(())
     }
+
+    /// [`Wiring::Socket`]: removes the proxy of volume `name` and then the volume, when no
+    /// container but the proxy mounts it.
+    async fn remove_volume_if_unused(
+        &self,
+        docker: &Docker,
+        name: &str,
+    ) -> Result<(), BackendError> {
+        if mounted(docker, name).await? {
+            return Ok(());
+        }
+        self.proxies
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .remove(name);
+        remove_proxy_container(docker, name).await;
+        match docker
+            .remove_volume(name, None::<RemoveVolumeOptions>)
+            .await
+        {
+            Ok(()) => info!(
+                volume = name,
+                "egress volume removed with its last computer"
+            ),
+            // Gone already, or mounted again meanwhile (another process).
+            Err(e) if matches!(status_of(&e), Some(404 | 409)) => {
+                debug!(volume = name, error = %describe(&e), "egress volume not removed");
+            }
+            Err(e) => {
+                return Err(BackendError::Provider(format!(
+                    "the engine could not remove volume '{name}': {}",
+                    describe(&e)
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// [`Wiring::Socket`]: the volume holding the proxy's socket for one principal's computers,
+/// made when missing (an existing one is kept: its computers mount it).
+async fn ensure_volume(
+    docker: &Docker,
+    name: &str,
+    owner: Option<&Principal>,
+) -> Result<(), BackendError> {
+    let mut labels = HashMap::from([
+        (label::MANAGED.to_owned(), "true".to_owned()),
+        (egress::PROXY_LABEL.to_owned(), name.to_owned()),
+    ]);
+    if let Some(owner) = owner {
+        labels.insert(label::OWNER.to_owned(), owner.to_string());
+    }
+    let request = VolumeCreateRequest {
+        name: Some(name.to_owned()),
+        labels: Some(labels),
+        ..Default::default()
+    };
+    match docker.create_volume(request).await {
+        Ok(_) => Ok(()),
+        Err(e) if already_exists(&e) => Ok(()),
+        Err(e) => Err(BackendError::Provider(format!(
+            "the engine could not create volume '{name}' for the egress proxy: {}",
+            describe(&e)
+        ))),
+    }
+}
+
+/// The egress volumes ([`Wiring::Socket`]) on the engine, by name.
+async fn egress_volumes(docker: &Docker) -> Vec<String> {
+    let filters = HashMap::from([("label".to_owned(), vec![egress::PROXY_LABEL.to_owned()])]);
+    let options = ListVolumesOptionsBuilder::default()
+        .filters(&filters)
+        .build();
+    match docker.list_volumes(Some(options)).await {
+        Ok(list) => list
+            .volumes
+            .into_iter()
+            .flatten()
+            .map(|v| v.name)
+            .filter(|name| name.starts_with(EGRESS_NETWORK_PREFIX))
+            .collect(),
+        Err(error) => {
+            warn!(error = %describe(&error), "could not list the egress volumes");
+            Vec::new()
+        }
+    }
+}
+
+/// Whether any container, in any state, mounts volume `name`; the proxy does not count.
+async fn mounted(docker: &Docker, name: &str) -> Result<bool, BackendError> {
+    let filters = HashMap::from([("volume".to_owned(), vec![name.to_owned()])]);
+    let options = ListContainersOptionsBuilder::default()
+        .all(true)
+        .filters(&filters)
+        .build();
+    Ok(super::list_containers(docker, options)
+        .await?
+        .iter()
+        .any(|c| {
+            c.labels
+                .as_ref()
+                .is_none_or(|l| !l.contains_key(egress::PROXY_LABEL))
+        }))
 }
 
 /// `kilntainers-net-<the principal's digest tag>` ([`Principal::digest_tag`]).
@@ -660,9 +857,14 @@ async fn remove_proxy_container(docker: &Docker, network: &str) {
 async fn recorded_policies(
     docker: &Docker,
     network: &str,
+    wiring: Wiring,
 ) -> Result<Vec<(IpAddr, Attached)>, BackendError> {
+    let joined = match wiring {
+        Wiring::Network => "network",
+        Wiring::Socket => "volume",
+    };
     let filters = HashMap::from([
-        ("network".to_owned(), vec![network.to_owned()]),
+        (joined.to_owned(), vec![network.to_owned()]),
         ("label".to_owned(), vec![egress::POLICY_LABEL.to_owned()]),
     ]);
     let options = ListContainersOptionsBuilder::default()
@@ -671,13 +873,26 @@ async fn recorded_policies(
         .build();
     let mut found = Vec::new();
     for summary in super::list_containers(docker, options).await? {
-        let address = summary
-            .network_settings
+        let token = summary
+            .labels
             .as_ref()
-            .and_then(|s| s.networks.as_ref())
-            .and_then(|n| n.get(network))
-            .and_then(|e| e.ip_address.as_deref())
-            .and_then(|ip| ip.parse::<IpAddr>().ok());
+            .and_then(|l| l.get(egress::TOKEN_LABEL))
+            .filter(|t| egress::is_token(t))
+            .cloned();
+        let address = match wiring {
+            Wiring::Network => summary
+                .network_settings
+                .as_ref()
+                .and_then(|s| s.networks.as_ref())
+                .and_then(|n| n.get(network))
+                .and_then(|e| e.ip_address.as_deref())
+                .and_then(|ip| ip.parse::<IpAddr>().ok()),
+            Wiring::Socket => summary
+                .id
+                .as_deref()
+                .and_then(egress::socket_key)
+                .filter(|_| token.is_some()),
+        };
         let policy = summary
             .labels
             .as_ref()
@@ -698,6 +913,7 @@ async fn recorded_policies(
                 computer_id,
                 container,
                 policy,
+                token,
             };
             found.push((address, attached));
         }

@@ -414,6 +414,14 @@ fn fall_back_broken(sandbox: &SandboxRef, reason: &str) -> State {
     }
 }
 
+/// Puts the helper binary into `container` at [`binary::PATH`] for a mode other than the exec
+/// helper (the egress relay), whether or not the exec helper is turned on.
+pub(super) async fn put_binary(docker: &Docker, container: &str) -> Result<&'static str, String> {
+    binary::available()?;
+    upload(docker, container).await?;
+    Ok(binary::PATH.as_str())
+}
+
 /// Extracts the helper archive at `/` through the Engine API (works on remote engines, and on
 /// created-but-not-started containers).
 async fn upload(docker: &Docker, container: &str) -> Result<(), String> {

@@ -1,0 +1,112 @@
+"""Egress on the socket wiring (docs/egress.md, "Socket wiring"; issue 33): Podman, and gVisor
+(`--runtime runsc`), where a computer has no network at all and a relay inside it carries its
+loopback connections to the proxy's Unix socket on a volume of its principal's. The core case
+on each, on a fake internet made on the same engine (testkit/fake_internet.py): the allowed
+host reached through the proxy port and by a raw `nc` that ignores proxy settings; another host
+refused with the reason line; its name NXDOMAIN; its address unreachable; the computer without
+any interface but loopback; the policy found again after a restart of the computer; nothing left
+on the engine after the server ends. On Podman also with the exec helper off."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from egress_net import ALLOW_REFUSAL, RAW, VIA_PROXY, proxy_args
+from harness import BUSYBOX_ARGS
+from testkit.fake_internet import fake_internet_on
+
+pytestmark = pytest.mark.anyio
+
+PODMAN_SOCKET = os.environ.get("KILNTAINERS_PODMAN_SOCKET", "unix:///run/podman/podman.sock")
+PODMAN_IMAGE = "localhost/sandbox-busybox:full"
+PODMAN_ENV = {**os.environ, "DOCKER_HOST": PODMAN_SOCKET}
+
+
+def engine(env: dict | None, *args: str) -> subprocess.CompletedProcess:
+    """The `docker` CLI against the engine under test (Podman through its compatible API)."""
+    return subprocess.run(["docker", *args], capture_output=True, text=True, env=env, timeout=60)
+
+
+def leftovers(env: dict | None) -> set[str]:
+    """The egress proxies and volumes on the engine."""
+    proxies = engine(env, "ps", "-a", "--filter", "label=kilntainers.egress-proxy", "--format", "{{.Names}}")
+    volumes = engine(env, "volume", "ls", "--filter", "label=kilntainers.egress-proxy", "--format", "{{.Name}}")
+    return set(proxies.stdout.split()) | set(volumes.stdout.split())
+
+
+async def core_case(kbb, net, env, server_args, check_restart: bool) -> None:
+    before = leftovers(env)
+    args = [*server_args, "--lifecycle-tools", "--egress", "allowlist", "--egress-allow", "allowed.test",
+            *proxy_args(net)]
+    async with kbb.server(*args) as srv:
+        res = await srv.run(RAW.format(host="allowed.test", target="allowed.test"))
+        assert "hello-from-allowed.test" in res.structured["stdout"], res
+        assert "[kilntainers:" not in res.structured["stderr"], res
+        cid = res.structured["computer_id"]
+        res = await srv.run(VIA_PROXY.format(host="allowed.test"), computer_id=cid)
+        assert "hello-from-allowed.test" in res.structured["stdout"], res
+        res = await srv.run("wget -q -O - http://allowed.test/", computer_id=cid)
+        assert "hello-from-allowed.test" in res.structured["stdout"], res
+
+        res = await srv.run(VIA_PROXY.format(host="other.test"), computer_id=cid)
+        assert "hello-from" not in res.structured["stdout"], res
+        assert res.structured["stderr"].endswith(
+            f"[kilntainers: network access to other.test:80 was blocked: {ALLOW_REFUSAL}]\n"
+        ), res
+        res = await srv.run(RAW.format(host="other.test", target="allowed.test"), computer_id=cid)
+        assert "hello-from" not in res.structured["stdout"], res
+        assert "network access to other.test:80 was blocked" in res.structured["stderr"], res
+        res = await srv.call({"command": "nslookup other.test", "computer_id": cid})
+        assert "NXDOMAIN" in res.structured["stdout"] + res.structured["stderr"], res
+        res = await srv.call({"command": RAW.format(host="other.test", target=net["hosts"]["other.test"]),
+                              "computer_id": cid})
+        assert "hello-from" not in res.structured["stdout"], res
+        # No interface but loopback: nothing to route around the relay with.
+        res = await srv.run("cat /proc/net/dev", computer_id=cid)
+        interfaces = {line.split(":")[0].strip() for line in res.structured["stdout"].splitlines() if ":" in line}
+        assert interfaces == {"lo"}, res
+
+        info = json.loads(engine(env, "inspect", f"kilntainer-{cid}").stdout)[0]
+        assert info["HostConfig"]["NetworkMode"] == "none"
+        (mount,) = [m for m in info["Mounts"] if m.get("Name", "").startswith("kilntainers-egress-")]
+        assert mount["Destination"] == "/run/kilntainers-egress" and mount["RW"] is False, mount
+        assert len(info["Config"]["Labels"]["kilntainers.egress-token"]) == 32
+        # The token is on the container, not in the computer's environment.
+        res = await srv.run("env", computer_id=cid)
+        assert info["Config"]["Labels"]["kilntainers.egress-token"] not in res.structured["stdout"]
+
+        shown = (await srv.call({"computer_id": cid}, name="computer_network")).structured
+        (other,) = [d for d in shown["denied"] if d["host"] == "other.test" and d["reason"] == ALLOW_REFUSAL]
+        assert other["count"] == 2, shown
+
+        if check_restart:
+            # A restart rewrites the resolver and ends the relay; the server starts it again.
+            (await srv.call({"computer_id": cid}, name="computer_restart")).ok()
+            res = await srv.run(RAW.format(host="allowed.test", target="allowed.test"), computer_id=cid)
+            assert "hello-from-allowed.test" in res.structured["stdout"], res
+            res = await srv.run(VIA_PROXY.format(host="other.test"), computer_id=cid)
+            assert "was blocked" in res.structured["stderr"], res
+    # The temporary computer went with the server, and the proxy and its volume with it.
+    assert leftovers(env) <= before
+
+
+@pytest.mark.parametrize("helper", ["on", "off"])
+async def test_issue_33_podman_allowlist_core_case(kbb, helper):
+    # See: issue 33
+    if not os.path.exists(PODMAN_SOCKET.removeprefix("unix://")):
+        pytest.skip("no Podman socket")
+    with fake_internet_on(PODMAN_ENV, PODMAN_IMAGE) as net:
+        server_args = ["--engine", "podman", "--docker-host", PODMAN_SOCKET, "--image", PODMAN_IMAGE,
+                       "--shell", "/bin/sh", "--exec-helper", helper]
+        await core_case(kbb, net, PODMAN_ENV, server_args, check_restart=helper == "on")
+
+
+async def test_issue_33_gvisor_allowlist_core_case(kbb, fake_internet):
+    # See: issue 33
+    if os.environ.get("KILNTAINERS_IT_RUNSC") != "1":
+        pytest.skip("runsc is not registered with this Docker (scripts/ensure-dockerd.sh)")
+    await core_case(kbb, fake_internet, None, [*BUSYBOX_ARGS, "--runtime", "runsc"], check_restart=True)
