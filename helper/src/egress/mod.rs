@@ -67,7 +67,7 @@ const MAX_QUESTIONS: usize = 64;
 /// backs off instead of spinning.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
-/// Where the proxy listens.
+/// Where the proxy listens (and, on the computer's loopback, the relay: [`relay`]).
 #[derive(Debug, Clone)]
 pub struct Ports {
     pub bind: IpAddr,

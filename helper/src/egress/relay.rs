@@ -250,7 +250,7 @@ pub fn main(args: impl Iterator<Item = String>) -> i32 {
     };
     let token = std::env::var(TOKEN_VARIABLE)
         .ok()
-        .and_then(|hex| Token::parse(&hex.to_ascii_lowercase()));
+        .and_then(|hex| Token::parse(&hex.trim().to_ascii_lowercase()));
     let Some(token) = token else {
         eprintln!("egress-relay: {TOKEN_VARIABLE} must hold the computer's token, 32 hex digits");
         return 2;
