@@ -3,7 +3,8 @@
 //! warm `terminal_execute` costs a pipe round trip instead of a Docker exec.
 //!
 //! [`egress`] is a second mode of the same binary: the egress proxy, run in a sidecar
-//! container beside the computers (docs/egress.md).
+//! container beside the computers (docs/egress.md), and its relay ([`egress::relay`]), run
+//! inside a computer without a network to reach the proxy over a Unix socket.
 //!
 //! [`wire`] is the framed protocol, shared with the server (which depends on this crate for it
 //! alone); [`serve`] is the helper's side, used by `main.rs`. std only: the server's build

@@ -6,7 +6,9 @@
 //! skipped, never half applied.
 //!
 //! In: `policy <ip> <open|allowlist|none> ask=<0|1> private=<0|1> allow=<p,…> deny=<p,…>`,
-//! `forget <ip>`, `address <ip>`, `answer <id> <once|computer|deny|decline>`,
+//! `token <ip> <32 lowercase hex>` (the socket wiring's token of the computer whose policy key
+//! is `<ip>`, [`super::socket`]; a new one replaces the old), `forget <ip>` (its policy and
+//! token), `address <ip>`, `answer <id> <once|computer|deny|decline>`,
 //! `answer <id> refuse <reason>` (the server's own refusal, shown as the reason), `sync <id>`.
 //! Out: `ready`, `denied <ip> <host> <port> <reason>`, `ask <id> <ip> <host> <port>`,
 //! `synced <id>`. A refusal is written before the computer hears of it, so once `synced <id>`
@@ -16,6 +18,7 @@ use std::io::BufRead;
 use std::net::IpAddr;
 
 use super::policy::{Mode, Policy, Rule};
+use super::socket::Token;
 use super::{Answer, State};
 
 /// Longest control line: a policy of a few thousand patterns.
@@ -25,6 +28,7 @@ pub const MAX_LINE: usize = 256 * 1024;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Message {
     Policy(IpAddr, Policy),
+    Token(IpAddr, Token),
     Forget(IpAddr),
     Address(IpAddr),
     Answer(u64, Answer),
@@ -73,6 +77,7 @@ pub fn parse(line: &str) -> Option<Message> {
                 },
             )
         }
+        "token" => Message::Token(words.next()?.parse().ok()?, Token::parse(words.next()?)?),
         "forget" => Message::Forget(words.next()?.parse().ok()?),
         "address" => Message::Address(words.next()?.parse().ok()?),
         "sync" => Message::Sync(words.next()?.parse().ok()?),
@@ -127,7 +132,11 @@ pub fn read(state: &State, mut input: impl BufRead) {
         let text = String::from_utf8_lossy(&line);
         match parse(text.trim_end_matches(['\n', '\r'])) {
             Some(Message::Policy(ip, policy)) => state.set_policy(ip, Some(policy)),
-            Some(Message::Forget(ip)) => state.set_policy(ip, None),
+            Some(Message::Token(ip, token)) => state.set_token(ip, Some(token)),
+            Some(Message::Forget(ip)) => {
+                state.set_policy(ip, None);
+                state.set_token(ip, None);
+            }
             Some(Message::Address(ip)) => state.set_address(ip),
             Some(Message::Answer(id, answer)) => state.answer(id, answer),
             Some(Message::Sync(id)) => state.emit(&format!("synced {id}")),
@@ -215,6 +224,52 @@ mod tests {
         ] {
             assert_eq!(parse(bad), None, "{bad:?}");
         }
+    }
+
+    const HEX: &str = "0123456789abcdef00112233445566ff";
+
+    #[test]
+    fn token_lines_are_read_strictly() {
+        let Some(Message::Token(ip, token)) = parse(&format!("token fd00:6b69::5 {HEX}")) else {
+            panic!("not read");
+        };
+        assert_eq!(ip.to_string(), "fd00:6b69::5");
+        assert_eq!(token.to_string(), HEX);
+        for bad in [
+            format!("token fd00::5 {}", HEX.to_uppercase()),
+            format!("token fd00::5 {}", &HEX[1..]),
+            format!("token fd00::5 {HEX}0"),
+            format!("token fd00::5 {}g", &HEX[1..]),
+            format!("token fd00::5 {HEX} extra"),
+            format!("token nowhere {HEX}"),
+            "token fd00::5".to_owned(),
+            "token".to_owned(),
+        ] {
+            assert_eq!(parse(&bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn forget_drops_the_token_and_a_new_token_replaces_the_old() {
+        let state = State::new(super::super::Upstream::default(), Box::new(std::io::sink()));
+        let other = "ffeeddccbbaa99887766554433221100";
+        let input = format!("token fd00::5 {HEX}\ntoken fd00::6 {other}\n");
+        read(&state, input.as_bytes());
+        let first = Token::parse(HEX).unwrap();
+        let second = Token::parse(other).unwrap();
+        let key: IpAddr = "fd00::5".parse().unwrap();
+        assert_eq!(state.source_of(&first), Some(key));
+        read(
+            &state,
+            format!("token fd00::5 {}\n", "1".repeat(32)).as_bytes(),
+        );
+        assert_eq!(state.source_of(&first), None);
+        assert_eq!(
+            state.source_of(&Token::parse(&"1".repeat(32)).unwrap()),
+            Some(key)
+        );
+        read(&state, "forget fd00::6\n".as_bytes());
+        assert_eq!(state.source_of(&second), None);
     }
 
     #[test]

@@ -8,6 +8,11 @@
 //! then spliced byte for byte; [`Route`] is the one seam where a later path can terminate TLS
 //! for chosen hosts instead of splicing.
 //!
+//! In the socket wiring (for Podman and gVisor, where computers have no network) the proxy
+//! also listens on a Unix socket shared with the computers ([`socket`]); a relay inside each
+//! computer ([`relay`]) carries its loopback connections there, identified by a per-computer
+//! token instead of a source address.
+//!
 //! The server talks to it over stdin/stdout (through the engine, so it works with a remote
 //! engine and from a container): one line per message, [`control`]. The proxy keeps enforcing
 //! the last policies it got when the server goes away, and refuses questions while no server
@@ -22,11 +27,14 @@ pub mod control;
 pub mod dns;
 pub mod http;
 pub mod policy;
+pub mod relay;
 pub mod sni;
+pub mod socket;
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, PoisonError};
 use std::thread;
@@ -55,8 +63,11 @@ const STACK: usize = 64 * 1024;
 const SPLICE_BUFFER: usize = 16 * 1024;
 /// Questions open at once (all computers); more are refused.
 const MAX_QUESTIONS: usize = 64;
+/// Pause of an accept loop after a failed accept or thread start (EMFILE and friends), so it
+/// backs off instead of spinning.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(50);
 
-/// Where the proxy listens.
+/// Where the proxy listens (and, on the computer's loopback, the relay: [`relay`]).
 #[derive(Debug, Clone)]
 pub struct Ports {
     pub bind: IpAddr,
@@ -113,6 +124,9 @@ struct Questions {
 /// Everything the threads share.
 pub struct State {
     policies: Mutex<HashMap<IpAddr, Policy>>,
+    /// The socket wiring's per-computer tokens, by the computer's policy key
+    /// ([`socket`]).
+    tokens: Mutex<HashMap<IpAddr, socket::Token>>,
     /// The proxy's own address on the computers' network, given in DNS answers.
     address: Mutex<Option<IpAddr>>,
     upstream: Upstream,
@@ -133,6 +147,7 @@ impl State {
     pub fn new(upstream: Upstream, events: Box<dyn Write + Send>) -> Arc<Self> {
         Arc::new(Self {
             policies: Mutex::new(HashMap::new()),
+            tokens: Mutex::new(HashMap::new()),
             address: Mutex::new(None),
             upstream,
             connections: AtomicUsize::new(0),
@@ -150,6 +165,29 @@ impl State {
             Some(p) => policies.insert(source, p),
             None => policies.remove(&source),
         };
+    }
+
+    /// Registers (`Some`, replacing an older one) or drops the token of the computer whose
+    /// policy key is `source`.
+    pub fn set_token(&self, source: IpAddr, token: Option<socket::Token>) {
+        let mut tokens = lock(&self.tokens);
+        match token {
+            Some(t) => tokens.insert(source, t),
+            None => tokens.remove(&source),
+        };
+    }
+
+    /// The policy key of the computer holding `token`. Every registered token is compared,
+    /// each in constant time, so the time taken says nothing about how close a guess was.
+    fn source_of(&self, token: &socket::Token) -> Option<IpAddr> {
+        let tokens = lock(&self.tokens);
+        let mut found = None;
+        for (source, known) in tokens.iter() {
+            if known.matches(token) {
+                found = Some(*source);
+            }
+        }
+        found
     }
 
     pub fn set_address(&self, address: IpAddr) {
@@ -336,8 +374,7 @@ fn spawn_all(state: Arc<State>, udp: UdpSocket, listeners: [(TcpListener, Listen
 fn accept_loop(state: &Arc<State>, listener: &TcpListener, kind: Listener) {
     for stream in listener.incoming() {
         let Ok(stream) = stream else {
-            // EMFILE and friends: back off instead of spinning.
-            thread::sleep(Duration::from_millis(50));
+            thread::sleep(ACCEPT_BACKOFF);
             continue;
         };
         let Ok(peer) = stream.peer_addr() else {
@@ -349,13 +386,14 @@ fn accept_loop(state: &Arc<State>, listener: &TcpListener, kind: Listener) {
             drop(stream);
             continue;
         };
+        let _ = stream.set_nodelay(true);
         let state = state.clone();
         let spawned = thread::Builder::new().stack_size(STACK).spawn(move || {
             let _slot = slot;
-            handle(&state, stream, source, kind);
+            handle(&state, stream, source, kind, Vec::new());
         });
         if spawned.is_err() {
-            thread::sleep(Duration::from_millis(50));
+            thread::sleep(ACCEPT_BACKOFF);
         }
     }
 }
@@ -375,15 +413,19 @@ fn serve_dns(state: &Arc<State>, socket: &UdpSocket) {
             continue;
         };
         let msg = &buffer[..len];
-        let reply = dns_reply(state, canonical_ip(from.ip()), msg);
+        let own = *lock(&state.address);
+        let reply = dns_reply(state, canonical_ip(from.ip()), msg, own);
         if let Some(reply) = reply {
             let _ = socket.send_to(&reply, from);
         }
     }
 }
 
-/// The answer to one DNS message from `source`; never asks anyone upstream.
-fn dns_reply(state: &State, source: IpAddr, msg: &[u8]) -> Option<Vec<u8>> {
+/// The answer to one DNS message from `source`; never asks anyone upstream. An allowed name
+/// resolves to `own`, where the computer reaches the proxy (the proxy's address on the
+/// computers' network, or the relay's loopback address in the socket wiring); without one,
+/// every name is NXDOMAIN.
+fn dns_reply(state: &State, source: IpAddr, msg: &[u8], own: Option<IpAddr>) -> Option<Vec<u8>> {
     let query = match dns::parse_query(msg) {
         Ok(query) => query,
         Err(dns::DnsError::NotAQuery) => {
@@ -391,7 +433,6 @@ fn dns_reply(state: &State, source: IpAddr, msg: &[u8]) -> Option<Vec<u8>> {
         }
         Err(_) => return dns::message_id(msg).map(|id| dns::bare_answer(id, dns::RCODE_FORMERR)),
     };
-    let own = *lock(&state.address);
     let allowed = state.policy(source).zip(own).filter(|(policy, _)| {
         query.qclass == 1 && is_canonical_name(&query.name) && policy.name_may_resolve(&query.name)
     });
@@ -405,17 +446,47 @@ fn is_canonical_name(name: &str) -> bool {
     policy::Rule::parse(name).is_some() && !name.contains(['*', ':', '/', '['])
 }
 
-/// Reads until `complete` says the bytes so far are enough (or the cap, or the deadline).
+/// A computer's connection as the handlers see it: a TCP stream on the computers' network, or
+/// a Unix stream from a relay in the socket wiring ([`socket`]). Also the upstream side of the
+/// relay's splice.
+pub(crate) trait Stream: Read + Write + Send + Sized + 'static {
+    fn try_clone(&self) -> io::Result<Self>;
+    fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()>;
+    fn shutdown(&self, how: Shutdown) -> io::Result<()>;
+}
+
+macro_rules! impl_stream {
+    ($type:ty) => {
+        impl Stream for $type {
+            fn try_clone(&self) -> io::Result<Self> {
+                <$type>::try_clone(self)
+            }
+            fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()> {
+                <$type>::set_read_timeout(self, timeout)
+            }
+            fn shutdown(&self, how: Shutdown) -> io::Result<()> {
+                <$type>::shutdown(self, how)
+            }
+        }
+    };
+}
+
+impl_stream!(TcpStream);
+impl_stream!(UnixStream);
+
+/// Reads until `complete` says the bytes so far are enough (or the cap, or `timeout` from
+/// now).
 fn read_head(
-    stream: &mut TcpStream,
+    stream: &mut impl Stream,
     mut data: Vec<u8>,
     cap: usize,
+    timeout: Duration,
     mut complete: impl FnMut(&[u8]) -> bool,
 ) -> io::Result<Vec<u8>> {
     if !data.is_empty() && complete(&data) {
         return Ok(data);
     }
-    let deadline = Instant::now() + HANDSHAKE_TIMEOUT;
+    let deadline = Instant::now() + timeout;
     let mut chunk = [0u8; 2048];
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
@@ -438,12 +509,18 @@ fn read_head(
     }
 }
 
-/// One connection from a computer, from its first byte to its end.
-fn handle(state: &Arc<State>, mut client: TcpStream, source: IpAddr, kind: Listener) {
-    let _ = client.set_nodelay(true);
+/// One connection from a computer, from its first byte to its end; `already` is what was
+/// read from it before (after a relay's identification line).
+fn handle(
+    state: &Arc<State>,
+    mut client: impl Stream,
+    source: IpAddr,
+    kind: Listener,
+    already: Vec<u8>,
+) {
     let outcome = match kind {
-        Listener::Tls => handle_tls(state, &mut client, source),
-        Listener::Http | Listener::Proxy => handle_http(state, &mut client, source, kind),
+        Listener::Tls => handle_tls(state, &mut client, source, already),
+        Listener::Http | Listener::Proxy => handle_http(state, &mut client, source, kind, already),
     };
     if let Err((dest, port, reason)) = outcome {
         state.denied(source, &dest, port, &reason);
@@ -462,11 +539,20 @@ fn handle(state: &Arc<State>, mut client: TcpStream, source: IpAddr, kind: Liste
 
 type Refused = (String, u16, String);
 
-fn handle_tls(state: &Arc<State>, client: &mut TcpStream, source: IpAddr) -> Result<(), Refused> {
+fn handle_tls(
+    state: &Arc<State>,
+    client: &mut impl Stream,
+    source: IpAddr,
+    already: Vec<u8>,
+) -> Result<(), Refused> {
     let unknown = |reason: &str| ("(unknown)".to_owned(), 443, reason.to_owned());
-    let hello = read_head(client, Vec::with_capacity(1024), sni::MAX_HELLO + 5, |d| {
-        sni::parse(d) != sni::Hello::Incomplete
-    })
+    let hello = read_head(
+        client,
+        already,
+        sni::MAX_HELLO + 5,
+        HANDSHAKE_TIMEOUT,
+        |d| sni::parse(d) != sni::Hello::Incomplete,
+    )
     .map_err(|_| unknown("no TLS ClientHello in time"))?;
     let name = match sni::parse(&hello) {
         sni::Hello::Name(name) => name,
@@ -484,12 +570,13 @@ fn handle_tls(state: &Arc<State>, client: &mut TcpStream, source: IpAddr) -> Res
 
 fn handle_http(
     state: &Arc<State>,
-    client: &mut TcpStream,
+    client: &mut impl Stream,
     source: IpAddr,
     kind: Listener,
+    already: Vec<u8>,
 ) -> Result<(), Refused> {
     let default_port = 80;
-    let data = read_head(client, Vec::with_capacity(1024), http::MAX_HEAD, |d| {
+    let data = read_head(client, already, http::MAX_HEAD, HANDSHAKE_TIMEOUT, |d| {
         !matches!(
             http::parse(d, default_port),
             Err(http::HeadError::Incomplete)
@@ -542,9 +629,13 @@ fn handle_http(
         let upstream = admit(state, source, &dest, head.port)?;
         let _ = client.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n");
         // The tunnel's first bytes must name the same host (SNI or Host) when they name one.
-        let inner = read_head(client, data[head.len..].to_vec(), sni::MAX_HELLO + 5, |d| {
-            tunnel_first_bytes(d).is_some()
-        })
+        let inner = read_head(
+            client,
+            data[head.len..].to_vec(),
+            sni::MAX_HELLO + 5,
+            HANDSHAKE_TIMEOUT,
+            |d| tunnel_first_bytes(d).is_some(),
+        )
         .unwrap_or_default();
         if let Some(Some(named)) = tunnel_first_bytes(&inner)
             && destination(&named).as_ref() != Some(&dest)
@@ -682,8 +773,8 @@ fn resolve(state: &State, name: &str) -> Result<Vec<IpAddr>, String> {
 }
 
 /// Copies both ways until both sides end or the tunnel idles; `first` (already read from the
-/// client) goes upstream first.
-fn splice(client: &mut TcpStream, mut upstream: TcpStream, first: &[u8]) {
+/// client) goes upstream first. Each side's end of input is passed on as a half-close.
+fn splice(client: &mut impl Stream, mut upstream: impl Stream, first: &[u8]) {
     if upstream.write_all(first).is_err() {
         return;
     }
@@ -704,7 +795,7 @@ fn splice(client: &mut TcpStream, mut upstream: TcpStream, first: &[u8]) {
     }
 }
 
-fn copy(from: &mut TcpStream, to: &mut TcpStream) {
+fn copy(from: &mut impl Read, to: &mut impl Write) {
     let mut buffer = vec![0u8; SPLICE_BUFFER];
     loop {
         match from.read(&mut buffer) {
@@ -718,11 +809,13 @@ fn copy(from: &mut TcpStream, to: &mut TcpStream) {
     }
 }
 
-/// `egress-proxy [--dns ADDR] [--resolve HOST=IP]… [--address IP]`: serves on the default
-/// ports and reads control lines from stdin until it closes, then keeps enforcing.
+/// `egress-proxy [--dns ADDR] [--resolve HOST=IP]… [--address IP] [--socket PATH]`: serves on
+/// the default ports (and, with `--socket`, on that Unix socket too, [`socket`]) and reads
+/// control lines from stdin until it closes, then keeps enforcing.
 pub fn main(args: impl Iterator<Item = String>) -> i32 {
     let mut upstream = Upstream::default();
     let mut address = None;
+    let mut socket_path = None;
     let mut args = args.peekable();
     while let Some(arg) = args.next() {
         let value = args.next();
@@ -734,11 +827,15 @@ pub fn main(args: impl Iterator<Item = String>) -> i32 {
                 .map(|(h, ip)| upstream.fixed.insert(h, ip))
                 .is_some(),
             ("--address", Some(v)) => v.parse().map(|a| address = Some(a)).is_ok(),
+            ("--socket", Some(v)) => {
+                socket_path = Some(std::path::PathBuf::from(v));
+                true
+            }
             _ => false,
         };
         if !ok {
             eprintln!(
-                "usage: kilntainers-helper egress-proxy [--dns ADDR:PORT] [--resolve HOST=IP]… [--address IP]"
+                "usage: kilntainers-helper egress-proxy [--dns ADDR:PORT] [--resolve HOST=IP]… [--address IP] [--socket PATH]"
             );
             return 2;
         }
@@ -749,6 +846,15 @@ pub fn main(args: impl Iterator<Item = String>) -> i32 {
     }
     if let Err(e) = serve(state.clone(), &Ports::default()) {
         eprintln!("kilntainers-helper egress-proxy: cannot listen: {e}");
+        return 1;
+    }
+    if let Some(path) = socket_path
+        && let Err(e) = socket::listen(state.clone(), &path)
+    {
+        eprintln!(
+            "kilntainers-helper egress-proxy: cannot listen on {}: {e}",
+            path.display()
+        );
         return 1;
     }
     state.emit("ready");

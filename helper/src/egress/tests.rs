@@ -4,6 +4,7 @@
 
 use std::io::{Read, Write};
 use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::os::unix::net::UnixStream;
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
@@ -415,7 +416,7 @@ fn no_query_for_a_name_the_policy_does_not_allow_ever_reaches_the_resolver() {
         ("allowed.test", dns::TYPE_A),
     ] {
         let query = dns::build_query(7, name, qtype).unwrap();
-        let reply = dns_reply(&state, source, &query).unwrap();
+        let reply = dns_reply(&state, source, &query, Some(IpAddr::from([172, 30, 0, 2]))).unwrap();
         let expected = if name == "allowed.test" {
             dns::RCODE_OK
         } else {
@@ -439,5 +440,327 @@ fn no_query_for_a_name_the_policy_does_not_allow_ever_reaches_the_resolver() {
     assert_eq!(
         seen.first().map(|(n, t)| (n.as_str(), *t)),
         Some(("allowed.test", dns::TYPE_A))
+    );
+}
+
+// The socket wiring: the same proxy reached over its Unix socket, directly and through the
+// relay, with the computer named by its token.
+
+const KEY: &str = "fd00:6b69::5";
+const TOKEN: &str = "00112233445566778899aabbccddeeff";
+const SOCKET_ALLOW: &str =
+    "policy fd00:6b69::5 allowlist ask=0 private=1 allow=allowed.test,allowed.test:5432 deny=";
+
+/// A directory of the test's own, removed on drop.
+struct TempDir(std::path::PathBuf);
+
+impl TempDir {
+    fn new() -> Self {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let path = std::env::temp_dir().join(format!(
+            "kilntainers-egress-test-{}-{}",
+            std::process::id(),
+            NEXT.fetch_add(1, Ordering::SeqCst)
+        ));
+        std::fs::create_dir_all(&path).unwrap();
+        Self(path)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+struct SocketProxy {
+    proxy: Proxy,
+    path: std::path::PathBuf,
+    _dir: TempDir,
+}
+
+/// The proxy of [`start`], also listening on a Unix socket, with [`TOKEN`] registered for
+/// [`KEY`].
+fn start_socket(policy_line: &str) -> SocketProxy {
+    let proxy = start(policy_line, true);
+    let dir = TempDir::new();
+    let path = dir.0.join("egress.sock");
+    // A stale file from an earlier proxy is replaced.
+    std::fs::write(&path, b"stale").unwrap();
+    control::read(&proxy.state, format!("token {KEY} {TOKEN}\n").as_bytes());
+    socket::listen(proxy.state.clone(), &path).unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&path).unwrap().permissions().mode() & 0o777,
+        0o666
+    );
+    SocketProxy {
+        proxy,
+        path,
+        _dir: dir,
+    }
+}
+
+fn line(token: &str, kind: &str) -> Vec<u8> {
+    format!("{token} {kind}\n").into_bytes()
+}
+
+/// Sends `send` on a new socket connection and reads until the proxy closes it.
+fn socket_exchange(path: &std::path::Path, send: &[&[u8]]) -> String {
+    let mut s = UnixStream::connect(path).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    for piece in send {
+        s.write_all(piece).unwrap();
+    }
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[test]
+fn socket_connections_are_served_as_the_computer_their_token_names() {
+    let p = start_socket(SOCKET_ALLOW);
+    // The identification line and the request in one write, and in two.
+    let mut request = line(TOKEN, "http");
+    request.extend_from_slice(b"GET / HTTP/1.1\r\nHost: allowed.test\r\n\r\n");
+    let out = socket_exchange(&p.path, &[&request]);
+    assert!(out.starts_with("pong:GET / HTTP/1.1"), "{out:?}");
+    let out = socket_exchange(
+        &p.path,
+        &[
+            &line(TOKEN, "proxy"),
+            b"GET http://allowed.test/x HTTP/1.1\r\nHost: allowed.test\r\n\r\n",
+        ],
+    );
+    assert_eq!(out, "pong:GET /x HTTP/1.1\r\nHost: allowed.test\r\n\r\n");
+    let hello = sni::tests::client_hello(Some("allowed.test"), 0);
+    let mut connect = b"CONNECT allowed.test:443 HTTP/1.1\r\n\r\n".to_vec();
+    connect.extend_from_slice(&hello);
+    let out = socket_exchange(&p.path, &[&line(TOKEN, "proxy"), &connect]);
+    assert!(
+        out.starts_with("HTTP/1.1 200 Connection established\r\n\r\npong:"),
+        "{out:?}"
+    );
+    let out = socket_exchange(&p.path, &[&line(TOKEN, "tls"), &hello]);
+    assert!(out.starts_with("pong:\x16\x03\x01"), "{out:?}");
+    assert!(
+        p.proxy
+            .events
+            .lines()
+            .iter()
+            .all(|l| !l.starts_with("denied")),
+        "{:?}",
+        p.proxy.events.lines()
+    );
+    // A refusal names the computer by its policy key.
+    let out = socket_exchange(
+        &p.path,
+        &[
+            &line(TOKEN, "http"),
+            b"GET / HTTP/1.1\r\nHost: other.test\r\n\r\n",
+        ],
+    );
+    assert!(out.starts_with("HTTP/1.1 403 Forbidden"), "{out:?}");
+    assert!(
+        out.contains("network access to other.test:80 was blocked"),
+        "{out:?}"
+    );
+    p.proxy
+        .events
+        .wait_for("denied fd00:6b69::5 other.test 80 not in this computer's allow-list");
+}
+
+#[test]
+fn socket_connections_without_a_known_token_get_nothing() {
+    let p = start_socket(SOCKET_ALLOW);
+    let request: &[u8] = b"GET / HTTP/1.1\r\nHost: allowed.test\r\n\r\n";
+    let unknown = "ffeeddccbbaa99887766554433221100";
+    for first in [
+        line(unknown, "http"),
+        line(TOKEN, "ssh"),
+        line(&TOKEN.to_uppercase(), "http"),
+        b"hello\n".to_vec(),
+        vec![b'a'; 200],
+    ] {
+        let out = socket_exchange(&p.path, &[&first, request]);
+        assert_eq!(out, "", "{:?}", String::from_utf8_lossy(&first));
+    }
+    // Forgetting the computer drops its token with its policy.
+    control::read(&p.proxy.state, format!("forget {KEY}\n").as_bytes());
+    let out = socket_exchange(&p.path, &[&line(TOKEN, "http"), request]);
+    assert_eq!(out, "");
+    assert!(
+        p.proxy
+            .events
+            .lines()
+            .iter()
+            .all(|l| !l.starts_with("denied")),
+        "{:?}",
+        p.proxy.events.lines()
+    );
+}
+
+/// One DNS-over-TCP message: its length, then it.
+fn framed(message: &[u8]) -> Vec<u8> {
+    let mut out = (message.len() as u16).to_be_bytes().to_vec();
+    out.extend_from_slice(message);
+    out
+}
+
+fn read_framed(stream: &mut impl Read) -> Vec<u8> {
+    let mut length = [0u8; 2];
+    stream.read_exact(&mut length).unwrap();
+    let mut message = vec![0u8; usize::from(u16::from_be_bytes(length))];
+    stream.read_exact(&mut message).unwrap();
+    message
+}
+
+#[test]
+fn dns_over_the_socket_answers_allowed_names_with_the_relay_address() {
+    let p = start_socket(SOCKET_ALLOW);
+    let mut s = UnixStream::connect(&p.path).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    // Two messages in one write, right behind the identification line.
+    let mut send = line(TOKEN, "dns");
+    send.extend(framed(
+        &dns::build_query(1, "allowed.test", dns::TYPE_A).unwrap(),
+    ));
+    send.extend(framed(
+        &dns::build_query(2, "other.test", dns::TYPE_A).unwrap(),
+    ));
+    s.write_all(&send).unwrap();
+    let allowed = read_framed(&mut s);
+    assert_eq!(
+        dns::parse_answer(&allowed, 1, "allowed.test", dns::TYPE_A).unwrap(),
+        vec![IpAddr::from([127, 0, 0, 1])]
+    );
+    let other = read_framed(&mut s);
+    assert_eq!(other[3] & 0xF, dns::RCODE_NXDOMAIN);
+    // A message longer than a query may be ends the connection.
+    s.write_all(&((dns::MAX_UDP + 1) as u16).to_be_bytes())
+        .unwrap();
+    let mut rest = Vec::new();
+    let _ = s.read_to_end(&mut rest);
+    assert!(rest.is_empty(), "{rest:?}");
+}
+
+#[test]
+fn silent_socket_connections_cannot_lock_out_an_identified_one() {
+    let p = start_socket(SOCKET_ALLOW);
+    let mut silent: Vec<UnixStream> = (0..=socket::MAX_UNIDENTIFIED)
+        .map(|_| UnixStream::connect(&p.path).unwrap())
+        .collect();
+    let first = &mut silent[0];
+    first
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    assert_eq!(first.read(&mut [0u8; 16]).unwrap_or(0), 0);
+    let out = socket_exchange(
+        &p.path,
+        &[
+            &line(TOKEN, "http"),
+            b"GET / HTTP/1.1\r\nHost: allowed.test\r\n\r\n",
+        ],
+    );
+    assert!(out.starts_with("pong:GET / HTTP/1.1"), "{out:?}");
+}
+
+struct RelayPorts {
+    proxy: u16,
+    http: u16,
+    dns: u16,
+    udp: u16,
+}
+
+/// A relay on ephemeral loopback ports, carrying to the proxy socket at `path`.
+fn start_relay(path: &std::path::Path, token: &str) -> RelayPorts {
+    let relay = relay::Relay::new(path.to_owned(), socket::Token::parse(token).unwrap());
+    let tcp = || TcpListener::bind("127.0.0.1:0").unwrap();
+    let (p, h, d) = (tcp(), tcp(), tcp());
+    let udp = UdpSocket::bind("127.0.0.1:0").unwrap();
+    let ports = RelayPorts {
+        proxy: p.local_addr().unwrap().port(),
+        http: h.local_addr().unwrap().port(),
+        dns: d.local_addr().unwrap().port(),
+        udp: udp.local_addr().unwrap().port(),
+    };
+    relay::serve(
+        &relay,
+        Some(udp),
+        vec![
+            (p, socket::Kind::Proxy),
+            (h, socket::Kind::Http),
+            (d, socket::Kind::Dns),
+        ],
+    );
+    ports
+}
+
+#[test]
+fn the_relay_carries_a_computers_loopback_to_the_proxy_socket() {
+    let p = start_socket(SOCKET_ALLOW);
+    let r = start_relay(&p.path, TOKEN);
+    // A program ignoring proxy settings, and one using them.
+    let out = exchange(r.http, b"GET / HTTP/1.1\r\nHost: allowed.test\r\n\r\n");
+    assert!(out.starts_with("pong:GET / HTTP/1.1"), "{out:?}");
+    let out = exchange(r.proxy, b"CONNECT other.test:443 HTTP/1.1\r\n\r\n");
+    assert!(out.starts_with("HTTP/1.1 403"), "{out:?}");
+    p.proxy
+        .events
+        .wait_for("denied fd00:6b69::5 other.test 443 not in this computer's allow-list");
+    // DNS over UDP and over TCP: an allowed name is the relay itself.
+    let udp = UdpSocket::bind("127.0.0.1:0").unwrap();
+    udp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let ask = |name: &str| {
+        let query = dns::build_query(0x77, name, dns::TYPE_A).unwrap();
+        udp.send_to(&query, ("127.0.0.1", r.udp)).unwrap();
+        let mut buf = [0u8; 512];
+        let (n, _) = udp.recv_from(&mut buf).unwrap();
+        buf[..n].to_vec()
+    };
+    assert_eq!(
+        dns::parse_answer(&ask("allowed.test"), 0x77, "allowed.test", dns::TYPE_A).unwrap(),
+        vec![IpAddr::from([127, 0, 0, 1])]
+    );
+    assert_eq!(ask("other.test")[3] & 0xF, dns::RCODE_NXDOMAIN);
+    let mut tcp = TcpStream::connect(("127.0.0.1", r.dns)).unwrap();
+    tcp.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    tcp.write_all(&framed(
+        &dns::build_query(9, "allowed.test", dns::TYPE_A).unwrap(),
+    ))
+    .unwrap();
+    assert_eq!(
+        dns::parse_answer(&read_framed(&mut tcp), 9, "allowed.test", dns::TYPE_A).unwrap(),
+        vec![IpAddr::from([127, 0, 0, 1])]
+    );
+}
+
+#[test]
+fn a_relay_without_a_proxy_closes_and_a_second_relay_leaves_the_first_running() {
+    let p = start_socket(SOCKET_ALLOW);
+    let r = start_relay(&p.path, TOKEN);
+    let second = relay::Relay::new(p.path.clone(), socket::Token::parse(TOKEN).unwrap());
+    let ports = Ports {
+        bind: IpAddr::from([127, 0, 0, 1]),
+        dns: 0,
+        http: 0,
+        https: 0,
+        proxy: r.proxy,
+    };
+    assert_eq!(relay::run(&second, &ports, false), Some(0));
+    let out = exchange(
+        r.proxy,
+        b"GET http://allowed.test/ HTTP/1.1\r\nHost: allowed.test\r\n\r\n",
+    );
+    assert!(out.starts_with("pong:GET / HTTP/1.1"), "{out:?}");
+    // A relay whose socket is gone just closes what it accepts.
+    let dir = TempDir::new();
+    let nowhere = start_relay(&dir.0.join("missing.sock"), TOKEN);
+    assert_eq!(
+        exchange(
+            nowhere.http,
+            b"GET / HTTP/1.1\r\nHost: allowed.test\r\n\r\n"
+        ),
+        ""
     );
 }
