@@ -47,26 +47,30 @@ async def core_case(kbb, net, env, server_args, check_restart: bool) -> None:
         assert "hello-from-allowed.test" in res.structured["stdout"], res
         assert "[kilntainers:" not in res.structured["stderr"], res
         cid = res.structured["computer_id"]
-        res = await srv.run(VIA_PROXY.format(host="allowed.test"), computer_id=cid)
+        at = {"computer_id": cid}
+        if check_restart:
+            # A permanent computer: Podman removes an auto-removed (temporary) one it restarts.
+            cid = kbb.new_id("sock")
+            at = {"computer_id": cid, "temporary": False}
+        res = await srv.run(VIA_PROXY.format(host="allowed.test"), **at)
         assert "hello-from-allowed.test" in res.structured["stdout"], res
-        res = await srv.run("wget -q -O - http://allowed.test/", computer_id=cid)
+        res = await srv.run("wget -q -O - http://allowed.test/", **at)
         assert "hello-from-allowed.test" in res.structured["stdout"], res
 
-        res = await srv.run(VIA_PROXY.format(host="other.test"), computer_id=cid)
+        res = await srv.run(VIA_PROXY.format(host="other.test"), **at)
         assert "hello-from" not in res.structured["stdout"], res
         assert res.structured["stderr"].endswith(
             f"[kilntainers: network access to other.test:80 was blocked: {ALLOW_REFUSAL}]\n"
         ), res
-        res = await srv.run(RAW.format(host="other.test", target="allowed.test"), computer_id=cid)
+        res = await srv.run(RAW.format(host="other.test", target="allowed.test"), **at)
         assert "hello-from" not in res.structured["stdout"], res
         assert "network access to other.test:80 was blocked" in res.structured["stderr"], res
-        res = await srv.call({"command": "nslookup other.test", "computer_id": cid})
+        res = await srv.call({"command": "nslookup other.test", **at})
         assert "NXDOMAIN" in res.structured["stdout"] + res.structured["stderr"], res
-        res = await srv.call({"command": RAW.format(host="other.test", target=net["hosts"]["other.test"]),
-                              "computer_id": cid})
+        res = await srv.call({"command": RAW.format(host="other.test", target=net["hosts"]["other.test"]), **at})
         assert "hello-from" not in res.structured["stdout"], res
         # No interface but loopback: nothing to route around the relay with.
-        res = await srv.run("cat /proc/net/dev", computer_id=cid)
+        res = await srv.run("cat /proc/net/dev", **at)
         interfaces = {line.split(":")[0].strip() for line in res.structured["stdout"].splitlines() if ":" in line}
         assert interfaces == {"lo"}, res
 
@@ -76,7 +80,7 @@ async def core_case(kbb, net, env, server_args, check_restart: bool) -> None:
         assert mount["Destination"] == "/run/kilntainers-egress" and mount["RW"] is False, mount
         assert len(info["Config"]["Labels"]["kilntainers.egress-token"]) == 32
         # The token is on the container, not in the computer's environment.
-        res = await srv.run("env", computer_id=cid)
+        res = await srv.run("env", **at)
         assert info["Config"]["Labels"]["kilntainers.egress-token"] not in res.structured["stdout"]
 
         shown = (await srv.call({"computer_id": cid}, name="computer_network")).structured
@@ -86,11 +90,13 @@ async def core_case(kbb, net, env, server_args, check_restart: bool) -> None:
         if check_restart:
             # A restart rewrites the resolver and ends the relay; the server starts it again.
             (await srv.call({"computer_id": cid}, name="computer_restart")).ok()
-            res = await srv.run(RAW.format(host="allowed.test", target="allowed.test"), computer_id=cid)
+            res = await srv.run(RAW.format(host="allowed.test", target="allowed.test"), **at)
             assert "hello-from-allowed.test" in res.structured["stdout"], res
-            res = await srv.run(VIA_PROXY.format(host="other.test"), computer_id=cid)
+            res = await srv.run(VIA_PROXY.format(host="other.test"), **at)
             assert "was blocked" in res.structured["stderr"], res
-    # The temporary computer went with the server, and the proxy and its volume with it.
+            (await srv.call({"computer_id": cid}, name="computer_delete")).ok()
+    # The computers went (the temporary one with the server), and the proxy and its volume with
+    # the last of them.
     assert leftovers(env) <= before
 
 

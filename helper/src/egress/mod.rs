@@ -810,8 +810,10 @@ fn copy(from: &mut impl Read, to: &mut impl Write) {
 }
 
 /// `egress-proxy [--dns ADDR] [--resolve HOST=IP]… [--address IP] [--socket PATH]`: serves on
-/// the default ports (and, with `--socket`, on that Unix socket too, [`socket`]) and reads
-/// control lines from stdin until it closes, then keeps enforcing.
+/// the default ports, or with `--socket` on that Unix socket only ([`socket`]), and reads
+/// control lines from stdin until it closes, then keeps enforcing. A socket-wired proxy's only
+/// network is the upstream one, shared with whatever else runs there: it listens on none of
+/// its ports, so nothing there can use it or take up its connections.
 pub fn main(args: impl Iterator<Item = String>) -> i32 {
     let mut upstream = Upstream::default();
     let mut address = None;
@@ -844,17 +846,13 @@ pub fn main(args: impl Iterator<Item = String>) -> i32 {
     if let Some(address) = address {
         state.set_address(address);
     }
-    if let Err(e) = serve(state.clone(), &Ports::default()) {
-        eprintln!("kilntainers-helper egress-proxy: cannot listen: {e}");
-        return 1;
-    }
-    if let Some(path) = socket_path
-        && let Err(e) = socket::listen(state.clone(), &path)
-    {
-        eprintln!(
-            "kilntainers-helper egress-proxy: cannot listen on {}: {e}",
-            path.display()
-        );
+    let listening = match &socket_path {
+        Some(path) => socket::listen(state.clone(), path)
+            .map_err(|e| format!("cannot listen on {}: {e}", path.display())),
+        None => serve(state.clone(), &Ports::default()).map_err(|e| format!("cannot listen: {e}")),
+    };
+    if let Err(why) = listening {
+        eprintln!("kilntainers-helper egress-proxy: {why}");
         return 1;
     }
     state.emit("ready");

@@ -232,15 +232,17 @@ fn ask(relay: &Relay, query: &[u8]) -> io::Result<Vec<u8>> {
 pub fn main(args: impl Iterator<Item = String>) -> i32 {
     let usage = || {
         eprintln!(
-            "usage: {TOKEN_VARIABLE}=<32 hex digits> kilntainers-helper egress-relay SOCKET [--resolv-conf]"
+            "usage: {TOKEN_VARIABLE}=<32 hex digits> kilntainers-helper egress-relay SOCKET [--resolv-conf] [--background]"
         );
         2
     };
     let mut socket_path = None;
     let mut resolv_conf = false;
+    let mut background = false;
     for arg in args {
         match arg.as_str() {
             "--resolv-conf" => resolv_conf = true,
+            "--background" => background = true,
             _ if arg.starts_with('-') || socket_path.is_some() => return usage(),
             _ => socket_path = Some(PathBuf::from(arg)),
         }
@@ -255,6 +257,9 @@ pub fn main(args: impl Iterator<Item = String>) -> i32 {
         eprintln!("egress-relay: {TOKEN_VARIABLE} must hold the computer's token, 32 hex digits");
         return 2;
     };
+    if background {
+        return in_background(&socket_path, resolv_conf);
+    }
     let relay = Relay::new(socket_path, token);
     match run(&relay, &default_ports(), resolv_conf) {
         Some(code) => code,
@@ -282,4 +287,58 @@ pub(super) fn run(relay: &Arc<Relay>, ports: &Ports, resolv_conf: bool) -> Optio
             Some(1)
         }
     }
+}
+
+/// How long `--background` waits for the relay it started to listen.
+const BACKGROUND_START: Duration = Duration::from_secs(10);
+
+/// `--background`: starts this relay again in the foreground as a child with no standard
+/// streams (so the engine's exec that ran this ends with it), and returns once the child
+/// listens on the proxy port, or with the child's status when it ends first (0 when a relay
+/// runs already). The token goes to the child in the environment it inherits.
+fn in_background(socket_path: &std::path::Path, resolv_conf: bool) -> i32 {
+    let exe = match std::env::current_exe() {
+        Ok(exe) => exe,
+        Err(e) => {
+            eprintln!("egress-relay: cannot find its own binary: {e}");
+            return 1;
+        }
+    };
+    let mut command = std::process::Command::new(exe);
+    command.arg("egress-relay").arg(socket_path);
+    if resolv_conf {
+        command.arg("--resolv-conf");
+    }
+    command
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let mut child = match command.spawn() {
+        Ok(child) => child,
+        Err(e) => {
+            eprintln!("egress-relay: cannot start: {e}");
+            return 1;
+        }
+    };
+    let proxy_port = SocketAddr::new(IpAddr::V4(RELAY_ADDRESS), default_ports().proxy);
+    let deadline = std::time::Instant::now() + BACKGROUND_START;
+    while std::time::Instant::now() < deadline {
+        match child.try_wait() {
+            Ok(Some(status)) => return status.code().unwrap_or(1),
+            Ok(None) => {}
+            Err(e) => {
+                eprintln!("egress-relay: cannot watch the relay it started: {e}");
+                return 1;
+            }
+        }
+        if TcpStream::connect_timeout(&proxy_port, Duration::from_millis(200)).is_ok() {
+            return 0;
+        }
+        thread::sleep(Duration::from_millis(10));
+    }
+    eprintln!(
+        "egress-relay: not listening after {} s",
+        BACKGROUND_START.as_secs()
+    );
+    1
 }

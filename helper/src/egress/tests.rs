@@ -510,7 +510,10 @@ fn socket_exchange(path: &std::path::Path, send: &[&[u8]]) -> String {
     let mut s = UnixStream::connect(path).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     for piece in send {
-        s.write_all(piece).unwrap();
+        // The proxy may have closed a refused connection before the rest is written.
+        if s.write_all(piece).is_err() {
+            break;
+        }
     }
     let mut out = Vec::new();
     let _ = s.read_to_end(&mut out);
