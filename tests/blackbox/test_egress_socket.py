@@ -5,14 +5,17 @@ on each, on a fake internet made on the same engine (testkit/fake_internet.py): 
 host reached through the proxy port and by a raw `nc` that ignores proxy settings; another host
 refused with the reason line; its name NXDOMAIN; its address unreachable; the computer without
 any interface but loopback; the policy found again after a restart of the computer; nothing left
-on the engine after the server ends. On Podman also with the exec helper off."""
+on the engine after the server ends. On Podman also with the exec helper off, and crash GC of a
+killed server's proxy and volume."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 
+import anyio
 import pytest
 
 from egress_net import ALLOW_REFUSAL, RAW, VIA_PROXY, proxy_args
@@ -116,3 +119,30 @@ async def test_issue_33_gvisor_allowlist_core_case(kbb, fake_internet):
     if os.environ.get("KILNTAINERS_IT_RUNSC") != "1":
         pytest.skip("runsc is not registered with this Docker (scripts/ensure-dockerd.sh)")
     await core_case(kbb, fake_internet, None, [*BUSYBOX_ARGS, "--runtime", "runsc"], check_restart=True)
+
+
+async def test_issue_33_podman_a_killed_server_leaves_no_proxy_or_volume_after_the_next_start(kbb):
+    # See: issue 33
+    if not os.path.exists(PODMAN_SOCKET.removeprefix("unix://")):
+        pytest.skip("no Podman socket")
+    with fake_internet_on(PODMAN_ENV, PODMAN_IMAGE) as net:
+        args = ["--engine", "podman", "--docker-host", PODMAN_SOCKET, "--image", PODMAN_IMAGE, "--shell", "/bin/sh",
+                "--egress", "allowlist", "--egress-allow", "allowed.test", *proxy_args(net)]
+        before = leftovers(PODMAN_ENV)
+        home = kbb.home()
+        async with kbb.server(*args, home=home) as a:
+            await a.run("true")
+            made = leftovers(PODMAN_ENV) - before
+            assert len(made) == 2, made  # the proxy and its volume
+            os.kill(a.pid, signal.SIGKILL)
+            with anyio.fail_after(10):
+                while a.returncode() is None:
+                    await anyio.sleep(0.05)
+        assert leftovers(PODMAN_ENV) - before == made, "the killed server could not clean up"
+        async with kbb.server(*args, home=home) as b:
+            with anyio.fail_after(30):
+                while leftovers(PODMAN_ENV) & made:
+                    await anyio.sleep(0.2)
+            res = await b.run(RAW.format(host="allowed.test", target="allowed.test"))
+            assert "hello-from-allowed.test" in res.structured["stdout"], res
+        assert leftovers(PODMAN_ENV) <= before
