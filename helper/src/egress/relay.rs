@@ -48,8 +48,8 @@ pub fn default_ports() -> Ports {
 
 /// What the relay needs to carry a connection.
 pub struct Relay {
-    pub socket: PathBuf,
-    pub token: Token,
+    socket: PathBuf,
+    token: Token,
     relayed: Arc<AtomicUsize>,
     queries: Arc<AtomicUsize>,
 }

@@ -505,7 +505,8 @@ fn line(token: &str, kind: &str) -> Vec<u8> {
     format!("{token} {kind}\n").into_bytes()
 }
 
-/// Sends `send` on a new socket connection and reads until the proxy closes it.
+/// Sends `send` on a new socket connection and reads until the proxy closes it (which it may
+/// do before all was sent: a refused connection is closed after its first line).
 fn socket_exchange(path: &std::path::Path, send: &[&[u8]]) -> String {
     let mut s = UnixStream::connect(path).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
