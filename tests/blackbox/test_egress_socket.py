@@ -19,7 +19,7 @@ import anyio
 import pytest
 
 from egress_net import ALLOW_REFUSAL, RAW, VIA_PROXY, proxy_args
-from harness import BUSYBOX_ARGS
+from harness import BIN, BUSYBOX_ARGS
 from testkit.fake_internet import fake_internet_on
 
 pytestmark = pytest.mark.anyio
@@ -146,3 +146,20 @@ async def test_issue_33_podman_a_killed_server_leaves_no_proxy_or_volume_after_t
             res = await b.run(RAW.format(host="allowed.test", target="allowed.test"))
             assert "hello-from-allowed.test" in res.structured["stdout"], res
         assert leftovers(PODMAN_ENV) <= before
+
+
+def test_issue_33_gvisor_without_a_usable_runtime_is_refused_at_startup(kbb):
+    # See: issue 33. The server reads the runtime's arguments from the engine before serving;
+    # a runtime Docker does not have is named (the runsc registered here has --host-uds=open).
+    home = kbb.home()
+    proc = subprocess.run(
+        [BIN, *BUSYBOX_ARGS, "--runtime", "runsc-not-registered", "--egress", "allowlist", "--egress-allow", "a.test"],
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60, env=kbb.env(home, None),
+    )
+    assert proc.returncode == 1, proc
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("kilntainers: error: ")]
+    assert errors == [
+        "kilntainers: error: --runtime runsc-not-registered: Docker has no runtime of that name; register it in "
+        "/etc/docker/daemon.json (\"runtimes\") with \"--host-uds=open\" among its \"runtimeArgs\" "
+        "(docs/egress.md, \"Socket wiring\")."
+    ], proc.stderr

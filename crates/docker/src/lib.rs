@@ -45,6 +45,9 @@ use kilntainers_backend::{
 };
 use kilntainers_backend::{Common, DEFAULT_IMAGE};
 
+/// How long the startup check waits for the engine before leaving it to the first use.
+const STARTUP_CHECK_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// bollard's client timeout bounds request → response headers only; streamed bodies (exec
 /// output, pulls) are bounded by our own timers. 30 s covers a slow remote engine.
 const API_TIMEOUT: Duration = Duration::from_secs(30);
@@ -605,32 +608,38 @@ impl Backend for DockerBackend {
     }
 
     async fn check_startup(&self) -> Result<(), BackendError> {
-        // An engine not reachable yet is reported at first use, as ever.
-        let Ok(docker) = self.client().await else {
+        let gvisor = self
+            .config
+            .runtime
+            .as_deref()
+            .filter(|runtime| runtime.contains("runsc"));
+        let Some(runtime) =
+            gvisor.filter(|_| self.networks.socket_wired() && self.config.engine == Engine::Docker)
+        else {
             return Ok(());
         };
-        if self.networks.socket_wired()
-            && self.config.engine == Engine::Docker
-            && let Some(runtime) = self.config.runtime.as_deref()
-            && runtime.contains("runsc")
-        {
-            // gVisor refuses connections to host sockets unless told otherwise, and the relay
-            // reaches the proxy through one (docs/egress.md, "Socket wiring").
-            let info = docker.info().await.map_err(|e| {
-                BackendError::Provider(format!("Docker info failed: {}", describe(&e)))
-            })?;
-            let args = info
-                .runtimes
-                .and_then(|mut r| r.remove(runtime))
-                .and_then(|r| r.runtime_args)
-                .unwrap_or_default();
-            if !egress::runsc_reaches_sockets(&args) {
-                return Err(BackendError::Provider(format!(
-                    "--runtime {runtime} with an egress policy needs gVisor to reach the proxy's Unix socket: add \"--host-uds=open\" to the \"runtimeArgs\" of runtime '{runtime}' in /etc/docker/daemon.json and reload Docker (kill -HUP the dockerd process); its runtimeArgs now: {args:?}."
-                )));
-            }
+        // gVisor refuses connections to host sockets unless told otherwise, and the relay
+        // reaches the proxy through one (docs/egress.md, "Socket wiring"). An engine that does
+        // not answer now is reported at first use, as ever: startup never waits on it.
+        let info = tokio::time::timeout(STARTUP_CHECK_TIMEOUT, async {
+            self.client().await.ok()?.info().await.ok()
+        })
+        .await;
+        let Ok(Some(info)) = info else {
+            return Ok(());
+        };
+        let Some(registered) = info.runtimes.and_then(|mut r| r.remove(runtime)) else {
+            return Err(BackendError::Provider(format!(
+                "--runtime {runtime}: Docker has no runtime of that name; register it in /etc/docker/daemon.json (\"runtimes\") with \"--host-uds=open\" among its \"runtimeArgs\" (docs/egress.md, \"Socket wiring\")."
+            )));
+        };
+        let args = registered.runtime_args.unwrap_or_default();
+        if egress::runsc_reaches_sockets(&args) {
+            return Ok(());
         }
-        Ok(())
+        Err(BackendError::Provider(format!(
+            "--runtime {runtime} with an egress policy needs gVisor to reach the proxy's Unix socket: add \"--host-uds=open\" to the \"runtimeArgs\" of runtime '{runtime}' in /etc/docker/daemon.json and reload Docker (kill -HUP the dockerd process); its runtimeArgs now: {args:?}."
+        )))
     }
 
     fn validates_eagerly(&self) -> bool {

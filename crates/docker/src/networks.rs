@@ -282,13 +282,18 @@ impl Networks {
         if let Some(proxy) = self.proxy(name) {
             return Ok(proxy);
         }
-        remove_proxy_container(docker, name).await;
         let upstream = match self.engine {
             Engine::Docker => "bridge",
             Engine::Podman => "podman",
         };
-        let proxy = Arc::new(
-            Proxy::start(
+        // Another server process of the principal on the engine may replace the proxy at the
+        // same moment (docs/egress.md, "Docker wiring"), removing the one made here before it
+        // starts: made again once.
+        let mut attempts = 0;
+        let proxy = loop {
+            attempts += 1;
+            remove_proxy_container(docker, name).await;
+            let started = Proxy::start(
                 docker,
                 name,
                 settings,
@@ -296,12 +301,21 @@ impl Networks {
                 self.asking.clone(),
                 self.wiring,
             )
-            .await?,
-        );
+            .await;
+            match started {
+                Ok(proxy) => break Arc::new(proxy),
+                Err(error) if attempts < 2 => {
+                    warn!(network = name, %error, "egress proxy not started; making it again");
+                }
+                Err(error) => return Err(error),
+            }
+        };
         for (address, mut attached) in recorded_policies(docker, name, self.wiring).await? {
             attached.policy = self.with_grants(&attached.container, attached.policy);
             proxy.attach(address, attached).await?;
         }
+        // Every policy applied before the first connection through the new proxy.
+        proxy.sync().await;
         self.proxies
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -407,6 +421,8 @@ impl Networks {
             token,
         };
         proxy.attach(address, attached).await?;
+        // Applied before the computer's first connection (the proxy reads lines in order).
+        proxy.sync().await;
         Ok(Some((proxy, address)))
     }
 
