@@ -54,6 +54,12 @@ REQUIRE_ALL = os.environ.get("KILNTAINERS_REQUIRE_ALL") == "1"
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "may_skip(reason): a skip that is an allowed outcome even in the full run")
+    # What a file's tests check does not depend on the MCP client's generation (engines,
+    # backends, networks, their fakes: the client only calls tools), so the full run
+    # (scripts/test.sh) runs it with client 1.x only; everything else runs with 1.x and 2.x.
+    config.addinivalue_line(
+        "markers", "client_independent: run with one client generation only in the full run (docs/testing.md)"
+    )
 
 
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)

@@ -21,7 +21,7 @@ import pytest
 
 from harness import BUSYBOX, BUSYBOX_ARGS, RUN_PREFIX, apoll, checkpoint_images, container_for, docker, wait_exit
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.client_independent]
 
 CHECKPOINT_ARGS = [*BUSYBOX_ARGS, "--checkpoint-tools", "--lifecycle-tools"]
 CHECKPOINT_TOOLS = ["computer_checkpoint", "computer_rollback", "computer_fork", "checkpoint_list", "checkpoint_delete"]

@@ -26,7 +26,7 @@ from test_checkpoints import CHANGE_TREE, MAKE_TREE, call_ok, run, tree_hash
 from test_modal_fake import ARGS as MODAL_ARGS
 from test_modal_fake import FAKE_BIN, FakeModal, modal_env
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.client_independent]
 
 E2B_KEY = "e2b_test_key"
 TOOLS = ("--checkpoint-tools", "--lifecycle-tools")

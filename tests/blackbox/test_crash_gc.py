@@ -24,7 +24,7 @@ from harness import (
     wait_exit,
 )
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.client_independent]
 
 GC_BOUND = 10.0
 

@@ -22,7 +22,7 @@ from harness import BIN, BUSYBOX_ARGS, RUN_PREFIX, apoll, containers_for
 from testkit import procfs
 from testkit.tls_engine import TlsEngine, make_certificates
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.client_independent]
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,7 @@ import pytest
 from harness import BIN, apoll, limit_notice, timeout_notice
 from fakes.e2b import FakeE2B
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.client_independent]
 
 KEY = "e2b_test_key"
 T_E2B = (

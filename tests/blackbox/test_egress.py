@@ -19,7 +19,7 @@ import pytest
 from egress_net import ALLOW_REFUSAL, RAW, VIA_PROXY, egress_networks, egress_proxies, proxy_args
 from harness import BIN, BUSYBOX_ARGS, container_for, inspect
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.client_independent]
 
 FLY_REFUSAL = "Fly Machines have no outbound filtering; use --egress open or another backend"
 

@@ -13,7 +13,7 @@ from egress_net import ALLOW_REFUSAL
 from harness import BUSYBOX_ARGS
 from testkit.fake_internet import CA_NAME, DnsLogger, client_hello, gateway_of, printf_octal, tls_host
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.client_independent]
 
 # Names a computer might use to smuggle data out in the query itself.
 EXFIL = ["other.test", "c2VjcmV0.other.test", "c2VjcmV0.allowed.test", "x.c2VjcmV0.tls.test"]

@@ -22,7 +22,7 @@ from egress_net import ALLOW_REFUSAL, RAW, VIA_PROXY, proxy_args
 from harness import BIN, BUSYBOX_ARGS
 from testkit.fake_internet import fake_internet_on
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.client_independent]
 
 PODMAN_SOCKET = os.environ.get("KILNTAINERS_PODMAN_SOCKET", "unix:///run/podman/podman.sock")
 PODMAN_IMAGE = "localhost/sandbox-busybox:full"

@@ -19,7 +19,7 @@ import pytest
 from harness import apoll, limit_notice, timeout_notice
 from fakes.fly import FakeFly
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.client_independent]
 
 TOKEN = "test-token"
 BUSYBOX = "sandbox-busybox:full"

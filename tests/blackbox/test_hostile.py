@@ -17,7 +17,7 @@ import pytest
 
 from harness import BUSYBOX_ARGS, container_for, docker_exec
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.client_independent]
 
 ON = {"KILNTAINERS_EXEC_HELPER": "on"}
 LIFECYCLE = {"KILNTAINERS_EXEC_HELPER": "on", "ENABLE_LIFECYCLE_TOOLS": "true"}

@@ -14,7 +14,7 @@ import pytest
 
 from harness import BIN, BUSYBOX_ARGS, container_for, is_running
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.client_independent]
 
 IDLE = "3s"
 # The stop comes within the duration plus one round (a quarter of it) plus the docker stop's

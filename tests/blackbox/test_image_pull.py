@@ -22,7 +22,7 @@ import pytest
 from harness import BIN, BUSYBOX_ARGS, RUN_PREFIX, containers_with_label, docker, dump, free_port
 from testkit.registry import PodmanService, Registry, SilentRegistry
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.client_independent]
 
 FRESH_LAYER = 4 << 20
 PULL_FAILED = "Failed to pull image '{}'. Check that the image name is correct and the registry is reachable."

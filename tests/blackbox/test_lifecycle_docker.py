@@ -36,7 +36,7 @@ from harness import (
     wait_gone,
 )
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.client_independent]
 
 KEEPALIVE = "trap 'exit 0' TERM INT HUP; while :; do sleep 3600 & wait $!; done"
 

@@ -22,7 +22,7 @@ import pytest
 
 from harness import apoll, docker, limit_notice, timeout_notice
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.client_independent]
 
 BUSYBOX = "sandbox-busybox:full"
 FAKE_BIN = Path(os.environ.get("KILNTAINERS_BIN", "target/debug/mcp-sandbox-computer-vm-for-ai")).with_name("fake-modal")

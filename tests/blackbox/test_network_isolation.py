@@ -20,7 +20,7 @@ from harness import BUSYBOX_ARGS, docker, inspect, poll
 from test_ports import port_url, serve_page
 from test_principals import TOKENS, bearer, tag, write_tokens
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.client_independent]
 
 NETWORK_PREFIX = "kilntainers-net-"
 CAP_NET_RAW = 13

@@ -28,7 +28,7 @@ import pytest
 
 from harness import BUSYBOX_ARGS, apoll
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.client_independent]
 
 PORT_ARGS = [*BUSYBOX_ARGS, "--file-tools", "--job-tools"]
 HELPER_ON = os.environ.get("KILNTAINERS_EXEC_HELPER", "on") != "off"

@@ -13,7 +13,7 @@ import pytest
 from harness import BUSYBOX_ARGS, apoll, containers_with_label, inspect
 from test_principals import TOKENS, bearer, remove_owned, tag, write_tokens
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.client_independent]
 
 LIMIT = "Running computer limit reached: you have 1 of 1 computers running (--max-running-per-user)"
 

@@ -23,7 +23,7 @@ from harness import (
     wait_exit,
 )
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.client_independent]
 
 POOL_ARGS = [*BUSYBOX_ARGS, "--lifecycle-tools", "--warm-pool", "2"]
 SPARE_PREFIX = "/kilntainers-spare-"

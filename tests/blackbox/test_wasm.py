@@ -21,7 +21,7 @@ import pytest
 
 from harness import limit_notice, timeout_notice, wasm_env
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.client_independent]
 
 
 async def test_command_strings_and_limits(kbb):

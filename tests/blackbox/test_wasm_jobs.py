@@ -20,7 +20,7 @@ import pytest
 from harness import limit_notice, wasm_env
 from testkit.procfs import status_kib
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.client_independent]
 
 # docs/jobs.md, "A hostile computer": what in-server jobs keep per computer.
 KEPT_BYTES_PER_COMPUTER = 16 * 1024 * 1024
