@@ -64,6 +64,26 @@ FETCH = PROXY + (
 )
 
 
+async def fetch_until(srv, cid: str, fetches: list[float], stop: anyio.Event) -> None:
+    """Computer `cid` fetches the allowed host through its proxy every 0.2 s until `stop`,
+    recording each call's time; any failure fails the test."""
+    while not stop.is_set():
+        res = await srv.call({"command": FETCH.format(host="allowed.test"), "computer_id": cid}, timeout=60)
+        assert "hello-from-allowed.test" in res.ok().structured["stdout"], res
+        fetches.append(res.elapsed)
+        await anyio.sleep(0.2)
+
+
+async def flood_counts(srv, cid: str) -> dict[str, str]:
+    """The `key=value` counts a flood running in computer `cid` wrote to /tmp/flood once done."""
+    with anyio.fail_after(600):
+        while True:
+            seen = (await srv.run("cat /tmp/flood 2>/dev/null || true", computer_id=cid)).structured["stdout"]
+            if seen.startswith("opened="):
+                return dict(part.split("=") for part in seen.split())
+            await anyio.sleep(1)
+
+
 def proxy_pid(network_proxies: set[str]) -> int:
     (name,) = network_proxies
     out = subprocess.run(["docker", "inspect", "-f", "{{.State.Pid}}", name], capture_output=True, text=True,
@@ -89,16 +109,9 @@ async def test_egress_proxy_under_head_and_connection_floods(kbb, figures):
             fetches: list[float] = []
             stop = anyio.Event()
 
-            async def neighbour() -> None:
-                while not stop.is_set():
-                    res = await srv.call({"command": FETCH.format(host="allowed.test"), "computer_id": b}, timeout=60)
-                    assert "hello-from-allowed.test" in res.ok().structured["stdout"], res
-                    fetches.append(res.elapsed)
-                    await anyio.sleep(0.2)
-
             with RssSampler(srv.pid) as server_rss, RssSampler(pid) as proxy_rss:
                 async with anyio.create_task_group() as tg:
-                    tg.start_soon(neighbour)
+                    tg.start_soon(fetch_until, srv, b, fetches, stop)
                     res = await srv.call(
                         {"command": HEAD_FLOOD.format(streams=HEAD_STREAMS, size=GIB), "computer_id": a, "timeout": 600},
                         timeout=660,
@@ -112,14 +125,7 @@ async def test_egress_proxy_under_head_and_connection_floods(kbb, figures):
                     # in /tmp/flood once every connection it could open is open.
                     await srv.call({"command": f"({CONNECTION_FLOOD.format(n=CONNECTIONS)}) >/dev/null 2>&1 &",
                                     "computer_id": a})
-                    counts = None
-                    with anyio.fail_after(600):
-                        while counts is None:
-                            seen = (await srv.run("cat /tmp/flood 2>/dev/null || true", computer_id=a)).structured["stdout"]
-                            if seen.startswith("opened="):
-                                counts = dict(part.split("=") for part in seen.split())
-                            else:
-                                await anyio.sleep(1)
+                    counts = await flood_counts(srv, a)
                     # While A holds what it got: B fetches the allowed host and is refused the other.
                     during_hold = len(fetches)
                     res = await srv.call({"command": FETCH.format(host="other.test"), "computer_id": b}, timeout=60)

@@ -827,23 +827,6 @@ async fn egress_volumes(docker: &Docker) -> Vec<String> {
     }
 }
 
-/// Whether any container, in any state, mounts volume `name`; the proxy does not count.
-async fn mounted(docker: &Docker, name: &str) -> Result<bool, BackendError> {
-    let filters = HashMap::from([("volume".to_owned(), vec![name.to_owned()])]);
-    let options = ListContainersOptionsBuilder::default()
-        .all(true)
-        .filters(&filters)
-        .build();
-    Ok(super::list_containers(docker, options)
-        .await?
-        .iter()
-        .any(|c| {
-            c.labels
-                .as_ref()
-                .is_none_or(|l| !l.contains_key(egress::PROXY_LABEL))
-        }))
-}
-
 /// `kilntainers-net-<the principal's digest tag>` ([`Principal::digest_tag`]).
 pub(super) fn principal_network(owner: &Principal) -> String {
     format!("{PRINCIPAL_NETWORK_PREFIX}{}", owner.digest_tag())
@@ -960,7 +943,17 @@ async fn find(docker: &Docker, name: &str) -> Result<Vec<String>, BackendError> 
 /// Whether any container, in any state, is on network `network` (a name or an id); an egress
 /// proxy does not count, as it exists for the others.
 async fn in_use(docker: &Docker, network: &str) -> Result<bool, BackendError> {
-    let filters = HashMap::from([("network".to_owned(), vec![network.to_owned()])]);
+    used_by_a_computer(docker, "network", network).await
+}
+
+/// Whether any container, in any state, mounts volume `name`; the proxy does not count.
+async fn mounted(docker: &Docker, name: &str) -> Result<bool, BackendError> {
+    used_by_a_computer(docker, "volume", name).await
+}
+
+/// Whether any container but an egress proxy matches the list filter `key=value`.
+async fn used_by_a_computer(docker: &Docker, key: &str, value: &str) -> Result<bool, BackendError> {
+    let filters = HashMap::from([(key.to_owned(), vec![value.to_owned()])]);
     let options = ListContainersOptionsBuilder::default()
         .all(true)
         .filters(&filters)

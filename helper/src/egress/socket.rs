@@ -184,25 +184,63 @@ fn accept_loop(state: &Arc<State>, listener: &UnixListener) {
             thread::sleep(ACCEPT_BACKOFF);
             continue;
         };
-        let Some(id) = lock(&unidentified).add(&stream) else {
-            continue;
+        // A relay writes its line as it connects, so under a flood of connections its line is
+        // there by the time it is accepted: such a connection never waits among the
+        // unidentified, and no silent neighbour can make room by shutting it down.
+        let early = already_sent(&stream);
+        let pending = if early.contains(&b'\n') {
+            None
+        } else {
+            match lock(&unidentified).add(&stream) {
+                Some(id) => Some(id),
+                None => continue,
+            }
         };
         let state = state.clone();
         let waiting = unidentified.clone();
         let spawned = thread::Builder::new()
             .stack_size(STACK)
-            .spawn(move || serve(&state, stream, &waiting, id));
+            .spawn(move || serve(&state, stream, early, &waiting, pending));
         if spawned.is_err() {
-            lock(&unidentified).remove(id);
+            if let Some(id) = pending {
+                lock(&unidentified).remove(id);
+            }
             thread::sleep(ACCEPT_BACKOFF);
         }
     }
 }
 
-/// One connection on the socket: its identification, then the entrance it names.
-fn serve(state: &Arc<State>, mut stream: UnixStream, waiting: &Mutex<Unidentified>, id: u64) {
-    let identified = identify(&mut stream);
-    if !lock(waiting).remove(id) {
+/// What a just-accepted connection has sent already, without waiting (at most
+/// [`MAX_IDENTIFICATION`] bytes).
+fn already_sent(stream: &UnixStream) -> Vec<u8> {
+    let mut buffer = vec![0u8; MAX_IDENTIFICATION];
+    let mut reader = stream;
+    let read = stream
+        .set_nonblocking(true)
+        .and_then(|()| reader.read(&mut buffer));
+    let restored = stream.set_nonblocking(false);
+    match (read, restored) {
+        (Ok(n), Ok(())) => {
+            buffer.truncate(n);
+            buffer
+        }
+        _ => Vec::new(),
+    }
+}
+
+/// One connection on the socket: its identification (`early` = what it had sent when it was
+/// accepted), then the entrance it names. `pending`: its place among the unidentified.
+fn serve(
+    state: &Arc<State>,
+    mut stream: UnixStream,
+    early: Vec<u8>,
+    waiting: &Mutex<Unidentified>,
+    pending: Option<u64>,
+) {
+    let identified = identify(&mut stream, early);
+    if let Some(id) = pending
+        && !lock(waiting).remove(id)
+    {
         // Shut down to make room, and said so then.
         return;
     }
@@ -235,14 +273,13 @@ fn serve(state: &Arc<State>, mut stream: UnixStream, waiting: &Mutex<Unidentifie
 
 /// Reads the identification line; returns what it says and the bytes read after it, or why
 /// the connection is refused.
-fn identify(stream: &mut UnixStream) -> Result<(Token, Kind, Vec<u8>), &'static str> {
-    let data = read_head(
-        stream,
-        Vec::new(),
-        MAX_IDENTIFICATION,
-        IDENTIFY_TIMEOUT,
-        |d| d.contains(&b'\n'),
-    )
+fn identify(
+    stream: &mut UnixStream,
+    early: Vec<u8>,
+) -> Result<(Token, Kind, Vec<u8>), &'static str> {
+    let data = read_head(stream, early, MAX_IDENTIFICATION, IDENTIFY_TIMEOUT, |d| {
+        d.contains(&b'\n')
+    })
     .map_err(|_| "a connection sent no identification in time")?;
     data.iter()
         .position(|b| *b == b'\n')
