@@ -6,7 +6,8 @@ host reached through the proxy port and by a raw `nc` that ignores proxy setting
 refused with the reason line; its name NXDOMAIN; its address unreachable; the computer without
 any interface but loopback; the policy found again after a restart of the computer; nothing left
 on the engine after the server ends. On Podman also with the exec helper off, and crash GC of a
-killed server's proxy and volume."""
+killed server's proxy and volume; under gVisor also ask-to-allow through the relay, and the startup
+refusal of a runtime Docker does not have."""
 
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import pytest
 
 from egress_net import ALLOW_REFUSAL, RAW, VIA_PROXY, proxy_args
 from harness import BIN, BUSYBOX_ARGS
+from test_egress_ask import Person
 from testkit.fake_internet import fake_internet_on
 
 pytestmark = [pytest.mark.anyio, pytest.mark.client_independent]
@@ -163,3 +165,22 @@ def test_issue_33_gvisor_without_a_usable_runtime_is_refused_at_startup(kbb):
         "/etc/docker/daemon.json (\"runtimes\") with \"--host-uds=open\" among its \"runtimeArgs\" "
         "(docs/egress.md, \"Socket wiring\")."
     ], proc.stderr
+
+
+async def test_issue_33_gvisor_ask_to_allow_through_the_relay(kbb, fake_internet):
+    # See: issue 33. Questions come from the socket-wired proxy as from the bridged one, and the
+    # person's "allow for this computer" holds for the next connection, made past proxy settings.
+    if os.environ.get("KILNTAINERS_IT_RUNSC") != "1":
+        pytest.skip("runsc is not registered with this Docker (scripts/ensure-dockerd.sh)")
+    person = Person(("accept", "allow for this computer"))
+    args = [*BUSYBOX_ARGS, "--runtime", "runsc", "--egress", "allowlist", "--egress-allow", "allowed.test",
+            "--egress-ask", *proxy_args(fake_internet)]
+    async with kbb.server(*args, elicitation=person) as srv:
+        res = await srv.run(VIA_PROXY.format(host="other.test"))
+        assert "hello-from-other.test" in res.structured["stdout"], res
+        cid = res.structured["computer_id"]
+        (asked,) = person.asked
+        assert asked["message"] == f"The computer `{cid}` wants to reach `other.test:80`.", asked
+        res = await srv.run(RAW.format(host="other.test", target="other.test"), computer_id=cid)
+        assert "hello-from-other.test" in res.structured["stdout"], res
+        assert len(person.asked) == 1
