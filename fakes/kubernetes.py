@@ -19,9 +19,15 @@ sources are in `tests/provider-definitions/kubernetes/`):
   `SandboxTemplate`, `SandboxClaim`, `SandboxWarmPool`) are served when `crds=True`, with their
   discovery documents; a request body is checked against the CRD's `openAPIV3Schema` (unknown
   fields are violations, as under `fieldValidation=Strict`). A Sandbox is backed by a Pod of its
-  name made from `spec.podTemplate`, and PVCs `<template>-<sandbox>` from its
+  name (or of its `agents.x-k8s.io/pod-name` annotation) made from `spec.podTemplate`, and PVCs
+  `<template>-<sandbox>` (with the template's labels and annotations) from its
   `volumeClaimTemplates`; `operatingMode: Suspended` (merge patch) removes the Pod and keeps the
-  PVCs, `Running` makes it again; deleting the Sandbox removes both;
+  PVCs, `Running` makes it again; deleting the Sandbox removes both. A SandboxClaim gets a
+  Sandbox of its name from the pod template of its warm pool's SandboxTemplate, whose Pod is
+  named `<pool>-<random>` as a Pod adopted from a warm pool keeps its name (the annotation says
+  which), with the claim's `additionalPodMetadata`; `status.sandbox.name` names it, and
+  deleting the claim deletes its Sandbox. A claim whose warm pool or template is missing stays
+  unbound. `shutdownTime` is stored, not acted on;
 * `pods/exec` and `pods/portforward` speak the channel protocol over WebSocket (RFC 6455):
   subprotocols `v5.channel.k8s.io` (with the CLOSE message `[255, stream]`) and
   `v4.channel.k8s.io`, chosen in the client's order from one `Sec-WebSocket-Protocol` header;
@@ -421,8 +427,10 @@ class FakeKubernetes:
         for vct in spec.get("volumeClaimTemplates") or []:
             claim = f"{vct['metadata']['name']}-{name}"
             if self.get("persistentvolumeclaims", namespace, claim) is None:
+                vct_meta = vct.get("metadata") or {}
                 pvc = {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-                       "metadata": {"name": claim, "labels": dict((vct.get("metadata") or {}).get("labels") or {})},
+                       "metadata": {"name": claim, "labels": dict(vct_meta.get("labels") or {}),
+                                    "annotations": dict(vct_meta.get("annotations") or {})},
                        "spec": vct.get("spec") or {}}
                 self.fill_metadata(pvc, namespace)
                 pvc["status"] = {"phase": "Bound"}
@@ -434,26 +442,64 @@ class FakeKubernetes:
                 volumes.append({"name": vct["metadata"]["name"],
                                 "persistentVolumeClaim": {"claimName": f"{vct['metadata']['name']}-{name}"}})
         now = _now()
+        pod_name = (sandbox["metadata"].get("annotations") or {}).get("agents.x-k8s.io/pod-name", name)
         if spec.get("operatingMode", "Running") == "Running":
-            if self.get("pods", namespace, name) is None:
+            if self.get("pods", namespace, pod_name) is None:
                 meta = template.get("metadata") or {}
                 pod = {"apiVersion": "v1", "kind": "Pod",
-                       "metadata": {"name": name, "labels": dict(meta.get("labels") or {}),
+                       "metadata": {"name": pod_name, "labels": dict(meta.get("labels") or {}),
                                     "annotations": dict(meta.get("annotations") or {})},
                        "spec": pod_spec}
                 self.create_pod(namespace, pod)
-            ip = (self.get("pods", namespace, name) or {}).get("status", {}).get("podIP")
+            ip = (self.get("pods", namespace, pod_name) or {}).get("status", {}).get("podIP")
             sandbox["status"] = {"conditions": [{"type": "Ready", "status": "True", "reason": "DependenciesReady",
                                                  "message": "", "lastTransitionTime": now,
                                                  "observedGeneration": 1}],
                                  "podIPs": [ip] if ip else [], "selector": f"agents.x-k8s.io/sandbox-name={name}"}
         else:
-            self.delete_pod(namespace, name)
+            self.delete_pod(namespace, pod_name)
             sandbox["status"] = {"conditions": [
                 {"type": "Ready", "status": "False", "reason": "SandboxSuspended", "message": "", "lastTransitionTime": now,
                  "observedGeneration": 1},
                 {"type": "Suspended", "status": "True", "reason": "PodTerminated", "message": "",
                  "lastTransitionTime": now, "observedGeneration": 1}]}
+
+    def claim_sandbox(self, namespace: str, claim: dict) -> None:
+        """Binds a new claim to a Sandbox of its name made from its warm pool's template."""
+        name = claim["metadata"]["name"]
+        pool_name = claim["spec"]["warmPoolRef"]["name"]
+        pool = self.get("sandboxwarmpools", namespace, pool_name)
+        template = pool and self.get("sandboxtemplates", namespace, pool["spec"]["sandboxTemplateRef"]["name"])
+        if template is None:
+            return
+        pod_template = json.loads(json.dumps(template["spec"]["podTemplate"]))
+        extra = claim["spec"].get("additionalPodMetadata") or {}
+        meta = pod_template.setdefault("metadata", {})
+        for key in ("labels", "annotations"):
+            meta[key] = {**(meta.get(key) or {}), **(extra.get(key) or {})}
+        sandbox = {"apiVersion": f"agents.x-k8s.io/{CRD_VERSION}", "kind": "Sandbox",
+                   "metadata": {"name": name,
+                                "annotations": {"agents.x-k8s.io/pod-name": f"{pool_name}-{secrets.token_hex(3)[:5]}"},
+                                "labels": {"agents.x-k8s.io/launch-type": "warm"}},
+                   "spec": {"podTemplate": pod_template, "operatingMode": "Running"}}
+        self.fill_metadata(sandbox, namespace)
+        sandbox["metadata"]["generation"] = 1
+        self.sandbox_pod(namespace, sandbox)
+        self.put("sandboxes", namespace, sandbox, "ADDED")
+        claim["status"] = {"sandbox": {"name": name}}
+
+    def delete_sandbox(self, namespace: str, name: str) -> dict | None:
+        """Deletes a Sandbox with its Pod and PVCs (the controller's cascade)."""
+        obj = self.get("sandboxes", namespace, name)
+        if obj is None:
+            return None
+        pod_name = (obj["metadata"].get("annotations") or {}).get("agents.x-k8s.io/pod-name", name)
+        self.delete_pod(namespace, pod_name)
+        for vct in obj["spec"].get("volumeClaimTemplates") or []:
+            claim = f"{vct['metadata']['name']}-{name}"
+            if self.remove("persistentvolumeclaims", namespace, claim) is not None:
+                self.docker("volume", "rm", "-f", f"fakek8s-{self.run}-{namespace}-{claim}", check=False)
+        return self.remove("sandboxes", namespace, name)
 
     # -- requests -------------------------------------------------------------------------------
     def authorized(self, headers: dict) -> bool:
@@ -575,6 +621,8 @@ class FakeKubernetes:
             if plural == "sandboxes":
                 payload["spec"].setdefault("operatingMode", "Running")
                 self.sandbox_pod(namespace, payload)
+            if plural == "sandboxclaims":
+                self.claim_sandbox(namespace, payload)
             return 201, self.put(plural, namespace, payload, "ADDED")
         obj = self.get(plural, namespace, name)
         if obj is None:
@@ -591,11 +639,11 @@ class FakeKubernetes:
             return 200, self.put(plural, namespace, merged, "MODIFIED")
         if method == "DELETE":
             if plural == "sandboxes":
-                self.delete_pod(namespace, name)
-                for vct in obj["spec"].get("volumeClaimTemplates") or []:
-                    claim = f"{vct['metadata']['name']}-{name}"
-                    if self.remove("persistentvolumeclaims", namespace, claim) is not None:
-                        self.docker("volume", "rm", "-f", f"fakek8s-{self.run}-{namespace}-{claim}", check=False)
+                self.delete_sandbox(namespace, name)
+            if plural == "sandboxclaims":
+                bound = (obj.get("status") or {}).get("sandbox", {}).get("name")
+                if bound:
+                    self.delete_sandbox(namespace, bound)
             self.remove(plural, namespace, name)
             return 200, obj
         raise Reject(405, "MethodNotAllowed", f"{method} is not supported here")

@@ -555,7 +555,7 @@ pub struct DockerArgs {
 /// `--k8s-mode`: how computers map onto the cluster (docs/kubernetes.md, "Modes").
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum K8sModeChoice {
-    /// The agent-sandbox CRDs (`Sandbox`, `SandboxClaim`): not built yet, refused at startup.
+    /// The agent-sandbox CRDs (`Sandbox`, and `SandboxClaim` with `--k8s-warm-pool`).
     Sandbox,
     /// Plain Pods and PersistentVolumeClaims, on any cluster.
     Pod,
@@ -584,9 +584,23 @@ pub struct KubernetesArgs {
         long,
         env = "KILNTAINERS_K8S_MODE",
         value_enum,
-        help = "pod: plain Pods and PersistentVolumeClaims; sandbox: the agent-sandbox CRDs (not built yet) (default: pod)"
+        help = "pod: plain Pods and PersistentVolumeClaims; sandbox: the agent-sandbox CRDs (default: sandbox when the cluster serves the Sandbox CRD, else pod)"
     )]
     pub k8s_mode: Option<K8sModeChoice>,
+    #[arg(
+        long,
+        env = "KILNTAINERS_K8S_TEMPLATE",
+        value_name = "NAME",
+        help = "Sandbox mode: the SandboxTemplate whose pod template the computers' Sandboxes are made from (default: a pod spec built from --image, --cpu, --memory, --runtime)"
+    )]
+    pub k8s_template: Option<String>,
+    #[arg(
+        long,
+        env = "KILNTAINERS_K8S_WARM_POOL",
+        value_name = "NAME",
+        help = "Sandbox mode: the SandboxWarmPool temporary computers are claimed from (a SandboxClaim each); default: a Sandbox each"
+    )]
+    pub k8s_warm_pool: Option<String>,
     #[arg(
         long,
         env = "KILNTAINERS_K8S_STORAGE",

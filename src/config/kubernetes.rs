@@ -1,7 +1,7 @@
 //! The `--k8s-*` settings as one typed section (docs/kubernetes.md, "Options"). clap has
-//! applied the `KILNTAINERS_K8S_*` fallbacks; this refuses what pod mode cannot do yet
-//! (`--k8s-mode sandbox`, egress rules, `--no-network`) and a storage size that does not
-//! parse, each with a message naming the flag. The kubeconfig is read by the backend when it
+//! applied the `KILNTAINERS_K8S_*` fallbacks; this refuses the sandbox-mode flags with
+//! `--k8s-mode pod` and a storage size that does not parse, each with a message naming the
+//! flag (in automatic mode the backend refuses them at startup when it chooses pod mode). The kubeconfig is read by the backend when it
 //! connects, since finding it (and an unknown context) is part of its startup checks.
 
 pub use kilntainers_kubernetes::config::*;
@@ -9,8 +9,12 @@ pub use kilntainers_kubernetes::config::*;
 use super::ConfigError;
 use crate::cli::{Cli, K8sModeChoice};
 
-/// `--k8s-mode sandbox`, refused until sandbox mode exists.
-pub const SANDBOX_MODE_REFUSAL: &str = "--k8s-mode sandbox (the agent-sandbox CRDs) is not built yet; use --k8s-mode pod, which runs computers as plain Pods with PersistentVolumeClaims on any cluster (docs/kubernetes.md, \"Modes\").";
+/// A sandbox-mode flag given with `--k8s-mode pod`.
+fn pod_mode_refusal(flag: &str) -> ConfigError {
+    ConfigError(format!(
+        "{flag} belongs to sandbox mode (the agent-sandbox CRDs), but --k8s-mode is pod; remove {flag} or use --k8s-mode sandbox (docs/kubernetes.md, \"Modes\")."
+    ))
+}
 
 /// Builds the section; `docker` supplies the flags both backends share, already checked.
 pub fn from_cli(
@@ -21,16 +25,28 @@ pub fn from_cli(
     let mode = match k8s.k8s_mode {
         None => ModeChoice::Auto,
         Some(K8sModeChoice::Pod) => ModeChoice::Pod,
-        Some(K8sModeChoice::Sandbox) => return Err(ConfigError(SANDBOX_MODE_REFUSAL.to_owned())),
+        Some(K8sModeChoice::Sandbox) => ModeChoice::Sandbox,
     };
     let storage = parse_storage(&k8s.k8s_storage).map_err(|e| ConfigError(e.to_string()))?;
     let non_empty = |v: &Option<String>| v.clone().filter(|s| !s.trim().is_empty());
+    let template = non_empty(&k8s.k8s_template);
+    let warm_pool = non_empty(&k8s.k8s_warm_pool);
+    if mode == ModeChoice::Pod {
+        if template.is_some() {
+            return Err(pod_mode_refusal("--k8s-template"));
+        }
+        if warm_pool.is_some() {
+            return Err(pod_mode_refusal("--k8s-warm-pool"));
+        }
+    }
     Ok(KubernetesConfig {
         namespace: non_empty(&k8s.k8s_namespace),
         context: non_empty(&k8s.k8s_context),
         mode,
         storage,
         service_account: non_empty(&k8s.k8s_service_account),
+        template,
+        warm_pool,
         image: docker.image.clone(),
         cpu: cli.docker.cpu.as_ref().map(|c| c.trim().to_owned()),
         memory_bytes: docker.memory_bytes,
@@ -60,11 +76,19 @@ mod tests {
     }
 
     #[test]
-    fn sandbox_mode_and_bad_sizes_are_refused_by_name() {
-        assert_eq!(
-            config(&["--k8s-mode", "sandbox"]).unwrap_err().0,
-            SANDBOX_MODE_REFUSAL
+    fn sandbox_flags_in_pod_mode_and_bad_sizes_are_refused_by_name() {
+        let sandbox = config(&["--k8s-mode", "sandbox", "--k8s-warm-pool", "pool"]).unwrap();
+        assert_eq!(sandbox.kubernetes.mode, ModeChoice::Sandbox);
+        assert_eq!(sandbox.kubernetes.warm_pool.as_deref(), Some("pool"));
+        let error = config(&["--k8s-mode", "pod", "--k8s-template", "t"])
+            .unwrap_err()
+            .0;
+        assert!(
+            error.starts_with("--k8s-template belongs to sandbox mode"),
+            "{error}"
         );
+        let error = config(&["--warm-pool", "2"]).unwrap_err().0;
+        assert!(error.contains("--k8s-warm-pool"), "{error}");
         let error = config(&["--k8s-storage", "10GB"]).unwrap_err().0;
         assert!(error.starts_with("--k8s-storage must be"), "{error}");
         let none = config(&["--k8s-storage", "0", "--k8s-mode", "pod"]).unwrap();

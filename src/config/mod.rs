@@ -433,6 +433,8 @@ impl Config {
                 mode: kubernetes::ModeChoice::Auto,
                 storage: None,
                 service_account: None,
+                template: None,
+                warm_pool: None,
                 image: docker.image.clone(),
                 cpu: None,
                 memory_bytes: None,
@@ -701,6 +703,12 @@ fn docker_config(
 /// Rows 17-20 of docs/decisions.md, "Startup validation": value checks of the other backends, applied only when that
 /// backend is selected.
 fn check_other_backend_values(cli: &Cli) -> Result<(), ConfigError> {
+    if cli.backend == BackendKind::Kubernetes && cli.docker.warm_pool > 0 {
+        // The cluster keeps the spares (docs/kubernetes.md, "Options").
+        return fail(
+            "--warm-pool (KILNTAINERS_WARM_POOL) is not available with --backend kubernetes: spare computers on a cluster come from an agent-sandbox SandboxWarmPool; name it with --k8s-warm-pool (sandbox mode), and remove --warm-pool or set it to 0.",
+        );
+    }
     if cli.backend != BackendKind::Docker && cli.docker.warm_pool > 0 {
         return fail(format!(
             "--warm-pool (KILNTAINERS_WARM_POOL) is only available with --backend docker (Docker or Podman); the {} backend starts its computers itself. Remove it or set it to 0.",

@@ -5,7 +5,8 @@ our reading of Kubernetes' published definitions correctly; no real cluster has 
 (docs/kubernetes.md).
 
 Covered: every startup refusal (unknown context, unreachable API server, missing namespace,
-missing permissions listed together, a storage size that does not parse, sandbox mode), two
+missing permissions listed together, a storage size that does not parse, a sandbox-mode flag in
+pod mode), two
 principals each with a computer over HTTP, a temporary Pod deleted when its session ends, a
 permanent computer with its home volume and a running job found again after a server restart,
 and a port reached through pods/portforward.
@@ -50,8 +51,10 @@ def kubeconfig(path, url: str, token: str = TOKEN, namespace: str = "default"):
     return path
 
 
-def k8s_args(*extra: str) -> list[str]:
-    return ["--backend", "k8s", "--image", BUSYBOX, "--shell", "/bin/sh", *extra]
+def k8s_args(*extra: str, mode: str = "pod") -> list[str]:
+    # The fake serves the agent-sandbox CRDs, so without --k8s-mode the server would choose
+    # sandbox mode (test_kubernetes_sandbox.py); these are the pod-mode tests.
+    return ["--backend", "k8s", "--k8s-mode", mode, "--image", BUSYBOX, "--shell", "/bin/sh", *extra]
 
 
 def env_for(config) -> dict:
@@ -119,7 +122,7 @@ def test_startup_lists_every_missing_permission(kbb, fake, tmp_path):
 
 @pytest.mark.parametrize(("args", "start"), [
     (["--k8s-storage", "10GB"], "--k8s-storage must be a Kubernetes quantity such as 10Gi, 500Mi or 1G, or 0 for no volume; got '10GB'."),
-    (["--k8s-mode", "sandbox"], "--k8s-mode sandbox (the agent-sandbox CRDs) is not built yet; use --k8s-mode pod"),
+    (["--k8s-warm-pool", "pool"], "--k8s-warm-pool belongs to sandbox mode (the agent-sandbox CRDs), but --k8s-mode is pod"),
     (["--no-network"], "--egress none (or --no-network) is not enforced by the kubernetes backend in this version"),
 ])
 def test_startup_refuses_what_pod_mode_cannot_do(kbb, fake, tmp_path, args, start):

@@ -57,12 +57,17 @@ pub fn kubeconfig_text(url: &str, token: &str) -> String {
 
 /// A backend on the fake, in pod mode, running [`IMAGE`] with `/bin/sh`.
 pub fn backend_with(fake: &Fake, extra: &[&str]) -> Arc<dyn Backend> {
+    backend_in_mode(fake, "pod", extra)
+}
+
+/// A backend on the fake in `mode` (`pod` or `sandbox`), running [`IMAGE`] with `/bin/sh`.
+pub fn backend_in_mode(fake: &Fake, mode: &str, extra: &[&str]) -> Arc<dyn Backend> {
     let mut args = vec![
         "x",
         "--backend",
         "kubernetes",
         "--k8s-mode",
-        "pod",
+        mode,
         "--image",
         IMAGE,
         "--shell",

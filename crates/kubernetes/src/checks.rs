@@ -1,7 +1,8 @@
 //! The startup checks (docs/kubernetes.md, "Startup checks"): the kubeconfig (an unknown
 //! context is refused by name), the API server reachable, the namespace present, and every
 //! permission the backend uses granted, each asked with one `SelfSubjectAccessReview`; the
-//! refusal lists all that are missing and points at `deploy/kubernetes/`.
+//! refusal lists all that are missing and points at `deploy/kubernetes/`. In sandbox mode
+//! also the agent-sandbox CRDs served, and `--k8s-template` / `--k8s-warm-pool` present.
 
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
@@ -11,22 +12,36 @@ use kube::api::PostParams;
 use kube::config::{KubeConfigOptions, Kubeconfig, KubeconfigError};
 use kube::{Api, Client};
 
-use crate::config::KubernetesConfig;
+use crate::config::{KubernetesConfig, ModeChoice};
 use crate::exec::cap;
+use crate::sandbox::{PodTemplate, SandboxTemplate, SandboxWarmPool};
+
+/// The mode the backend runs in, once `--k8s-mode` and the cluster are known.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    Pod,
+    Sandbox,
+}
 
 /// One permission the backend uses: `verb` on `resource[/subresource]` in the namespace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Permission {
     pub verb: &'static str,
+    /// The API group; empty for core objects.
+    pub group: &'static str,
     pub resource: &'static str,
     pub subresource: Option<&'static str>,
 }
 
 impl std::fmt::Display for Permission {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} {}", self.verb, self.resource)?;
+        if !self.group.is_empty() {
+            write!(f, ".{}", self.group)?;
+        }
         match self.subresource {
-            Some(sub) => write!(f, "{} {}/{sub}", self.verb, self.resource),
-            None => write!(f, "{} {}", self.verb, self.resource),
+            Some(sub) => write!(f, "/{sub}"),
+            None => Ok(()),
         }
     }
 }
@@ -34,6 +49,7 @@ impl std::fmt::Display for Permission {
 const fn on(verb: &'static str, resource: &'static str) -> Permission {
     Permission {
         verb,
+        group: "",
         resource,
         subresource: None,
     }
@@ -42,10 +58,23 @@ const fn on(verb: &'static str, resource: &'static str) -> Permission {
 const fn sub(verb: &'static str, resource: &'static str, subresource: &'static str) -> Permission {
     Permission {
         verb,
+        group: "",
         resource,
         subresource: Some(subresource),
     }
 }
+
+const fn crd(verb: &'static str, group: &'static str, resource: &'static str) -> Permission {
+    Permission {
+        verb,
+        group,
+        resource,
+        subresource: None,
+    }
+}
+
+const SANDBOXES: &str = "agents.x-k8s.io";
+const EXTENSIONS: &str = "extensions.agents.x-k8s.io";
 
 /// What pod mode does with Pods. Exec and port-forward upgrade a GET to a WebSocket: API
 /// servers up to 1.34 authorize that as `get`, later ones as `create` (the
@@ -70,13 +99,60 @@ const CLAIM_PERMISSIONS: [Permission; 4] = [
     on("delete", "persistentvolumeclaims"),
 ];
 
-/// Every permission the backend checks at startup with this configuration.
-pub fn required(config: &KubernetesConfig) -> Vec<Permission> {
-    let mut all = POD_PERMISSIONS.to_vec();
-    if config.storage.is_some() {
-        all.extend(CLAIM_PERMISSIONS);
+/// What sandbox mode does with Sandboxes (suspend and resume are a patch).
+const SANDBOX_PERMISSIONS: [Permission; 5] = [
+    crd("create", SANDBOXES, "sandboxes"),
+    crd("get", SANDBOXES, "sandboxes"),
+    crd("list", SANDBOXES, "sandboxes"),
+    crd("delete", SANDBOXES, "sandboxes"),
+    crd("patch", SANDBOXES, "sandboxes"),
+];
+
+/// What sandbox mode does with claims, with `--k8s-warm-pool`.
+const SANDBOX_CLAIM_PERMISSIONS: [Permission; 5] = [
+    crd("create", EXTENSIONS, "sandboxclaims"),
+    crd("get", EXTENSIONS, "sandboxclaims"),
+    crd("list", EXTENSIONS, "sandboxclaims"),
+    crd("delete", EXTENSIONS, "sandboxclaims"),
+    crd("get", EXTENSIONS, "sandboxwarmpools"),
+];
+
+/// Every permission the backend checks at startup with this configuration in `mode`.
+pub fn required(config: &KubernetesConfig, mode: Mode) -> Vec<Permission> {
+    match mode {
+        Mode::Pod => {
+            let mut all = POD_PERMISSIONS.to_vec();
+            if config.storage.is_some() {
+                all.extend(CLAIM_PERMISSIONS);
+            }
+            all
+        }
+        Mode::Sandbox => {
+            // The controller makes the Pods and the home PVCs; the server reads Pods and runs
+            // commands in them, and deletes a home PVC itself on factory reset.
+            let mut all: Vec<Permission> = POD_PERMISSIONS
+                .iter()
+                .filter(|p| p.verb != "create" || p.subresource.is_some())
+                .filter(|p| p.verb != "delete")
+                .copied()
+                .collect();
+            all.extend(SANDBOX_PERMISSIONS);
+            if config.storage.is_some() {
+                all.extend(
+                    CLAIM_PERMISSIONS
+                        .iter()
+                        .filter(|p| p.verb == "get" || p.verb == "delete"),
+                );
+            }
+            if config.warm_pool.is_some() {
+                all.extend(SANDBOX_CLAIM_PERMISSIONS);
+            }
+            if config.template.is_some() {
+                all.push(crd("get", EXTENSIONS, "sandboxtemplates"));
+            }
+            all
+        }
     }
-    all
 }
 
 /// Why the backend cannot start; each text says what to do.
@@ -106,6 +182,23 @@ pub enum StartupError {
     },
     #[error("Kubernetes API server at {url}: {detail}")]
     Api { url: String, detail: String },
+    #[error(
+        "--k8s-mode sandbox needs the agent-sandbox CRDs (agents.x-k8s.io/v1beta1 Sandbox), which this cluster does not serve; install agent-sandbox or use --k8s-mode pod (docs/kubernetes.md, \"Modes\")."
+    )]
+    NoSandboxCrd,
+    #[error(
+        "{flag} belongs to sandbox mode, but this cluster does not serve the agent-sandbox CRDs, so computers are plain Pods (pod mode); remove {flag} or install agent-sandbox (docs/kubernetes.md, \"Modes\")."
+    )]
+    SandboxOnly { flag: &'static str },
+    #[error(
+        "The {kind} '{name}' ({flag}) does not exist in Kubernetes namespace '{namespace}'; create it or check the name."
+    )]
+    NoSuchSource {
+        kind: &'static str,
+        name: String,
+        flag: &'static str,
+        namespace: String,
+    },
 }
 
 /// Loads the kubeconfig (or the in-cluster configuration) as `--k8s-context` says.
@@ -148,6 +241,7 @@ pub async fn check(
     url: &str,
     namespace: &str,
     config: &KubernetesConfig,
+    mode: Mode,
 ) -> Result<(), StartupError> {
     client
         .apiserver_version()
@@ -179,12 +273,13 @@ pub async fn check(
     }
     let reviews = Api::<SelfSubjectAccessReview>::all(client.clone());
     let mut missing = Vec::new();
-    for permission in required(config) {
+    for permission in required(config, mode) {
         let review = SelfSubjectAccessReview {
             spec: SelfSubjectAccessReviewSpec {
                 resource_attributes: Some(ResourceAttributes {
                     namespace: Some(namespace.to_owned()),
                     verb: Some(permission.verb.to_owned()),
+                    group: (!permission.group.is_empty()).then(|| permission.group.to_owned()),
                     resource: Some(permission.resource.to_owned()),
                     subresource: permission.subresource.map(str::to_owned),
                     ..ResourceAttributes::default()
@@ -222,6 +317,64 @@ pub async fn sandbox_crd_served(client: &Client) -> bool {
         .is_ok_and(|list| list.resources.iter().any(|r| r.name == "sandboxes"))
 }
 
+/// The mode `--k8s-mode` and the cluster give; the sandbox-only flags refused in pod mode.
+pub async fn mode(client: &Client, config: &KubernetesConfig) -> Result<Mode, StartupError> {
+    let mode = match config.mode {
+        ModeChoice::Pod => Mode::Pod,
+        ModeChoice::Sandbox if sandbox_crd_served(client).await => Mode::Sandbox,
+        ModeChoice::Sandbox => return Err(StartupError::NoSandboxCrd),
+        ModeChoice::Auto if sandbox_crd_served(client).await => Mode::Sandbox,
+        ModeChoice::Auto => Mode::Pod,
+    };
+    if mode == Mode::Pod {
+        for (flag, given) in [
+            ("--k8s-template", &config.template),
+            ("--k8s-warm-pool", &config.warm_pool),
+        ] {
+            if given.is_some() {
+                return Err(StartupError::SandboxOnly { flag });
+            }
+        }
+    }
+    Ok(mode)
+}
+
+/// In sandbox mode: `--k8s-warm-pool` exists, and `--k8s-template`'s pod template (read once
+/// here; the Sandboxes this server makes start from it).
+pub async fn sandbox_sources(
+    client: &Client,
+    url: &str,
+    namespace: &str,
+    config: &KubernetesConfig,
+) -> Result<Option<PodTemplate>, StartupError> {
+    let missing = |kind, name: &String, flag| StartupError::NoSuchSource {
+        kind,
+        name: name.clone(),
+        flag,
+        namespace: namespace.to_owned(),
+    };
+    let api_error = |e: kube::Error| StartupError::Api {
+        url: url.to_owned(),
+        detail: cap(&e.to_string()),
+    };
+    if let Some(pool) = &config.warm_pool {
+        Api::<SandboxWarmPool>::namespaced(client.clone(), namespace)
+            .get_opt(pool)
+            .await
+            .map_err(api_error)?
+            .ok_or_else(|| missing("SandboxWarmPool", pool, "--k8s-warm-pool"))?;
+    }
+    let Some(template) = &config.template else {
+        return Ok(None);
+    };
+    let found = Api::<SandboxTemplate>::namespaced(client.clone(), namespace)
+        .get_opt(template)
+        .await
+        .map_err(api_error)?
+        .ok_or_else(|| missing("SandboxTemplate", template, "--k8s-template"))?;
+    Ok(Some(found.spec.pod_template))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -234,6 +387,8 @@ mod tests {
             mode: ModeChoice::Auto,
             storage: storage.map(str::to_owned),
             service_account: None,
+            template: None,
+            warm_pool: None,
             image: "busybox".to_owned(),
             cpu: None,
             memory_bytes: None,
@@ -244,8 +399,8 @@ mod tests {
 
     #[test]
     fn volumes_need_claim_permissions_only_when_there_are_volumes() {
-        let with = required(&config(Some("10Gi")));
-        let without = required(&config(None));
+        let with = required(&config(Some("10Gi")), Mode::Pod);
+        let without = required(&config(None), Mode::Pod);
         assert!(with.contains(&on("create", "persistentvolumeclaims")));
         assert!(
             !without
@@ -257,6 +412,25 @@ mod tests {
             sub("create", "pods", "exec").to_string(),
             "create pods/exec"
         );
+    }
+
+    #[test]
+    fn sandbox_mode_asks_for_the_crd_verbs_and_not_for_making_pods() {
+        let mut with_pool = config(Some("10Gi"));
+        with_pool.warm_pool = Some("pool".to_owned());
+        let all = required(&with_pool, Mode::Sandbox);
+        assert!(all.contains(&crd("patch", SANDBOXES, "sandboxes")));
+        assert!(all.contains(&crd("create", EXTENSIONS, "sandboxclaims")));
+        assert!(!all.contains(&on("create", "pods")));
+        assert!(!all.contains(&on("create", "persistentvolumeclaims")));
+        assert!(all.contains(&on("delete", "persistentvolumeclaims")));
+        assert!(all.contains(&sub("create", "pods", "exec")));
+        assert_eq!(
+            crd("patch", SANDBOXES, "sandboxes").to_string(),
+            "patch sandboxes.agents.x-k8s.io"
+        );
+        let plain = required(&config(None), Mode::Sandbox);
+        assert!(!plain.iter().any(|p| p.resource == "sandboxclaims"));
     }
 
     #[test]

@@ -6,11 +6,13 @@
 /// `--k8s-mode`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ModeChoice {
-    /// Not given: sandbox mode when the agent-sandbox `Sandbox` CRD is served, else pod mode.
-    /// While sandbox mode is not built, pod mode either way (docs/kubernetes.md, "Modes").
+    /// Not given: sandbox mode when the agent-sandbox `Sandbox` CRD is served, else pod mode
+    /// (docs/kubernetes.md, "Modes").
     Auto,
     /// Plain Pods and PersistentVolumeClaims.
     Pod,
+    /// The agent-sandbox CRDs: `Sandbox`, and `SandboxClaim` from a warm pool.
+    Sandbox,
 }
 
 /// Everything the Kubernetes backend is built from.
@@ -26,6 +28,12 @@ pub struct KubernetesConfig {
     pub storage: Option<String>,
     /// `--k8s-service-account`; `None` = the namespace's `default`, with no token mounted.
     pub service_account: Option<String>,
+    /// `--k8s-template` (sandbox mode): the `SandboxTemplate` whose pod template the
+    /// Sandboxes are made from, instead of one built from `--image` and friends.
+    pub template: Option<String>,
+    /// `--k8s-warm-pool` (sandbox mode): the `SandboxWarmPool` temporary computers are
+    /// claimed from.
+    pub warm_pool: Option<String>,
     /// `--image`.
     pub image: String,
     /// `--cpu` as a Kubernetes CPU quantity (`1.5`), the pod's request and limit.

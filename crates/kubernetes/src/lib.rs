@@ -1,24 +1,28 @@
-//! Kubernetes computers (docs/kubernetes.md) over kube-rs, in pod mode: a computer is a Pod
+//! Kubernetes computers (docs/kubernetes.md) over kube-rs. In pod mode a computer is a Pod
 //! named after its computer id, whose PID 1 is the POSIX keep-alive, plus, for a permanent
-//! computer, a PersistentVolumeClaim of the same name mounted as its home. Labels say which
+//! computer, a PersistentVolumeClaim of the same name mounted as its home. In sandbox mode it
+//! is an agent-sandbox `Sandbox` of that name with the same Pod spec as its pod template (and
+//! a `home` volume claim template), or, for a temporary computer with `--k8s-warm-pool`, a
+//! `SandboxClaim`; once the Pod behind it is known, everything runs as in pod mode. Labels say which
 //! objects are this server's (and, on temporary computers, which server instance made them,
 //! for crash GC); annotations carry the computer id, image and owner, read back after a server
 //! restart, so the cluster is the ground truth as the engine is on Docker.
 //!
-//! Restart deletes the Pod and makes it again (the home volume stays); removal deletes both.
+//! Restart deletes the Pod and makes it again (the home volume stays), in sandbox mode by
+//! suspending and resuming the Sandbox; removal deletes everything.
 //! Commands run as one `pods/exec` each ([`exec`]); ports through `pods/portforward`. Jobs and
-//! the file tools come from the shared POSIX programs over that exec. Sandbox mode (the
-//! agent-sandbox CRDs) is not built yet: [`config::ModeChoice`] has no variant for it, and
-//! [`checks::sandbox_crd_served`] is where it will be chosen.
+//! the file tools come from the shared POSIX programs over that exec.
 //!
 //! Split: [`config`] (the section, quantities), [`checks`] (kubeconfig and startup checks),
-//! [`objects`] (names, labels, the Pod and PVC), [`exec`] (the exec stream). kube and
+//! [`objects`] (names, labels, the Pod and PVC), [`sandbox`] (the agent-sandbox resources),
+//! [`exec`] (the exec stream). kube and
 //! k8s-openapi appear only in this crate.
 
 mod checks;
 pub mod config;
 mod exec;
 mod objects;
+mod sandbox;
 
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
@@ -26,15 +30,20 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{DeleteParams, ListParams, PostParams, PropagationPolicy};
+use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, PropagationPolicy};
 use kube::{Api, Client};
 use tokio::sync::OnceCell;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use crate::config::{KubernetesConfig, ModeChoice};
+use crate::checks::Mode;
+use crate::config::KubernetesConfig;
 use crate::exec::{Collected, ExecError, cap};
-use crate::objects::{Recipe, object_name};
+use crate::objects::{HOME_VOLUME, Home, Recipe, TEMPORARY_DEADLINE_SECS, home_mount, object_name};
+use crate::sandbox::{
+    PodTemplate, RUNNING, SUSPENDED, Sandbox, SandboxClaim, claim_of_template,
+    operating_mode_patch, shutdown_time_in,
+};
 use kilntainers_backend::ids::{ComputerId, ExecId, InstanceId, SandboxId};
 use kilntainers_backend::labels::kubernetes as keys;
 use kilntainers_backend::posix::{self, KILL_SWEEP_TIMEOUT, SweepReach, shell_basename};
@@ -65,12 +74,27 @@ const HOPELESS_WAITING: [&str; 5] = [
     "CreateContainerError",
 ];
 
-/// The connected cluster: the client, the namespace's Pods and PVCs.
+/// The connected cluster: the client, the namespace's Pods and PVCs, and in sandbox mode its
+/// Sandboxes and claims.
 struct Cluster {
     url: String,
     namespace: String,
+    mode: Mode,
     pods: Api<Pod>,
     claims: Api<PersistentVolumeClaim>,
+    sandboxes: Api<Sandbox>,
+    sandbox_claims: Api<SandboxClaim>,
+    /// `--k8s-template`'s pod template, read at startup.
+    template: Option<PodTemplate>,
+}
+
+/// What sandbox mode knows of a computer: the recipe its object recorded, that object's
+/// metadata, whether it is a claim, and the Sandbox behind it once there is one.
+struct Backing {
+    recipe: Recipe,
+    meta: ObjectMeta,
+    claimed: bool,
+    sandbox: Option<Sandbox>,
 }
 
 pub struct KubernetesBackend {
@@ -114,20 +138,29 @@ impl KubernetesBackend {
                         cap(&e.to_string())
                     ))
                 })?;
-                checks::check(&client, &url, &namespace, &self.config)
+                let mode = checks::mode(&client, &self.config)
                     .await
                     .map_err(unavailable)?;
-                if self.config.mode == ModeChoice::Auto && checks::sandbox_crd_served(&client).await
-                {
-                    info!(
-                        "the agent-sandbox Sandbox CRD is served; sandbox mode is not built yet, so computers are plain Pods (pod mode)"
-                    );
-                }
-                info!(%url, %namespace, "Kubernetes backend connected (pod mode)");
+                checks::check(&client, &url, &namespace, &self.config, mode)
+                    .await
+                    .map_err(unavailable)?;
+                let template = match mode {
+                    Mode::Sandbox => {
+                        checks::sandbox_sources(&client, &url, &namespace, &self.config)
+                            .await
+                            .map_err(unavailable)?
+                    }
+                    Mode::Pod => None,
+                };
+                info!(%url, %namespace, ?mode, "Kubernetes backend connected");
                 Ok(Cluster {
                     url,
+                    mode,
                     pods: Api::namespaced(client.clone(), &namespace),
-                    claims: Api::namespaced(client, &namespace),
+                    claims: Api::namespaced(client.clone(), &namespace),
+                    sandboxes: Api::namespaced(client.clone(), &namespace),
+                    sandbox_claims: Api::namespaced(client, &namespace),
+                    template,
                     namespace,
                 })
             })
@@ -143,9 +176,22 @@ impl KubernetesBackend {
         }
     }
 
-    /// The Pod of `id` when it is this computer's (the annotation names it).
+    /// The Pod of `id` when it is this computer's (the annotation names it; in sandbox mode,
+    /// the Pod behind its Sandbox).
     async fn pod_of(&self, id: &ComputerId) -> Result<Option<(Pod, Recipe)>, BackendError> {
         let cluster = self.cluster().await?;
+        if cluster.mode == Mode::Sandbox {
+            let Some(backing) = self.backing(id).await? else {
+                return Ok(None);
+            };
+            let Some(name) = backing.sandbox.as_ref().and_then(Sandbox::pod_name) else {
+                return Ok(None);
+            };
+            let pod = cluster.pods.get_opt(&name).await.map_err(|e| {
+                api_error(cluster, &format!("Reading the Pod of computer '{id}'"), e)
+            })?;
+            return Ok(pod.map(|pod| (pod, backing.recipe)));
+        }
         let pod =
             cluster.pods.get_opt(&object_name(id)).await.map_err(|e| {
                 api_error(cluster, &format!("Reading the Pod of computer '{id}'"), e)
@@ -154,6 +200,74 @@ impl KubernetesBackend {
             let recipe = Recipe::read(&pod.metadata, &self.config.image)?;
             (recipe.computer_id == *id).then_some((pod, recipe))
         }))
+    }
+
+    /// The name of the Pod `id` runs in (pod mode: its object name; sandbox mode: the Pod
+    /// behind its Sandbox).
+    async fn pod_name(&self, id: &ComputerId) -> Result<String, BackendError> {
+        let cluster = self.cluster().await?;
+        if cluster.mode == Mode::Pod {
+            return Ok(object_name(id));
+        }
+        self.backing(id)
+            .await?
+            .and_then(|b| b.sandbox)
+            .and_then(|s| s.pod_name())
+            .ok_or_else(|| BackendError::Vanished(id.clone()))
+    }
+
+    /// Sandbox mode: the claim (with `--k8s-warm-pool`) or Sandbox named after `id` when it
+    /// is this computer's, and the Sandbox behind it (a claim's once the controller bound one).
+    async fn backing(&self, id: &ComputerId) -> Result<Option<Backing>, BackendError> {
+        let cluster = self.cluster().await?;
+        let name = object_name(id);
+        let reading = |e| {
+            api_error(
+                cluster,
+                &format!("Reading the sandbox of computer '{id}'"),
+                e,
+            )
+        };
+        if self.config.warm_pool.is_some()
+            && let Some(claim) = cluster
+                .sandbox_claims
+                .get_opt(&name)
+                .await
+                .map_err(reading)?
+            && let Some(recipe) = Recipe::read(&claim.metadata, &self.config.image)
+            && recipe.computer_id == *id
+        {
+            let sandbox = match claim.sandbox_name() {
+                Some(bound) => cluster.sandboxes.get_opt(bound).await.map_err(reading)?,
+                None => None,
+            };
+            return Ok(Some(Backing {
+                recipe,
+                meta: claim.metadata,
+                claimed: true,
+                sandbox,
+            }));
+        }
+        let Some(sandbox) = cluster.sandboxes.get_opt(&name).await.map_err(reading)? else {
+            return Ok(None);
+        };
+        Ok(Recipe::read(&sandbox.metadata, &self.config.image)
+            .filter(|recipe| recipe.computer_id == *id)
+            .map(|recipe| Backing {
+                recipe,
+                meta: sandbox.metadata.clone(),
+                claimed: false,
+                sandbox: Some(sandbox),
+            }))
+    }
+
+    /// The home PVC's name: the object name in pod mode, the name agent-sandbox gives the
+    /// `home` volume claim template's PVC in sandbox mode.
+    fn home_name(cluster: &Cluster, id: &ComputerId) -> String {
+        match cluster.mode {
+            Mode::Pod => object_name(id),
+            Mode::Sandbox => claim_of_template(HOME_VOLUME, &object_name(id)),
+        }
     }
 
     /// The home PVC of `id` when it is this computer's.
@@ -167,7 +281,7 @@ impl KubernetesBackend {
         let cluster = self.cluster().await?;
         let claim = cluster
             .claims
-            .get_opt(&object_name(id))
+            .get_opt(&Self::home_name(cluster, id))
             .await
             .map_err(|e| {
                 api_error(
@@ -192,6 +306,13 @@ impl KubernetesBackend {
         let cluster = self.cluster().await?;
         let id = &recipe.computer_id;
         let with_home = !recipe.temporary && self.config.storage.is_some();
+        if cluster.mode == Mode::Sandbox {
+            self.make_sandbox(cluster, recipe, with_home, progress)
+                .await?;
+            let sandbox = self.wait_running(id).await?;
+            self.readiness(&sandbox).await?;
+            return Ok(sandbox);
+        }
         if let (true, Some(size)) = (with_home, &self.config.storage) {
             match cluster
                 .claims
@@ -237,11 +358,123 @@ impl KubernetesBackend {
         Ok(sandbox)
     }
 
-    /// Polls the Pod of `id` until it runs; fails early on what waiting cannot fix.
+    /// Sandbox mode: the Sandbox (or claim) of `recipe`, with pod mode's Pod spec (or
+    /// `--k8s-template`'s) as its pod template.
+    async fn make_sandbox(
+        &self,
+        cluster: &Cluster,
+        recipe: &Recipe,
+        with_home: bool,
+        progress: &dyn Progress,
+    ) -> Result<(), BackendError> {
+        let id = &recipe.computer_id;
+        progress.report(1.0, None, format!("Starting Kubernetes sandbox for {id}…"));
+        let shutdown = || shutdown_time_in(TEMPORARY_DEADLINE_SECS);
+        let (created, kind) = match (&self.config.warm_pool, recipe.temporary) {
+            (Some(pool), true) => (
+                cluster
+                    .sandbox_claims
+                    .create(&PostParams::default(), &recipe.claim(pool, shutdown()))
+                    .await
+                    .map(|_| ()),
+                "SandboxClaim",
+            ),
+            _ => {
+                let pod = match &cluster.template {
+                    Some(template) => {
+                        let mut spec = template.spec.clone();
+                        // The template is the cluster's; the server's rule that no token
+                        // reaches a computer holds on it too.
+                        spec.automount_service_account_token = Some(false);
+                        if with_home && let Some(main) = spec.containers.first_mut() {
+                            main.volume_mounts
+                                .get_or_insert_with(Vec::new)
+                                .push(home_mount());
+                        }
+                        spec
+                    }
+                    None => recipe.pod_spec(
+                        &self.config,
+                        &self.shell,
+                        if with_home {
+                            Home::FromTemplate
+                        } else {
+                            Home::None
+                        },
+                    ),
+                };
+                let storage = self.config.storage.as_deref().filter(|_| with_home);
+                let sandbox = recipe.sandbox(pod, storage, recipe.temporary.then(shutdown));
+                (
+                    cluster
+                        .sandboxes
+                        .create(&PostParams::default(), &sandbox)
+                        .await
+                        .map(|_| ()),
+                    "Sandbox",
+                )
+            }
+        };
+        match created {
+            Ok(()) => Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 409 => {
+                if self.backing(id).await?.is_none() {
+                    return Err(name_taken(cluster, id, kind));
+                }
+                Ok(())
+            }
+            Err(e) => Err(api_error(
+                cluster,
+                &format!("Creating the {kind} of computer '{id}'"),
+                e,
+            )),
+        }
+    }
+
+    /// Sandbox mode: asks the Sandbox behind `id` to run or to be suspended.
+    async fn set_operating_mode(&self, id: &ComputerId, mode: &str) -> Result<(), BackendError> {
+        let cluster = self.cluster().await?;
+        let Some(name) = self
+            .backing(id)
+            .await?
+            .and_then(|b| b.sandbox)
+            .and_then(|s| s.metadata.name)
+        else {
+            return Err(BackendError::Vanished(id.clone()));
+        };
+        cluster
+            .sandboxes
+            .patch(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(&operating_mode_patch(mode)),
+            )
+            .await
+            .map_err(|e| {
+                api_error(
+                    cluster,
+                    &format!("Setting the sandbox of computer '{id}' to {mode}"),
+                    e,
+                )
+            })?;
+        Ok(())
+    }
+
+    /// Polls the Pod of `id` until it runs; fails early on what waiting cannot fix. In
+    /// sandbox mode the controller makes the Pod after the Sandbox, so a missing Pod is
+    /// waited for while the Sandbox is there.
     async fn wait_running(&self, id: &ComputerId) -> Result<SandboxRef, BackendError> {
+        let cluster = self.cluster().await?;
         let deadline = Instant::now() + POD_START_TIMEOUT;
         loop {
             let Some((pod, recipe)) = self.pod_of(id).await? else {
+                if cluster.mode == Mode::Sandbox
+                    && Instant::now() < deadline
+                    && self.backing(id).await?.is_some()
+                {
+                    tokio::time::sleep(POLL).await;
+                    continue;
+                }
                 return Err(BackendError::Vanished(id.clone()));
             };
             let status = pod.status.as_ref();
@@ -284,7 +517,7 @@ impl KubernetesBackend {
     /// `<shell> -c 'echo <marker>'` must print the marker.
     async fn readiness(&self, sandbox: &SandboxRef) -> Result<(), BackendError> {
         let cluster = self.cluster().await?;
-        let name = object_name(&sandbox.computer_id);
+        let name = self.pod_name(&sandbox.computer_id).await?;
         let deadline = Instant::now() + READINESS_TIMEOUT;
         loop {
             let mut out = Collected::default();
@@ -324,10 +557,13 @@ impl KubernetesBackend {
     /// until it is gone, so its name can be used again.
     async fn delete_pod(&self, id: &ComputerId) -> Result<(), BackendError> {
         let cluster = self.cluster().await?;
-        let name = object_name(id);
-        if self.pod_of(id).await?.is_none() {
+        let Some(name) = self
+            .pod_of(id)
+            .await?
+            .and_then(|(pod, _)| pod.metadata.name)
+        else {
             return Ok(());
-        }
+        };
         match cluster.pods.delete(&name, &delete_now()).await {
             Ok(_) => {}
             Err(kube::Error::Api(status)) if status.code == 404 => return Ok(()),
@@ -348,7 +584,11 @@ impl KubernetesBackend {
         if self.claim_of(id).await?.is_none() {
             return Ok(());
         }
-        match cluster.claims.delete(&object_name(id), &delete_now()).await {
+        match cluster
+            .claims
+            .delete(&Self::home_name(cluster, id), &delete_now())
+            .await
+        {
             Ok(_) => {}
             Err(kube::Error::Api(status)) if status.code == 404 => return Ok(()),
             Err(e) => {
@@ -393,6 +633,20 @@ impl KubernetesBackend {
         &self,
         id: &ComputerId,
     ) -> Result<Option<(Recipe, ObjectMeta, bool)>, BackendError> {
+        let cluster = self.cluster().await?;
+        if cluster.mode == Mode::Sandbox {
+            let Some(backing) = self.backing(id).await? else {
+                return Ok(None);
+            };
+            return Ok(Some(match self.pod_of(id).await? {
+                Some((pod, _)) => {
+                    let running =
+                        pod_runs(&pod) && !backing.sandbox.as_ref().is_some_and(Sandbox::suspended);
+                    (backing.recipe, pod.metadata, running)
+                }
+                None => (backing.recipe, backing.meta, false),
+            }));
+        }
         if let Some((pod, recipe)) = self.pod_of(id).await? {
             let running = pod_runs(&pod);
             return Ok(Some((recipe, pod.metadata, running)));
@@ -409,7 +663,7 @@ impl KubernetesBackend {
         let mut out = Collected::default();
         exec::run(
             &cluster.pods,
-            &object_name(&sandbox.computer_id),
+            &self.pod_name(&sandbox.computer_id).await?,
             argv,
             None,
             &mut out,
@@ -440,6 +694,131 @@ impl KubernetesBackend {
                 sandbox.computer_id
             )),
         }
+    }
+}
+
+impl KubernetesBackend {
+    /// Deletes every object of `id` and waits until they are gone, so its name can be used
+    /// again (factory reset makes the computer anew right after).
+    async fn remove_computer(&self, id: &ComputerId) -> Result<(), BackendError> {
+        let cluster = self.cluster().await?;
+        if cluster.mode == Mode::Pod {
+            self.delete_pod(id).await?;
+            return self.delete_claim(id).await;
+        }
+        if let Some(backing) = self.backing(id).await? {
+            let name = object_name(id);
+            let deleted = if backing.claimed {
+                cluster
+                    .sandbox_claims
+                    .delete(&name, &delete_now())
+                    .await
+                    .map(|_| ())
+            } else {
+                cluster
+                    .sandboxes
+                    .delete(&name, &delete_now())
+                    .await
+                    .map(|_| ())
+            };
+            match deleted {
+                Ok(()) => {}
+                Err(kube::Error::Api(status)) if status.code == 404 => {}
+                Err(e) => {
+                    return Err(api_error(
+                        cluster,
+                        &format!("Deleting the sandbox of computer '{id}'"),
+                        e,
+                    ));
+                }
+            }
+            self.wait_gone(id, "sandbox", || async {
+                Ok(self.backing(id).await?.is_some())
+            })
+            .await?;
+        }
+        // agent-sandbox may keep a volume claim template's PVC after its Sandbox; the home is
+        // the computer's, so it goes with it.
+        self.delete_claim(id).await
+    }
+
+    /// The metadata a computer's sandbox id comes from, as lookup and create give it: its
+    /// Pod's when there is one (an id per incarnation), else its own object's.
+    async fn identity(
+        &self,
+        recipe: &Recipe,
+        own: &ObjectMeta,
+    ) -> Result<ObjectMeta, BackendError> {
+        Ok(match self.pod_of(&recipe.computer_id).await? {
+            Some((pod, _)) => pod.metadata,
+            None => own.clone(),
+        })
+    }
+
+    /// Sandbox mode's inventory: the Sandboxes and claims with our label.
+    async fn list_sandboxes(
+        &self,
+        cluster: &Cluster,
+        managed: &ListParams,
+    ) -> Result<Vec<ComputerInfo>, BackendError> {
+        let listing = |e| api_error(cluster, "Listing the computers' sandboxes", e);
+        let mut rows = Vec::new();
+        for sandbox in cluster
+            .sandboxes
+            .list(managed)
+            .await
+            .map_err(listing)?
+            .items
+        {
+            let Some(recipe) = Recipe::read(&sandbox.metadata, &self.config.image) else {
+                continue;
+            };
+            let ready = sandbox.status.as_ref().is_some_and(|s| {
+                s.conditions
+                    .iter()
+                    .any(|c| c.type_ == "Ready" && c.status == "True")
+            });
+            let identity = self.identity(&recipe, &sandbox.metadata).await?;
+            rows.push(ComputerInfo {
+                sandbox: Self::sandbox_of(&recipe, &identity),
+                state: if sandbox.metadata.deletion_timestamp.is_some() {
+                    "terminating"
+                } else if sandbox.suspended() {
+                    "stopped"
+                } else if ready {
+                    "running"
+                } else {
+                    "pending"
+                }
+                .to_owned(),
+                created_at: created_at(&sandbox.metadata),
+            });
+        }
+        if self.config.warm_pool.is_some() {
+            for claim in cluster
+                .sandbox_claims
+                .list(managed)
+                .await
+                .map_err(listing)?
+                .items
+            {
+                let Some(recipe) = Recipe::read(&claim.metadata, &self.config.image) else {
+                    continue;
+                };
+                let identity = self.identity(&recipe, &claim.metadata).await?;
+                rows.push(ComputerInfo {
+                    sandbox: Self::sandbox_of(&recipe, &identity),
+                    state: if claim.sandbox_name().is_some() {
+                        "running"
+                    } else {
+                        "pending"
+                    }
+                    .to_owned(),
+                    created_at: created_at(&claim.metadata),
+                });
+            }
+        }
+        Ok(rows)
     }
 }
 
@@ -542,9 +921,10 @@ impl Backend for KubernetesBackend {
         port: u16,
     ) -> Result<Box<dyn PortStream>, BackendError> {
         let cluster = self.cluster().await?;
+        let pod = self.pod_name(&sandbox.computer_id).await?;
         let mut forwarder = cluster
             .pods
-            .portforward(&object_name(&sandbox.computer_id), &[port])
+            .portforward(&pod, &[port])
             .await
             .map_err(|e| match e {
                 kube::Error::Api(status) if status.code == 404 => {
@@ -632,15 +1012,25 @@ impl Backend for KubernetesBackend {
             return Ok(current);
         }
         // The Pod ended (its node went away, its deadline passed) or only the home volume is
-        // left: make the Pod again from what its objects recorded.
+        // left: make the Pod again from what its objects recorded. In sandbox mode the
+        // controller makes it again once the Sandbox runs and the ended Pod is gone.
         info!(computer_id = %id, "recreating the Pod of a computer that is not running");
         self.delete_pod(id).await?;
+        if self.cluster().await?.mode == Mode::Sandbox {
+            self.set_operating_mode(id, RUNNING).await?;
+            let current = self.wait_running(id).await?;
+            self.readiness(&current).await?;
+            return Ok(current);
+        }
         self.make(&recipe, &kilntainers_backend::NoProgress).await
     }
 
     async fn list(&self) -> Result<Vec<ComputerInfo>, BackendError> {
         let cluster = self.cluster().await?;
         let managed = ListParams::default().labels(&format!("{}=true", keys::MANAGED));
+        if cluster.mode == Mode::Sandbox {
+            return self.list_sandboxes(cluster, &managed).await;
+        }
         let pods = cluster
             .pods
             .list(&managed)
@@ -695,8 +1085,19 @@ impl Backend for KubernetesBackend {
         let Some((recipe, _, _)) = self.recipe_of(id).await? else {
             return Err(BackendError::Vanished(id.clone()));
         };
-        self.delete_pod(id).await?;
-        let restarted = self.make(&recipe, &kilntainers_backend::NoProgress).await?;
+        let restarted = if self.cluster().await?.mode == Mode::Sandbox {
+            // Suspend (the controller ends the Pod, the PVC stays), then run again.
+            self.set_operating_mode(id, SUSPENDED).await?;
+            self.wait_gone(id, "Pod", || async { Ok(self.pod_of(id).await?.is_some()) })
+                .await?;
+            self.set_operating_mode(id, RUNNING).await?;
+            let current = self.wait_running(id).await?;
+            self.readiness(&current).await?;
+            current
+        } else {
+            self.delete_pod(id).await?;
+            self.make(&recipe, &kilntainers_backend::NoProgress).await?
+        };
         Ok(Restarted {
             sandbox: restarted,
             state_preserved: !recipe.temporary && self.config.storage.is_some(),
@@ -704,8 +1105,7 @@ impl Backend for KubernetesBackend {
     }
 
     async fn remove(&self, sandbox: &SandboxRef) -> Result<(), BackendError> {
-        self.delete_pod(&sandbox.computer_id).await?;
-        self.delete_claim(&sandbox.computer_id).await
+        self.remove_computer(&sandbox.computer_id).await
     }
 
     async fn exec(
@@ -723,7 +1123,7 @@ impl Backend for KubernetesBackend {
         ];
         let ran = exec::run(
             &cluster.pods,
-            &object_name(&sandbox.computer_id),
+            &self.pod_name(&sandbox.computer_id).await?,
             argv,
             spec.stdin.as_deref(),
             sink,
@@ -772,14 +1172,34 @@ impl Backend for KubernetesBackend {
             keys::MANAGED,
             keys::TEMPORARY
         ));
-        let pods = cluster
-            .pods
-            .list(&temporary)
-            .await
-            .map_err(|e| api_error(cluster, "Listing temporary computers for crash GC", e))?;
+        let listing = |e| api_error(cluster, "Listing temporary computers for crash GC", e);
+        let metas: Vec<ObjectMeta> = match cluster.mode {
+            Mode::Pod => (cluster.pods.list(&temporary).await.map_err(listing)?.items)
+                .into_iter()
+                .map(|pod| pod.metadata)
+                .collect(),
+            Mode::Sandbox => {
+                let mut metas: Vec<ObjectMeta> = (cluster.sandboxes.list(&temporary).await)
+                    .map_err(listing)?
+                    .items
+                    .into_iter()
+                    .map(|sandbox| sandbox.metadata)
+                    .collect();
+                if self.config.warm_pool.is_some() {
+                    metas.extend(
+                        (cluster.sandbox_claims.list(&temporary).await)
+                            .map_err(listing)?
+                            .items
+                            .into_iter()
+                            .map(|claim| claim.metadata),
+                    );
+                }
+                metas
+            }
+        };
         let mut removed = Vec::new();
-        for pod in pods.items {
-            let Some(recipe) = Recipe::read(&pod.metadata, &self.config.image) else {
+        for meta in metas {
+            let Some(recipe) = Recipe::read(&meta, &self.config.image) else {
                 continue;
             };
             let orphaned = recipe
@@ -790,10 +1210,10 @@ impl Backend for KubernetesBackend {
             if !orphaned {
                 continue;
             }
-            match self.delete_pod(&recipe.computer_id).await {
+            match self.remove_computer(&recipe.computer_id).await {
                 Ok(()) => removed.push(recipe.computer_id),
                 Err(e) => {
-                    warn!(computer_id = %recipe.computer_id, error = %e, "crash GC could not delete a Pod")
+                    warn!(computer_id = %recipe.computer_id, error = %e, "crash GC could not delete a computer")
                 }
             }
         }

@@ -20,8 +20,8 @@ use kilntainers_backend::posix;
 
 /// The computer's one container.
 pub const CONTAINER: &str = "computer";
-/// The home volume's name in the Pod spec.
-const HOME_VOLUME: &str = "home";
+/// The home volume's name in the Pod spec (and of a Sandbox's volume claim template).
+pub const HOME_VOLUME: &str = "home";
 /// Where a permanent computer's PVC is mounted: the home of the user the default images run
 /// as (root). Everything outside it comes from the image again when the Pod is recreated.
 pub const HOME_PATH: &str = "/root";
@@ -84,7 +84,7 @@ impl Recipe {
     }
 
     /// Labels (what the server selects by) and annotations (what it reads back, free-form).
-    fn metadata(&self) -> ObjectMeta {
+    pub fn object_metadata(&self) -> ObjectMeta {
         let mut labels = BTreeMap::from([
             (keys::MANAGED.to_owned(), "true".to_owned()),
             (
@@ -115,6 +115,20 @@ impl Recipe {
     /// `--memory` as request and limit, the home PVC when `with_home`, and the safety-net
     /// deadline on a temporary computer.
     pub fn pod(&self, config: &KubernetesConfig, shell: &str, with_home: bool) -> Pod {
+        let home = if with_home {
+            Home::Claim(object_name(&self.computer_id))
+        } else {
+            Home::None
+        };
+        Pod {
+            metadata: self.object_metadata(),
+            spec: Some(self.pod_spec(config, shell, home)),
+            ..Pod::default()
+        }
+    }
+
+    /// The Pod spec of [`Recipe::pod`], which sandbox mode uses as a Sandbox's pod template.
+    pub fn pod_spec(&self, config: &KubernetesConfig, shell: &str, home: Home) -> PodSpec {
         let mut resources = BTreeMap::new();
         if let Some(cpu) = &config.cpu {
             resources.insert("cpu".to_owned(), Quantity(cpu.clone()));
@@ -127,7 +141,6 @@ impl Recipe {
             requests: Some(resources),
             ..ResourceRequirements::default()
         });
-        let home = with_home.then(|| object_name(&self.computer_id));
         let container = Container {
             name: CONTAINER.to_owned(),
             image: Some(self.image.clone()),
@@ -145,59 +158,78 @@ impl Recipe {
                 }),
                 ..SecurityContext::default()
             }),
-            volume_mounts: home.as_ref().map(|_| {
-                vec![VolumeMount {
-                    name: HOME_VOLUME.to_owned(),
-                    mount_path: HOME_PATH.to_owned(),
-                    ..VolumeMount::default()
-                }]
-            }),
+            volume_mounts: (home != Home::None).then(|| vec![home_mount()]),
             ..Container::default()
         };
-        Pod {
-            metadata: self.metadata(),
-            spec: Some(PodSpec {
-                containers: vec![container],
-                restart_policy: Some("Never".to_owned()),
-                automount_service_account_token: Some(false),
-                enable_service_links: Some(false),
-                service_account_name: config.service_account.clone(),
-                runtime_class_name: config.runtime.clone(),
-                active_deadline_seconds: self.temporary.then_some(TEMPORARY_DEADLINE_SECS),
-                termination_grace_period_seconds: Some(0),
-                volumes: home.map(|claim| {
-                    vec![Volume {
-                        name: HOME_VOLUME.to_owned(),
-                        persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
-                            claim_name: claim,
-                            ..PersistentVolumeClaimVolumeSource::default()
-                        }),
-                        ..Volume::default()
-                    }]
-                }),
-                ..PodSpec::default()
+        let claim = match home {
+            Home::Claim(claim) => Some(claim),
+            Home::None | Home::FromTemplate => None,
+        };
+        PodSpec {
+            containers: vec![container],
+            restart_policy: Some("Never".to_owned()),
+            automount_service_account_token: Some(false),
+            enable_service_links: Some(false),
+            service_account_name: config.service_account.clone(),
+            runtime_class_name: config.runtime.clone(),
+            active_deadline_seconds: self.temporary.then_some(TEMPORARY_DEADLINE_SECS),
+            termination_grace_period_seconds: Some(0),
+            volumes: claim.map(|claim| {
+                vec![Volume {
+                    name: HOME_VOLUME.to_owned(),
+                    persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                        claim_name: claim,
+                        ..PersistentVolumeClaimVolumeSource::default()
+                    }),
+                    ..Volume::default()
+                }]
             }),
-            ..Pod::default()
+            ..PodSpec::default()
         }
     }
 
     /// A permanent computer's home volume of `size`, one node at a time.
     pub fn home_claim(&self, size: &str) -> PersistentVolumeClaim {
         PersistentVolumeClaim {
-            metadata: self.metadata(),
-            spec: Some(PersistentVolumeClaimSpec {
-                access_modes: Some(vec!["ReadWriteOnce".to_owned()]),
-                resources: Some(VolumeResourceRequirements {
-                    requests: Some(BTreeMap::from([(
-                        "storage".to_owned(),
-                        Quantity(size.to_owned()),
-                    )])),
-                    ..VolumeResourceRequirements::default()
-                }),
-                ..PersistentVolumeClaimSpec::default()
-            }),
+            metadata: self.object_metadata(),
+            spec: Some(home_claim_spec(size)),
             ..PersistentVolumeClaim::default()
         }
+    }
+}
+
+/// Where a computer's home comes from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Home {
+    None,
+    /// Pod mode: the PVC of this name.
+    Claim(String),
+    /// Sandbox mode: the Sandbox's `home` volume claim template, whose volume the
+    /// agent-sandbox controller adds to the Pod; the spec only mounts it.
+    FromTemplate,
+}
+
+/// The home volume mounted at [`HOME_PATH`].
+pub fn home_mount() -> VolumeMount {
+    VolumeMount {
+        name: HOME_VOLUME.to_owned(),
+        mount_path: HOME_PATH.to_owned(),
+        ..VolumeMount::default()
+    }
+}
+
+/// A home volume of `size`, one node at a time.
+pub fn home_claim_spec(size: &str) -> PersistentVolumeClaimSpec {
+    PersistentVolumeClaimSpec {
+        access_modes: Some(vec!["ReadWriteOnce".to_owned()]),
+        resources: Some(VolumeResourceRequirements {
+            requests: Some(BTreeMap::from([(
+                "storage".to_owned(),
+                Quantity(size.to_owned()),
+            )])),
+            ..VolumeResourceRequirements::default()
+        }),
+        ..PersistentVolumeClaimSpec::default()
     }
 }
 
@@ -214,6 +246,8 @@ mod tests {
             mode: ModeChoice::Auto,
             storage: Some("10Gi".to_owned()),
             service_account: None,
+            template: None,
+            warm_pool: None,
             image: "busybox".to_owned(),
             cpu: Some("1.5".to_owned()),
             memory_bytes: Some(512 * 1024 * 1024),

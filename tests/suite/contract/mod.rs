@@ -86,6 +86,8 @@ mod e2b;
 mod fly;
 #[cfg(feature = "kubernetes")]
 mod kubernetes;
+#[cfg(feature = "kubernetes")]
+mod kubernetes_sandbox;
 #[cfg(feature = "modal")]
 mod modal;
 mod podman;
