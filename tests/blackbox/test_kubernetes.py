@@ -24,7 +24,7 @@ import pytest
 from fakes.kubernetes import FakeKubernetes
 from harness import BIN, BUSYBOX, free_port
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.client_independent]
 
 TOKEN = "k8s-blackbox-token"
 TOKENS = {"alice": "alice-" + "a" * 40, "bob": "bob-" + "b" * 40}

@@ -21,6 +21,9 @@ import pytest
 from fakes.kubernetes import FakeKubernetes
 from harness import BUSYBOX
 
+# The fake itself, through its HTTP API: no MCP client involved.
+pytestmark = pytest.mark.client_independent
+
 TOKEN = "test-token"
 
 

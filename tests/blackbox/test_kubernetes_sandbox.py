@@ -21,7 +21,7 @@ from fakes.kubernetes import FakeKubernetes
 from harness import BUSYBOX
 from test_kubernetes import env_for, error_of, kubeconfig, run_cli
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, pytest.mark.client_independent]
 
 TOKEN = "k8s-blackbox-token"
 SANDBOXES = "/apis/agents.x-k8s.io/v1beta1/namespaces/default/sandboxes"
