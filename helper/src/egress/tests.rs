@@ -46,6 +46,12 @@ impl Events {
             thread::sleep(Duration::from_millis(10));
         }
     }
+
+    /// Asserts that no refusal was reported.
+    fn assert_none_denied(&self) {
+        let lines = self.lines();
+        assert!(lines.iter().all(|l| !l.starts_with("denied")), "{lines:?}");
+    }
 }
 
 struct Proxy {
@@ -169,11 +175,7 @@ fn allowed_hosts_are_spliced_through_every_entrance() {
         b"CONNECT allowed.test:5432 HTTP/1.1\r\n\r\n\0\0\0\x08",
     );
     assert!(out.ends_with("pong:\0\0\0\x08"), "{out:?}");
-    assert!(
-        p.events.lines().iter().all(|l| !l.starts_with("denied")),
-        "{:?}",
-        p.events.lines()
-    );
+    p.events.assert_none_denied();
 }
 
 #[test]
@@ -547,15 +549,7 @@ fn socket_connections_are_served_as_the_computer_their_token_names() {
     );
     let out = socket_exchange(&p.path, &[&line(TOKEN, "tls"), &hello]);
     assert!(out.starts_with("pong:\x16\x03\x01"), "{out:?}");
-    assert!(
-        p.proxy
-            .events
-            .lines()
-            .iter()
-            .all(|l| !l.starts_with("denied")),
-        "{:?}",
-        p.proxy.events.lines()
-    );
+    p.proxy.events.assert_none_denied();
     // A refusal names the computer by its policy key.
     let out = socket_exchange(
         &p.path,
@@ -593,15 +587,7 @@ fn socket_connections_without_a_known_token_get_nothing() {
     control::read(&p.proxy.state, format!("forget {KEY}\n").as_bytes());
     let out = socket_exchange(&p.path, &[&line(TOKEN, "http"), request]);
     assert_eq!(out, "");
-    assert!(
-        p.proxy
-            .events
-            .lines()
-            .iter()
-            .all(|l| !l.starts_with("denied")),
-        "{:?}",
-        p.proxy.events.lines()
-    );
+    p.proxy.events.assert_none_denied();
 }
 
 /// One DNS-over-TCP message: its length, then it.
