@@ -251,7 +251,14 @@ impl DockerBackend {
             .await
         {
             Ok(inspect) => Ok(Some(inspect)),
-            Err(e) if status_of(&e) == Some(404) => Ok(None),
+            // Podman answers 500 for a container removed while it is being inspected (a
+            // listing racing another process's delete): gone all the same.
+            Err(e)
+                if status_of(&e) == Some(404)
+                    || describe(&e).contains("does not exist in database") =>
+            {
+                Ok(None)
+            }
             Err(e) => Err(BackendError::Provider(format!(
                 "Docker inspect of '{name_or_id}' failed: {}",
                 describe(&e)
