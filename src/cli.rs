@@ -338,6 +338,49 @@ pub struct Cli {
     pub egress_upstream_network: Option<String>,
     #[arg(
         long,
+        value_name = "NAME=SOURCE",
+        help = "A secret computers use without seeing it: NAME=env:VAR or NAME=file:PATH (never the value itself); needs --secret-hosts NAME=…; repeatable",
+        help_heading = "secrets options"
+    )]
+    pub secret: Vec<String>,
+    #[arg(
+        long,
+        value_name = "NAME=PATTERN[,PATTERN]",
+        help = "The hosts the proxy may send secret NAME to (egress patterns); repeatable",
+        help_heading = "secrets options"
+    )]
+    pub secret_hosts: Vec<String>,
+    #[arg(
+        long,
+        value_name = "NAME=TEMPLATE",
+        help = "How secret NAME is sent, {} for the value (default: 'Authorization: Bearer {}'); repeatable",
+        help_heading = "secrets options"
+    )]
+    pub secret_header: Vec<String>,
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "KILNTAINERS_SECRETS_FILE",
+        help = "Secrets as TOML ([[secret]] name, source or value, hosts, header); must be mode 0600",
+        help_heading = "secrets options"
+    )]
+    pub secrets_file: Option<std::path::PathBuf>,
+    #[arg(
+        long,
+        help = "Add the secret_request tool: the user enters a secret on a one-time page of this server, never seen by the model (also: ENABLE_SECRET_TOOLS=true)",
+        help_heading = "secrets options"
+    )]
+    pub secret_tools: bool,
+    #[arg(
+        long,
+        value_name = "FILE",
+        env = "KILNTAINERS_SECRETS_STORE",
+        help = "Keep secrets users entered in this file, encrypted with a key file beside it (default: in memory only)",
+        help_heading = "secrets options"
+    )]
+    pub secrets_store: Option<std::path::PathBuf>,
+    #[arg(
+        long,
         help = "Expose the computer_* tools and the MCP App dashboard (also: ENABLE_LIFECYCLE_TOOLS=true)"
     )]
     pub lifecycle_tools: bool,

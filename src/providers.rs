@@ -17,6 +17,7 @@ pub fn build(config: &Config) -> Result<Arc<dyn Backend>, BackendError> {
         network: config.network,
         default_timeout_secs: config.limits.default_timeout_secs,
         egress: config.egress.clone(),
+        secrets: config.secret_book.clone(),
     };
     match config.backend {
         BackendKind::Docker => Ok(Arc::new(kilntainers_docker::DockerBackend::new(

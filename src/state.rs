@@ -206,6 +206,134 @@ fn unix_seconds() -> u64 {
         .unwrap_or(0)
 }
 
+/// What secrets brokering keeps in `secrets/` (docs/secrets.md, "The CA"): the key placeholders
+/// are derived with, and the CA the egress proxy mints certificates for bound hosts from.
+pub struct BrokerMaterial {
+    pub placeholder_key: [u8; 32],
+    pub ca_cert_pem: String,
+    pub ca_key_pem: Secret,
+}
+
+/// The CA's name, as computers' trust stores show it.
+const CA_COMMON_NAME: &str = "mcp-sandbox-computer-vm-for-ai secrets broker CA";
+/// One file (0600) holds the CA's certificate and key, and another the placeholder key: each
+/// written whole under a fresh name and linked into place, so concurrent first starts agree on
+/// one and a crash never leaves half of one.
+const CA_FILE: &str = "broker-ca.pem";
+const PLACEHOLDER_KEY_FILE: &str = "placeholder.key";
+
+/// Reads the broker's material from `<state_dir>/secrets/`, creating what is missing once.
+pub fn broker_material(state_dir: &Path) -> io::Result<BrokerMaterial> {
+    let dir = state_dir.join("secrets");
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(&dir)?;
+    let key_hex = read_or_create(&dir.join(PLACEHOLDER_KEY_FILE), || random_hex(32))?;
+    let placeholder_key = parse_key(key_hex.trim()).ok_or_else(|| {
+        io::Error::other(format!(
+            "{} is not 64 hex digits; remove it to make a new one",
+            dir.join(PLACEHOLDER_KEY_FILE).display()
+        ))
+    })?;
+    let ca_path = dir.join(CA_FILE);
+    let pem = read_or_create(&ca_path, new_ca_pem)?;
+    let (cert, key) = split_ca_pem(&pem).ok_or_else(|| {
+        io::Error::other(format!(
+            "{} does not hold a certificate and a private key; remove it to make a new CA (computers then trust the new one from their next start)",
+            ca_path.display()
+        ))
+    })?;
+    Ok(BrokerMaterial {
+        placeholder_key,
+        ca_cert_pem: cert,
+        ca_key_pem: Secret::new(key),
+    })
+}
+
+/// Brokering without a state dir: material for this process only.
+pub fn ephemeral_broker_material() -> io::Result<BrokerMaterial> {
+    let key = parse_key(&random_hex(32)?).ok_or_else(|| io::Error::other("bad random key"))?;
+    let pem = new_ca_pem()?;
+    let (cert, ca_key) = split_ca_pem(&pem).ok_or_else(|| io::Error::other("bad new CA"))?;
+    Ok(BrokerMaterial {
+        placeholder_key: key,
+        ca_cert_pem: cert,
+        ca_key_pem: Secret::new(ca_key),
+    })
+}
+
+fn parse_key(hex: &str) -> Option<[u8; 32]> {
+    if hex.len() != 64 {
+        return None;
+    }
+    let mut key = [0u8; 32];
+    for (i, byte) in key.iter_mut().enumerate() {
+        *byte = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
+    }
+    Some(key)
+}
+
+/// The file's content; when it does not exist, `make`'s, written 0600 under a fresh name and
+/// hard-linked into place (a concurrent creator's file wins, and is what is returned).
+fn read_or_create(path: &Path, make: impl FnOnce() -> io::Result<String>) -> io::Result<String> {
+    match fs::read_to_string(path) {
+        Ok(text) => return Ok(text),
+        Err(e) if e.kind() != io::ErrorKind::NotFound => return Err(e),
+        Err(_) => {}
+    }
+    let content = make()?;
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let staging = path.with_file_name(format!(".{name}.{}.new", random_hex(8)?));
+    let mut file = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&staging)?;
+    let linked = file
+        .write_all(content.as_bytes())
+        .and_then(|()| file.sync_all())
+        .and_then(|()| fs::hard_link(&staging, path));
+    let _ = fs::remove_file(&staging);
+    match linked {
+        Ok(()) => Ok(content),
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => fs::read_to_string(path),
+        Err(e) => Err(e),
+    }
+}
+
+/// A new self-signed CA (ECDSA P-256, ten years), certificate then key, as PEM.
+fn new_ca_pem() -> io::Result<String> {
+    use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, KeyUsagePurpose};
+    let failed = |e: rcgen::Error| io::Error::other(format!("cannot make the broker CA: {e}"));
+    let key = KeyPair::generate().map_err(failed)?;
+    let mut params = CertificateParams::new(Vec::<String>::new()).map_err(failed)?;
+    params
+        .distinguished_name
+        .push(DnType::CommonName, CA_COMMON_NAME);
+    params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
+    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+    let now = std::time::SystemTime::now();
+    params.not_before = (now - std::time::Duration::from_secs(24 * 3600)).into();
+    params.not_after = (now + std::time::Duration::from_secs(10 * 365 * 24 * 3600)).into();
+    let cert = params.self_signed(&key).map_err(failed)?;
+    Ok(format!("{}{}", cert.pem(), key.serialize_pem()))
+}
+
+/// The certificate block and the key block of a CA file.
+fn split_ca_pem(pem: &str) -> Option<(String, String)> {
+    const CERT_END: &str = "-----END CERTIFICATE-----";
+    let start = pem.find("-----BEGIN CERTIFICATE-----")?;
+    let end = pem.find(CERT_END)? + CERT_END.len();
+    let key_start = pem.find("-----BEGIN PRIVATE KEY-----")?;
+    let cert = format!("{}\n", &pem[start..end]);
+    let key = pem[key_start..].trim_end().to_owned() + "\n";
+    Some((cert, key))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

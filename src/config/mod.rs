@@ -15,6 +15,7 @@ pub mod kubernetes;
 #[cfg(feature = "modal")]
 pub mod modal;
 pub mod secret;
+pub mod secrets;
 #[cfg(feature = "wasm")]
 pub mod wasm;
 
@@ -90,6 +91,10 @@ pub struct Config {
     pub network: bool,
     /// `--egress*` (docs/egress.md); open without rules unless asked.
     pub egress: EgressSettings,
+    /// `--secret*` (docs/secrets.md).
+    pub secrets: secrets::SecretsConfig,
+    /// The secrets computers use without seeing them; empty when brokering is off.
+    pub secret_book: kilntainers_backend::brokering::SecretBook,
     pub lifecycle_tools: bool,
     pub jobs: JobsConfig,
     /// `--file-tools` or `ENABLE_FILE_TOOLS=true` (docs/files.md).
@@ -398,6 +403,8 @@ impl Config {
         // `--egress none` is `--no-network` (docs/egress.md, "Policy model").
         let no_network = egress.policy.mode == kilntainers_backend::egress::EgressMode::None;
         let mut docker = docker_config(cli, no_network, env)?;
+        let secrets = secrets::from_cli(cli, env, &egress)?;
+        let secret_book = secrets::book(&secrets, docker.state_dir.as_deref())?;
         let principals = !stdio && (cli.auth_tokens_file.is_some() || oauth.is_some());
         docker.network =
             ComputerNetwork::choose(!no_network, principals, docker.run_flags.network.is_some());
@@ -481,6 +488,8 @@ impl Config {
             shell: cli.shell.clone(),
             network: !no_network,
             egress,
+            secrets,
+            secret_book,
             lifecycle_tools: cli.lifecycle_tools
                 || switch_on(env("ENABLE_LIFECYCLE_TOOLS").as_deref()),
             file_tools: cli.file_tools || switch_on(env("ENABLE_FILE_TOOLS").as_deref()),

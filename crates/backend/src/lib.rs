@@ -9,6 +9,7 @@
 //! of the workspace, nor on rmcp or axum. Backends push output into an [`OutputSink`] and stop
 //! when told; they never see the output limit, and they never format user-facing results.
 
+pub mod brokering;
 pub mod checkpoints;
 pub mod clock;
 pub mod egress;
@@ -48,6 +49,10 @@ pub struct Common {
     /// `--egress*` (docs/egress.md): the policy new computers get and how its enforcement
     /// resolves and connects. Open without rules by default.
     pub egress: egress::EgressSettings,
+    /// `--secret*` (docs/secrets.md): the secrets computers use through the egress proxy
+    /// without seeing them. Empty unless brokering is on; only Docker/Podman brokers (the
+    /// configuration refuses it for the others).
+    pub secrets: brokering::SecretBook,
 }
 
 /// The provider's current incarnation of a computer, as plain data.
@@ -393,6 +398,11 @@ pub trait Backend: Send + Sync {
             self.kind()
         )))
     }
+
+    /// The shared [`brokering::SecretBook`] changed (a principal entered a secret): give the
+    /// enforcement of every running computer its secrets again, so the new one works without
+    /// a restart (docs/secrets.md). Backends that broker nothing ignore it.
+    async fn secrets_changed(&self) {}
 
     /// The questions of ask-to-allow (docs/egress.md, "Ask-to-allow"): connections held until
     /// the server answers each. The receiving end is handed out once (to the server); `None`

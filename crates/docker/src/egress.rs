@@ -31,6 +31,7 @@ use kilntainers_backend::egress::{
     ASK_TIMEOUT, Denial, DeniedEntry, EgressAnswer, EgressMode, EgressPolicy, EgressQuestion,
     EgressSettings, Pattern, reasons,
 };
+use kilntainers_backend::brokering::SecretBook;
 use kilntainers_backend::ids::ComputerId;
 use kilntainers_backend::labels::docker as label;
 
@@ -382,6 +383,11 @@ impl kilntainers_backend::OutputSink for WatchedSink<'_> {
     }
 }
 
+/// How the proxy's refusal of a placeholder sent to a host its secret is not bound to begins
+/// (`carries the secret NAME to a host it is not bound to`): such a refusal is an attempt to
+/// exfiltrate, and goes to the audit log too.
+pub(crate) const SECRET_REFUSAL_PREFIX: &str = "carries the secret ";
+
 /// What one line from the proxy says.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Event {
@@ -406,7 +412,10 @@ pub(crate) fn parse_event(line: &str) -> Option<Event> {
     }
     let mut words = line.splitn(5, ' ');
     match words.next()? {
-        "ready" if words.next().is_none() => Some(Event::Ready),
+        // `ready tls`: the proxy is the broker, which terminates TLS for bound hosts.
+        "ready" if matches!(words.next(), None | Some("tls")) && words.next().is_none() => {
+            Some(Event::Ready)
+        }
         "synced" => {
             let id = words.next()?.parse().ok()?;
             words.next().is_none().then_some(Event::Synced(id))
@@ -588,6 +597,8 @@ pub(crate) struct Proxy {
     /// Set when the control channel's output ended: the container stopped or was replaced
     /// (by another server process on the same engine, docs/egress.md, "Docker wiring").
     ended: Arc<std::sync::atomic::AtomicBool>,
+    /// The secrets its computers get (docs/secrets.md).
+    secrets: SecretBook,
 }
 
 /// A computer behind a proxy: who it is and the policy the proxy has for it.
@@ -739,6 +750,7 @@ impl Proxy {
         default_upstream: &str,
         asking: Option<Asking>,
         wiring: crate::networks::Wiring,
+        secrets: SecretBook,
     ) -> Result<Self, BackendError> {
         let socket = wiring == crate::networks::Wiring::Socket;
         let failed = |what: &str, e: &bollard::errors::Error| {
@@ -832,8 +844,15 @@ impl Proxy {
             syncs,
             computers,
             ended,
+            secrets,
         };
-        proxy.send(&format!("address {address}\n")).await?;
+        let setup = crate::brokering::proxy_setup_lines(
+            &proxy.secrets,
+            settings.upstream_ca_pem.as_deref(),
+        );
+        proxy
+            .send(&format!("address {address}\n{setup}"))
+            .await?;
         match tokio::time::timeout(std::time::Duration::from_secs(10), ready_rx).await {
             Ok(Ok(())) => Ok(proxy),
             _ => Err(BackendError::Provider(format!(
@@ -852,6 +871,7 @@ impl Proxy {
             syncs: Arc::default(),
             computers: Arc::default(),
             ended: Arc::default(),
+            secrets: SecretBook::default(),
         }
     }
 
@@ -901,7 +921,14 @@ impl Proxy {
         address: IpAddr,
         attached: Attached,
     ) -> Result<(), BackendError> {
-        let mut line = policy_line(address, &attached.policy);
+        let policy = crate::brokering::with_bound_hosts(
+            &self.secrets,
+            &attached.computer_id,
+            attached.policy.clone(),
+        );
+        // The secrets before the policy, so the first connection the policy admits finds them.
+        let mut line = crate::brokering::secret_lines(&self.secrets, address, &attached.computer_id);
+        line.push_str(&policy_line(address, &policy));
         if let Some(token) = attached.token.as_deref().filter(|t| is_token(t)) {
             // Before the policy, so the relay's first connection is never one without it.
             line = format!("token {address} {token}\n{line}");
@@ -911,6 +938,23 @@ impl Proxy {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .insert(address, attached);
         self.send(&line).await
+    }
+
+    /// Gives every computer behind this proxy its policy and secrets again (the secret book
+    /// changed), then waits until the proxy has read them.
+    pub(crate) async fn reattach_all(&self) -> Result<(), BackendError> {
+        let computers: Vec<(IpAddr, Attached)> = self
+            .computers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .map(|(address, attached)| (*address, attached.clone()))
+            .collect();
+        for (address, attached) in computers {
+            self.attach(address, attached).await?;
+        }
+        self.sync().await;
+        Ok(())
     }
 
     /// Forgets a removed computer.
@@ -1049,11 +1093,23 @@ async fn read_events(
                             let _ = ready.send(());
                         }
                     }
-                    Some(Event::Denied(computer, denial)) => shared
-                        .denials
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner)
-                        .record(computer, denial),
+                    Some(Event::Denied(computer, denial)) => {
+                        if denial.reason.starts_with(SECRET_REFUSAL_PREFIX) {
+                            let computer_id = shared
+                                .computers
+                                .lock()
+                                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                                .get(&computer)
+                                .map(|a| a.computer_id.to_string())
+                                .unwrap_or_default();
+                            warn!(target: "kilntainers::audit", %computer_id, host = %denial.host, port = denial.port, reason = %denial.reason, "secret exfiltration attempt refused");
+                        }
+                        shared
+                            .denials
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)
+                            .record(computer, denial);
+                    }
                     Some(Event::Synced(id)) => {
                         let waiter = shared
                             .syncs

@@ -276,6 +276,7 @@ async fn exercise(docker: &Docker, network: &str) {
         "bridge",
         None,
         crate::networks::Wiring::Network,
+        Default::default(),
     )
     .await
     .unwrap();

@@ -50,9 +50,10 @@ pub(super) async fn exec(
     cancel: &CancellationToken,
 ) -> Result<ExecEnd, BackendError> {
     let docker = backend.client().await?;
+    let env = backend.command_env(sandbox);
     let exit_code = match backend
         .helpers
-        .run(docker, sandbox, spec, sink, cancel)
+        .run(docker, sandbox, spec, &env, sink, cancel)
         .await
     {
         Some(Ok(ExecEnd::Exited(code))) => Some(code),
@@ -68,7 +69,7 @@ pub(super) async fn exec(
                 sandbox.sandbox_id
             )));
         }
-        None => match engine_exec(backend, docker, sandbox, spec, sink, cancel).await? {
+        None => match engine_exec(backend, docker, sandbox, spec, &env, sink, cancel).await? {
             EngineEnd::Ended(exit_code) => exit_code,
             EngineEnd::Stopped => return Ok(ExecEnd::StoppedBySink),
         },
@@ -104,6 +105,7 @@ async fn engine_exec(
     docker: &Docker,
     sandbox: &SandboxRef,
     spec: &ExecSpec,
+    env: &[String],
     sink: &mut dyn OutputSink,
     cancel: &CancellationToken,
 ) -> Result<EngineEnd, BackendError> {
@@ -113,7 +115,11 @@ async fn engine_exec(
         attach_stdout: Some(true),
         attach_stderr: Some(true),
         tty: Some(false),
-        env: Some(vec![spec.exec_id.env_entry()]),
+        env: Some(
+            std::iter::once(spec.exec_id.env_entry())
+                .chain(env.iter().cloned())
+                .collect(),
+        ),
         working_dir: spec.working_dir.clone(),
         ..Default::default()
     };

@@ -5,6 +5,9 @@
 //! The word *container* appears only under this folder. Label keys come from
 //! [`kilntainers_backend::labels::docker`] so the Python reference's containers are found as ours.
 
+mod broker_stub;
+mod brokering;
+pub use broker_stub::broker_available;
 mod checkpoints;
 pub mod config;
 mod create;
@@ -109,6 +112,10 @@ pub struct DockerBackend {
     egress_questions: std::sync::Mutex<
         Option<tokio::sync::mpsc::Receiver<kilntainers_backend::egress::EgressQuestion>>,
     >,
+    /// The secrets computers use through the proxy (docs/secrets.md); empty when off.
+    secrets: kilntainers_backend::brokering::SecretBook,
+    /// The containers this process installed the broker's CA in.
+    ca_installed: brokering::Installed,
 }
 
 impl DockerBackend {
@@ -133,7 +140,14 @@ impl DockerBackend {
             asking,
             grants,
             wiring,
+            &common.secrets,
         );
+        if common.secrets.enabled() && wiring == networks::Wiring::Socket && !common.egress.filters() {
+            return Err(BackendError::Unavailable(format!(
+                "secrets with --egress open are brokered by a proxy beside the computer's own network, which {} cannot give a computer (docs/secrets.md, \"Backends\"); use --egress allowlist, or add an --egress-deny rule.",
+                if config.engine == Engine::Podman { "Podman" } else { "gVisor" }
+            )));
+        }
         // A spare cannot be given the proxy's volume when it is handed out, and a computer
         // behind a socket-wired proxy needs it from its creation (docs/warm-pool.md, "Egress").
         let warm_pool = if networks.socket_wired() && config.warm_pool > 0 {
@@ -152,6 +166,8 @@ impl DockerBackend {
             egress_questions: std::sync::Mutex::new(questions),
             egress_policy: common.egress.policy.clone(),
             egress_addresses: std::sync::Mutex::new(HashMap::new()),
+            secrets: common.secrets.clone(),
+            ca_installed: brokering::Installed::default(),
             client: OnceCell::new(),
             pulls: create::PullGate::default(),
             starts: tokio::sync::Semaphore::new(create::PARALLEL_STARTS),
@@ -342,6 +358,9 @@ impl DockerBackend {
         if attached.is_some() && self.networks.socket_wired() {
             self.start_relay(docker, inspect).await?;
         }
+        if attached.is_some() && self.secrets.ca().is_some() {
+            self.install_ca(docker, inspect).await;
+        }
         if let (Some(attached), Some(id)) = (attached, inspect.id.as_deref()) {
             self.egress_addresses
                 .lock()
@@ -390,6 +409,50 @@ impl DockerBackend {
             Ok((code, _)) => Err(failed(format!("exit code {code}"))),
             Err(why) => Err(failed(why)),
         }
+    }
+
+    /// Installs the broker's CA in the computer's trust stores (docs/secrets.md, "The CA"), at
+    /// each start and when this process first meets it running. A failure (a read-only root,
+    /// no `sed`) is logged and leaves the computer's commands without the CA variables, so
+    /// HTTPS to hosts without a secret keeps working and to bound ones fails verification.
+    async fn install_ca(&self, docker: &bollard::Docker, inspect: &ContainerInspectResponse) {
+        let container = inspect.id.as_deref().unwrap_or_default();
+        let Some(ca) = self.secrets.ca() else {
+            return;
+        };
+        let argv = vec![
+            self.shell.clone(),
+            "-c".to_owned(),
+            brokering::INSTALL_CA.to_owned(),
+            "sh".to_owned(),
+            ca.cert_pem.clone(),
+        ];
+        let outcome = exec::run_simple_as(
+            docker,
+            container,
+            Some("0"),
+            argv,
+            posix::KILL_SWEEP_TIMEOUT,
+        )
+        .await;
+        let installed = matches!(outcome, Ok((0, _)));
+        if !installed {
+            warn!(container, outcome = ?outcome.map(|(code, _)| code), "could not install the secrets broker's CA; HTTPS to hosts with a secret will not verify in this computer");
+        }
+        self.ca_installed.mark(container, installed);
+    }
+
+    /// What every command of `sandbox` gets added to its environment: the placeholders of its
+    /// secrets, and the CA variables once the CA is installed in it.
+    pub(crate) fn command_env(&self, sandbox: &SandboxRef) -> Vec<String> {
+        if !self.secrets.enabled() {
+            return Vec::new();
+        }
+        let mut env = self.secrets.env_for(&sandbox.computer_id);
+        if self.ca_installed.has(sandbox.sandbox_id.as_str()) {
+            env.extend(brokering::ca_env());
+        }
+        env
     }
 
     /// Points the resolver and [`egress::PROXY_HOST`] of a computer born a warm-pool spare at
@@ -947,6 +1010,10 @@ impl Backend for DockerBackend {
             self.egress_attach(&inspect).await?;
         }
         Ok(changed)
+    }
+
+    async fn secrets_changed(&self) {
+        self.networks.resend_secrets().await;
     }
 
     fn egress_questions(

@@ -30,6 +30,7 @@ use super::{describe, status_of};
 use crate::config::{ComputerNetwork, Engine};
 use crate::egress::{self, Asking, Attached, Proxy};
 use kilntainers_backend::BackendError;
+use kilntainers_backend::brokering::SecretBook;
 use kilntainers_backend::egress::{EgressPolicy, EgressSettings};
 use kilntainers_backend::ids::{ComputerId, Principal};
 use kilntainers_backend::labels::docker as label;
@@ -101,6 +102,8 @@ pub(super) struct Networks {
     grants: Option<egress::Grants>,
     /// How computers reach their proxy.
     wiring: Wiring,
+    /// The secrets each proxy brokers for its computers (docs/secrets.md).
+    secrets: SecretBook,
 }
 
 /// This process's coordination around one network name.
@@ -124,9 +127,12 @@ impl Networks {
         asking: Option<Asking>,
         grants: egress::Grants,
         wiring: Wiring,
+        secrets: &SecretBook,
     ) -> Self {
-        let egress =
-            (mode != ComputerNetwork::Disabled && egress.filters()).then(|| egress.clone());
+        // Brokering alone puts computers behind the proxy too (docs/secrets.md, "Open mode").
+        let egress = (mode != ComputerNetwork::Disabled
+            && (egress.filters() || secrets.enabled()))
+        .then(|| egress.clone());
         Self {
             // Behind the proxy every computer needs an internal network, one principal or many.
             mode: if egress.is_some() {
@@ -141,6 +147,7 @@ impl Networks {
             egress,
             asking,
             wiring,
+            secrets: secrets.clone(),
         }
     }
 
@@ -300,6 +307,7 @@ impl Networks {
                 upstream,
                 self.asking.clone(),
                 self.wiring,
+                self.secrets.clone(),
             )
             .await;
             match started {
@@ -321,6 +329,23 @@ impl Networks {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
             .insert(name.to_owned(), Arc::clone(&proxy));
         Ok(proxy)
+    }
+
+    /// Gives every computer behind this process's proxies its secrets (and its policy with the
+    /// hosts they are bound to) again, after the book changed.
+    pub(super) async fn resend_secrets(&self) {
+        let proxies: Vec<Arc<Proxy>> = self
+            .proxies
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .values()
+            .cloned()
+            .collect();
+        for proxy in proxies {
+            if let Err(error) = proxy.reattach_all().await {
+                warn!(%error, "could not give an egress proxy the new secrets");
+            }
+        }
     }
 
     /// Gives the proxy of the egress network `inspect`'s container is on that container's

@@ -452,10 +452,12 @@ impl Connection {
         self.next_id.fetch_add(1, Ordering::Relaxed)
     }
 
-    /// Runs one command through the helper, pushing its output into `sink`.
+    /// Runs one command through the helper, pushing its output into `sink`; `env` is added to
+    /// its environment (the computer's secrets placeholders and CA variables).
     pub(super) async fn run(
         &self,
         spec: &ExecSpec,
+        env: &[String],
         sink: &mut dyn OutputSink,
         cancel: &CancellationToken,
     ) -> Result<ExecEnd, Lost> {
@@ -478,7 +480,9 @@ impl Connection {
             id,
             argv: spec.argv.clone(),
             working_dir: spec.working_dir.clone(),
-            env: vec![spec.exec_id.env_entry()],
+            env: std::iter::once(spec.exec_id.env_entry())
+                .chain(env.iter().cloned())
+                .collect(),
             stdin: spec.stdin.is_some(),
         }))
         .await?;

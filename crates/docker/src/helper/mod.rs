@@ -226,12 +226,14 @@ impl Helpers {
         }
     }
 
-    /// Runs `spec` through the helper when this container has one; `None` = use Docker exec.
+    /// Runs `spec` (with `env` added) through the helper when this container has one;
+    /// `None` = use Docker exec.
     pub(super) async fn run(
         &self,
         docker: &Docker,
         sandbox: &SandboxRef,
         spec: &ExecSpec,
+        env: &[String],
         sink: &mut dyn OutputSink,
         cancel: &CancellationToken,
     ) -> Option<Result<ExecEnd, Lost>> {
@@ -246,7 +248,7 @@ impl Helpers {
             }
             return None;
         };
-        let outcome = connection.run(spec, sink, cancel).await;
+        let outcome = connection.run(spec, env, sink, cancel).await;
         if matches!(outcome, Ok(ExecEnd::Exited(_))) {
             self.finished(sandbox.sandbox_id.as_str(), &connection)
                 .await;
@@ -276,7 +278,7 @@ impl Helpers {
             let connection = self.connection(docker, sandbox).await?;
             let mut collected = Collected::default();
             let cancel = CancellationToken::new();
-            match connection.run(&spec, &mut collected, &cancel).await {
+            match connection.run(&spec, &[], &mut collected, &cancel).await {
                 Ok(ExecEnd::Exited(code)) => {
                     self.finished(sandbox.sandbox_id.as_str(), &connection)
                         .await;

@@ -177,7 +177,7 @@ async fn issue_15_output_beyond_the_granted_credit_breaks_the_connection() {
         stop_after: 3 * wire::WINDOW as usize,
     };
     let cancel = CancellationToken::new();
-    let end = connection.run(&spec(), &mut sink, &cancel).await;
+    let end = connection.run(&spec(), &[], &mut sink, &cancel).await;
     let reason = match end {
         Ok(ExecEnd::StoppedBySink) => wait_broken(&connection).await,
         Err(Lost(reason)) => reason,
@@ -204,7 +204,7 @@ async fn issue_15_a_helper_that_stops_reading_its_input_is_broken_after_the_stal
     };
     let started = tokio::time::Instant::now();
     let end = connection
-        .run(&spec, &mut sink, &CancellationToken::new())
+        .run(&spec, &[], &mut sink, &CancellationToken::new())
         .await;
     assert!(matches!(end, Err(Lost(_))), "{end:?}");
     assert!(started.elapsed() < STALL_TIMEOUT + Duration::from_secs(3));
