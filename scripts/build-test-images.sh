@@ -5,6 +5,8 @@
 #   sandbox-busybox:minimal          only sh, sleep, cat, echo linked (keep-alive needs just sh + sleep)
 #   debian:bookworm-slim             debootstrap --variant=minbase bookworm; CMD ["/bin/bash"]
 #   kilntainers-test/debian:bookworm second tag of the same image
+#   kilntainers-test/debian-tools:bookworm   the same with curl, git and ca-certificates (the
+#                                    secrets tests: real clients trusting the broker's CA)
 #   podman (if installed): localhost/sandbox-busybox:full and localhost/sandbox-busybox:minimal
 #
 # Idempotent: images that already exist are skipped unless FORCE=1. The debootstrap rootfs
@@ -31,6 +33,9 @@ BUSYBOX_MINIMAL=sandbox-busybox:minimal
 DEBIAN_IMAGE=debian:bookworm-slim
 DEBIAN_ALIAS=kilntainers-test/debian:bookworm
 DEBIAN_CACHE="$CACHE_DIR/debian-bookworm-minbase.tar"
+TOOLS_IMAGE=kilntainers-test/debian-tools:bookworm
+TOOLS_CACHE="$CACHE_DIR/debian-bookworm-tools.tar"
+TOOLS_PACKAGES=curl,git,ca-certificates
 export DOCKER_BUILDKIT=0
 
 WORK=""
@@ -170,9 +175,12 @@ apt_mirror() {
     return 1
 }
 
+# debian_rootfs_tarball CACHE [PACKAGES]: a minbase bookworm root file system (with the
+# comma-separated PACKAGES added) as the tarball CACHE, unless it is there already.
 debian_rootfs_tarball() {
-    if [[ -s "$DEBIAN_CACHE" && "${REFRESH_CACHE:-0}" != 1 ]]; then
-        log "debian rootfs: cached $DEBIAN_CACHE"
+    local cache="$1" include="${2:-}"
+    if [[ -s "$cache" && "${REFRESH_CACHE:-0}" != 1 ]]; then
+        log "debian rootfs: cached $cache"
         return 0
     fi
     apt_ensure debootstrap || die "could not install debootstrap"
@@ -184,8 +192,13 @@ debian_rootfs_tarball() {
     mirror="${mirror:-http://deb.debian.org/debian}"
     w="$WORK"
     t0="$(now)"
-    log "debian rootfs: debootstrap --variant=minbase bookworm from $mirror (about 30 s)"
-    if ! debootstrap --variant=minbase bookworm "$w/rootfs-debian" "$mirror" >"$w/debootstrap.log" 2>&1; then
+    local extra=()
+    if [[ -n "$include" ]]; then
+        extra=("--include=$include")
+    fi
+    rm -rf "$w/rootfs-debian"
+    log "debian rootfs: debootstrap --variant=minbase ${extra[*]} bookworm from $mirror (about 30 s)"
+    if ! debootstrap --variant=minbase "${extra[@]}" bookworm "$w/rootfs-debian" "$mirror" >"$w/debootstrap.log" 2>&1; then
         tail -n 30 "$w/debootstrap.log" >&2
         if [[ -f "$w/rootfs-debian/debootstrap/debootstrap.log" ]]; then
             tail -n 30 "$w/rootfs-debian/debootstrap/debootstrap.log" >&2
@@ -202,8 +215,8 @@ debian_rootfs_tarball() {
     tar -C "$w/rootfs-debian" --numeric-owner \
         --exclude='./var/cache/apt/archives/*.deb' \
         --exclude='./var/lib/apt/lists/*' \
-        -cf "$DEBIAN_CACHE.partial" .
-    mv -f "$DEBIAN_CACHE.partial" "$DEBIAN_CACHE"
+        -cf "$cache.partial" .
+    mv -f "$cache.partial" "$cache"
     remove_tree "$w/rootfs-debian"
 }
 
@@ -214,7 +227,7 @@ build_debian() {
     else
         t0="$(now)"
         old="$(docker_id "$DEBIAN_IMAGE")"
-        debian_rootfs_tarball
+        debian_rootfs_tarball "$DEBIAN_CACHE"
         docker import --change 'CMD ["/bin/bash"]' --change "ENV PATH=$DEFAULT_PATH" \
             "$DEBIAN_CACHE" "$DEBIAN_IMAGE" >/dev/null
         log "$DEBIAN_IMAGE: built in $(elapsed "$t0")"
@@ -230,6 +243,21 @@ build_debian() {
         log "$DEBIAN_ALIAS: exists"
     fi
     drop_if_dangling docker "${old:-}" "$id"
+}
+
+build_debian_tools() {
+    local t0 old=""
+    if [[ "$FORCE" != 1 ]] && docker_has "$TOOLS_IMAGE"; then
+        log "$TOOLS_IMAGE: exists"
+        return 0
+    fi
+    t0="$(now)"
+    old="$(docker_id "$TOOLS_IMAGE")"
+    debian_rootfs_tarball "$TOOLS_CACHE" "$TOOLS_PACKAGES"
+    docker import --change 'CMD ["/bin/bash"]' --change "ENV PATH=$DEFAULT_PATH" \
+        "$TOOLS_CACHE" "$TOOLS_IMAGE" >/dev/null
+    drop_if_dangling docker "${old:-}" "$(docker_id "$TOOLS_IMAGE")"
+    log "$TOOLS_IMAGE: built in $(elapsed "$t0")"
 }
 
 # ---------------------------------------------------------------------------
@@ -263,6 +291,7 @@ main() {
     build_busybox minimal "$BUSYBOX_MINIMAL"
     if [[ "${SKIP_DEBIAN:-0}" != 1 ]]; then
         build_debian
+        build_debian_tools
     fi
     if [[ "${SKIP_PODMAN:-0}" != 1 ]] && command -v podman >/dev/null 2>&1; then
         podman_import full "$BUSYBOX_FULL"

@@ -149,13 +149,12 @@ async fn run(config: Config) -> i32 {
         jobs,
         config.file_tools,
         config.checkpoints.enabled,
-        // `computer_network` is listed when a policy is enforced (not with `--no-network` or
-        // `--egress none`, whose tool list stays as it was).
-        config
-            .egress
-            .filters()
+        // `computer_network` is listed when a policy is enforced or secrets are brokered (not with
+        // `--no-network` or `--egress none`, whose tool list stays as it was).
+        (config.egress.filters() || config.secret_book.enabled())
             .then(|| config.egress.policy.clone()),
     );
+    surface.enable_secrets(config.secret_book.clone());
     surface.enable_tasks(
         all_jobs,
         TaskSettings {

@@ -282,3 +282,98 @@ def client_hello(sni: str) -> bytes:
 def printf_octal(data: bytes) -> str:
     """`data` as a `printf` format of octal escapes (BusyBox and dash both understand them)."""
     return "".join(f"\\{b:03o}" for b in data)
+
+
+class HeaderHost:
+    """A web server that records what reaches it, for the secrets tests (docs/secrets.md): plain
+    HTTP on (address, 80) and HTTPS on (address, 443) with a certificate for `names` from a fresh
+    test CA (`ca_pem`, for `--egress-upstream-ca`). Every request is answered `200 seen-by-<Host>`
+    and the connection closed; `requests` holds one dict per request: scheme, sni, host (the
+    Host header), line (the request line), headers (list of (name, value)) and body (bytes,
+    what Content-Length announced, at most 1 MiB)."""
+
+    def __init__(self, address: str, names: list[str]):
+        self.address = address
+        self.ca_pem, cert_pem, key_pem = _test_pki(names)
+        self._requests: list[dict] = []
+        self._lock = threading.Lock()
+        self._dir = tempfile.mkdtemp(prefix="kfake-headers-")
+        self.ca_file = os.path.join(self._dir, "ca.pem")
+        cert_file, key_file = os.path.join(self._dir, "cert.pem"), os.path.join(self._dir, "key.pem")
+        for path, data in ((self.ca_file, self.ca_pem), (cert_file, cert_pem), (key_file, key_pem)):
+            with open(path, "wb") as f:
+                f.write(data)
+        self._ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        self._ctx.load_cert_chain(cert_file, key_file)
+        self._ctx.sni_callback = lambda sock, name, _ctx: setattr(sock, "kilntainers_sni", name)
+        self._listeners = [(socket.create_server((address, 80)), False), (socket.create_server((address, 443)), True)]
+        self._threads = [threading.Thread(target=self._accept, args=(sock, tls), daemon=True)
+                         for sock, tls in self._listeners]
+
+    @property
+    def requests(self) -> list[dict]:
+        with self._lock:
+            return list(self._requests)
+
+    def all_bytes(self) -> bytes:
+        """Everything every request carried, heads and bodies."""
+        return b"".join(r["raw"] for r in self.requests)
+
+    def _accept(self, listener: socket.socket, tls: bool) -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve, args=(conn, tls), daemon=True).start()
+
+    def _serve(self, conn: socket.socket, tls: bool) -> None:
+        conn.settimeout(10)
+        try:
+            stream = self._ctx.wrap_socket(conn, server_side=True) if tls else conn
+            with stream:
+                head = b""
+                while b"\r\n\r\n" not in head and len(head) < 1 << 20:
+                    chunk = stream.recv(65536)
+                    if not chunk:
+                        break
+                    head += chunk
+                head, _, body = head.partition(b"\r\n\r\n")
+                lines = head.decode("latin-1").split("\r\n")
+                headers = [tuple(part.strip() for part in line.split(":", 1)) for line in lines[1:] if ":" in line]
+                length = next((int(v) for k, v in headers if k.lower() == "content-length" and v.isdigit()), 0)
+                while len(body) < min(length, 1 << 20):
+                    chunk = stream.recv(65536)
+                    if not chunk:
+                        break
+                    body += chunk
+                host = next((v for k, v in headers if k.lower() == "host"), "")
+                with self._lock:
+                    self._requests.append({
+                        "scheme": "https" if tls else "http",
+                        "sni": getattr(stream, "kilntainers_sni", None),
+                        "host": host.split(":")[0],
+                        "line": lines[0],
+                        "headers": headers,
+                        "body": body,
+                        "raw": head + b"\r\n\r\n" + body,
+                    })
+                reply = f"seen-by-{host}\n".encode()
+                stream.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\nConnection: close\r\n"
+                               b"Content-Length: %d\r\n\r\n" % len(reply) + reply)
+        except (OSError, ssl.SSLError, ValueError):
+            pass
+
+    def __enter__(self) -> HeaderHost:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sock, _ in self._listeners:
+            sock.close()
+        for thread in self._threads:
+            thread.join(timeout=5)
+        for name in os.listdir(self._dir):
+            os.unlink(os.path.join(self._dir, name))
+        os.rmdir(self._dir)

@@ -196,7 +196,9 @@ fn parse_source(name: &str, text: &str) -> Result<Source, ConfigError> {
     let text = text.trim();
     if let Some(var) = text.strip_prefix("env:") {
         if var.is_empty() {
-            return fail(format!("--secret {name}=env: names no environment variable."));
+            return fail(format!(
+                "--secret {name}=env: names no environment variable."
+            ));
         }
         return Ok(Source::Env(var.to_owned()));
     }
@@ -229,16 +231,15 @@ fn finish(
         .filter(|h| !h.is_empty())
         .map(|h| {
             Pattern::parse(h).map_err(|e| {
-                ConfigError(format!(
-                    "secret {name}: invalid host pattern '{h}': {e}."
-                ))
+                ConfigError(format!("secret {name}: invalid host pattern '{h}': {e}."))
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
     let header = match draft.header.as_deref() {
         None => HeaderTemplate::default(),
-        Some(text) => HeaderTemplate::parse(text)
-            .map_err(|e| ConfigError(format!("secret {name}: {e}.")))?,
+        Some(text) => {
+            HeaderTemplate::parse(text).map_err(|e| ConfigError(format!("secret {name}: {e}.")))?
+        }
     };
     let value = match draft.source {
         None => {
@@ -257,8 +258,7 @@ fn finish(
         Some(Source::File(path)) => read_value_file(name, &path)?,
         Some(Source::Literal(value)) => value,
     };
-    check_value(value.expose())
-        .map_err(|e| ConfigError(format!("secret {name}: {e}.")))?;
+    check_value(value.expose()).map_err(|e| ConfigError(format!("secret {name}: {e}.")))?;
     let name = SecretName::parse(name).map_err(|e| ConfigError(format!("{e}.")))?;
     Ok(BrokeredSecret {
         name,
@@ -391,4 +391,195 @@ pub fn book(config: &SecretsConfig, state_dir: Option<&Path>) -> Result<SecretBo
         std::collections::HashMap::new(),
         None,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::PermissionsExt;
+
+    use crate::cli::Cli;
+    use crate::config::Config;
+
+    fn temp_dir(tag: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!(
+            "kilntainers-secrets-config-{tag}-{}",
+            std::process::id()
+        ));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    fn config(args: &[&str], home: &std::path::Path) -> Result<Config, String> {
+        let cli = Cli::from_test_args(args)?;
+        let home = home.to_string_lossy().into_owned();
+        let env = |name: &str| match name {
+            "HOME" => Some(home.clone()),
+            "KT_VALUE" => Some("sk-live-42".to_owned()),
+            _ => None,
+        };
+        Config::from_cli(&cli, &env).map_err(|e| e.0)
+    }
+
+    #[test]
+    fn a_secret_from_the_environment_with_hosts_and_header_is_read() {
+        let home = temp_dir("env");
+        let c = config(
+            &[
+                "--secret",
+                "API_KEY=env:KT_VALUE",
+                "--secret-hosts",
+                "API_KEY=api.example.com,*.example.org",
+                "--secret-header",
+                "API_KEY=X-Api-Key: {}",
+            ],
+            &home,
+        )
+        .unwrap();
+        let [secret] = c.secrets.server.as_slice() else {
+            panic!("one secret expected");
+        };
+        assert_eq!(secret.name.as_str(), "API_KEY");
+        assert_eq!(secret.hosts_text(), "api.example.com,*.example.org");
+        assert_eq!(secret.header.as_str(), "X-Api-Key: {}");
+        assert_eq!(secret.value.expose(), "sk-live-42");
+        assert!(c.secret_book.enabled());
+        // The CA and the placeholder key are made once in the state dir, private.
+        let ca = home.join(".mcp-sandbox-computer-vm-for-ai/secrets/broker-ca.pem");
+        assert_eq!(
+            std::fs::metadata(&ca).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        let first = std::fs::read_to_string(&ca).unwrap();
+        let again = config(
+            &[
+                "--secret",
+                "API_KEY=env:KT_VALUE",
+                "--secret-hosts",
+                "API_KEY=api.example.com",
+            ],
+            &home,
+        )
+        .unwrap();
+        assert_eq!(std::fs::read_to_string(&ca).unwrap(), first);
+        let id = crate::ids::ComputerId::parse("box").unwrap();
+        assert_eq!(c.secret_book.env_for(&id), again.secret_book.env_for(&id));
+        assert!(!format!("{c:?}").contains("sk-live-42"));
+        std::fs::remove_dir_all(&home).unwrap();
+    }
+
+    #[test]
+    fn every_bad_secret_is_a_startup_error_that_never_quotes_the_value() {
+        let home = temp_dir("bad");
+        let cases: [(&[&str], &str); 9] = [
+            (
+                &[
+                    "--secret",
+                    "API_KEY=sk-literal-99",
+                    "--secret-hosts",
+                    "API_KEY=a.test",
+                ],
+                "env:VAR or file:PATH",
+            ),
+            (
+                &["--secret", "api-key=env:KT_VALUE"],
+                "is not a secret name",
+            ),
+            (&["--secret", "API_KEY=env:KT_VALUE"], "has no hosts"),
+            (
+                &[
+                    "--secret",
+                    "API_KEY=env:UNSET_VAR",
+                    "--secret-hosts",
+                    "API_KEY=a.test",
+                ],
+                "UNSET_VAR is not set",
+            ),
+            (
+                &[
+                    "--secret",
+                    "API_KEY=file:/nonexistent/key",
+                    "--secret-hosts",
+                    "API_KEY=a.test",
+                ],
+                "cannot read '/nonexistent/key'",
+            ),
+            (&["--secret-hosts", "API_KEY=a.test"], "no --secret API_KEY"),
+            (
+                &[
+                    "--secret",
+                    "API_KEY=env:KT_VALUE",
+                    "--secret-hosts",
+                    "API_KEY=a.test",
+                    "--secret-header",
+                    "API_KEY=X-Key: none",
+                ],
+                "exactly one '{}'",
+            ),
+            (
+                &[
+                    "--secret",
+                    "API_KEY=env:KT_VALUE",
+                    "--secret-hosts",
+                    "API_KEY=a.test",
+                    "--backend",
+                    "e2b",
+                ],
+                "the E2B backend",
+            ),
+            (
+                &[
+                    "--secret",
+                    "API_KEY=env:KT_VALUE",
+                    "--secret-hosts",
+                    "API_KEY=a.test",
+                    "--egress",
+                    "none",
+                ],
+                "--egress none",
+            ),
+        ];
+        for (args, expected) in cases {
+            let error = config(args, &home).unwrap_err();
+            assert!(error.contains(expected), "{args:?}: {error}");
+            assert!(
+                !error.contains("sk-literal-99") && !error.contains("sk-live-42"),
+                "{error}"
+            );
+        }
+        std::fs::remove_dir_all(&home).unwrap();
+    }
+
+    #[test]
+    fn the_secrets_file_must_be_private_and_its_errors_name_the_line_only() {
+        let home = temp_dir("file");
+        let file = home.join("secrets.toml");
+        std::fs::write(
+            &file,
+            "[[secret]]\nname = \"TOKEN\"\nvalue = \"sk-from-file-7\"\nhosts = [\"git.example.com\"]\nheader = \"Authorization: token {}\"\n",
+        )
+        .unwrap();
+        let path = file.to_string_lossy().into_owned();
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let error = config(&["--secrets-file", &path], &home).unwrap_err();
+        assert!(error.contains("chmod 600"), "{error}");
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let c = config(&["--secrets-file", &path], &home).unwrap();
+        assert_eq!(c.secrets.server[0].value.expose(), "sk-from-file-7");
+        assert_eq!(
+            c.secrets.server[0].header.as_str(),
+            "Authorization: token {}"
+        );
+        std::fs::write(
+            &file,
+            "[[secret]]\nname = \"TOKEN\"\nvalue = \"sk-from-file-7\nhosts = 3\n",
+        )
+        .unwrap();
+        let error = config(&["--secrets-file", &path], &home).unwrap_err();
+        assert!(
+            error.contains("line") && !error.contains("sk-from-file-7"),
+            "{error}"
+        );
+        std::fs::remove_dir_all(&home).unwrap();
+    }
 }

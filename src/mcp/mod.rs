@@ -75,6 +75,9 @@ pub struct Surface {
     proxy_base: std::sync::OnceLock<String>,
     /// The Tasks extension (docs/tasks.md), on every backend whose jobs live in the computer.
     tasks: std::sync::OnceLock<tasks::Tasks>,
+    /// The secrets computers use without seeing them (docs/secrets.md); names and hosts are
+    /// shown, never values.
+    secrets: std::sync::OnceLock<crate::backends::brokering::SecretBook>,
     instructions: String,
 }
 
@@ -156,8 +159,20 @@ impl Surface {
             egress,
             proxy_base: std::sync::OnceLock::new(),
             tasks: std::sync::OnceLock::new(),
+            secrets: std::sync::OnceLock::new(),
             instructions,
         })
+    }
+
+    /// Gives the surface the server's secret book (docs/secrets.md): `computer_network`
+    /// shows each computer's secrets by name and hosts.
+    pub fn enable_secrets(&self, book: crate::backends::brokering::SecretBook) {
+        let _ = self.secrets.set(book);
+    }
+
+    /// The secret book; an empty one when brokering is off.
+    pub(crate) fn secret_book(&self) -> crate::backends::brokering::SecretBook {
+        self.secrets.get().cloned().unwrap_or_default()
     }
 
     /// Turns the Tasks extension on (docs/tasks.md): its tasks are jobs of `jobs`, whether or

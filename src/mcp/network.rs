@@ -119,7 +119,14 @@ async fn network_payload(call: &Call<'_>, id: &ComputerId) -> Result<Payload, Ca
         .await?
         .unwrap_or_default();
     payload.insert("added".into(), Value::Array(texts(&added)));
-    payload.insert("secrets".into(), json!([]));
+    let secrets: Vec<Value> = call
+        .surface
+        .secret_book()
+        .for_computer(id)
+        .iter()
+        .map(|s| json!({"name": s.name.as_str(), "hosts": s.hosts.iter().map(ToString::to_string).collect::<Vec<_>>()}))
+        .collect();
+    payload.insert("secrets".into(), Value::Array(secrets));
     payload.insert(
         "denied".into(),
         Value::Array(

@@ -116,12 +116,12 @@ pub fn check_value(value: &str) -> Result<(), BrokeringError> {
         return refuse("the value is empty");
     }
     if value.len() > MAX_VALUE_BYTES {
-        return refuse(format!(
-            "the value is longer than {MAX_VALUE_BYTES} bytes"
-        ));
+        return refuse(format!("the value is longer than {MAX_VALUE_BYTES} bytes"));
     }
     if value.bytes().any(|b| b.is_ascii_control()) {
-        return refuse("the value holds a control character (a line break, tab or NUL), which no header can carry");
+        return refuse(
+            "the value holds a control character (a line break, tab or NUL), which no header can carry",
+        );
     }
     Ok(())
 }
@@ -314,9 +314,7 @@ impl SecretBook {
             let own = by_principal.entry(principal.clone()).or_default();
             own.retain(|s| s.name != secret.name);
             if own.len() >= MAX_PER_PRINCIPAL {
-                return refuse(format!(
-                    "this user already has {MAX_PER_PRINCIPAL} secrets"
-                ));
+                return refuse(format!("this user already has {MAX_PER_PRINCIPAL} secrets"));
             }
             own.push(secret);
             own.clone()
@@ -345,7 +343,14 @@ mod tests {
     fn names_follow_the_environment_variable_rule() {
         assert!(SecretName::parse("GITHUB_TOKEN").is_ok());
         assert!(SecretName::parse(&format!("A{}", "B".repeat(63))).is_ok());
-        for bad in ["", "github", "1ABC", "A-B", "A B", &format!("A{}", "B".repeat(64))] {
+        for bad in [
+            "",
+            "github",
+            "1ABC",
+            "A-B",
+            "A B",
+            &format!("A{}", "B".repeat(64)),
+        ] {
             assert!(SecretName::parse(bad).is_err(), "{bad}");
         }
     }
@@ -356,7 +361,13 @@ mod tests {
             HeaderTemplate::parse("X-Api-Key:{}").unwrap().as_str(),
             "X-Api-Key: {}"
         );
-        for bad in ["{}", "X-Api-Key: none", "X Api: {}", "A: {} {}", "A: {}\r\nB: x"] {
+        for bad in [
+            "{}",
+            "X-Api-Key: none",
+            "X Api: {}",
+            "A: {} {}",
+            "A: {}\r\nB: x",
+        ] {
             assert!(HeaderTemplate::parse(bad).is_err(), "{bad}");
         }
     }
@@ -372,14 +383,24 @@ mod tests {
 
     #[test]
     fn placeholders_differ_per_computer_and_name_and_stay_with_the_key() {
-        let book = SecretBook::new([7; 32], None, vec![secret("A", "a.test", "v")], HashMap::new(), None);
+        let book = SecretBook::new(
+            [7; 32],
+            None,
+            vec![secret("A", "a.test", "v")],
+            HashMap::new(),
+            None,
+        );
         let one = ComputerId::parse("one").unwrap();
         let two = ComputerId::parse("two").unwrap();
         let a = SecretName::parse("A").unwrap();
         let b = SecretName::parse("B").unwrap();
         let p = book.placeholder(&one, &a);
         assert!(p.starts_with("kts_") && p.len() == 36);
-        assert!(p[4..].bytes().all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase()));
+        assert!(
+            p[4..]
+                .bytes()
+                .all(|c| c.is_ascii_hexdigit() && !c.is_ascii_uppercase())
+        );
         assert_ne!(p, book.placeholder(&two, &a));
         assert_ne!(p, book.placeholder(&one, &b));
         let again = SecretBook::new([7; 32], None, Vec::new(), HashMap::new(), None);
@@ -390,11 +411,18 @@ mod tests {
 
     #[test]
     fn a_principal_s_secrets_reach_its_computers_only() {
-        let book = SecretBook::new([1; 32], None, vec![secret("SHARED", "s.test", "v0")], HashMap::new(), None);
+        let book = SecretBook::new(
+            [1; 32],
+            None,
+            vec![secret("SHARED", "s.test", "v0")],
+            HashMap::new(),
+            None,
+        );
         let alice = Principal::parse("alice").unwrap();
         let bob = Principal::parse("bob").unwrap();
         book.set(&alice, secret("MINE", "m.test", "v1")).unwrap();
-        book.set(&alice, secret("SHARED", "own.test", "v2")).unwrap();
+        book.set(&alice, secret("SHARED", "own.test", "v2"))
+            .unwrap();
         let of_alice = ComputerId::parse("box").unwrap().owned_by(&alice);
         let of_bob = ComputerId::parse("box").unwrap().owned_by(&bob);
         let names = |id: &ComputerId| {

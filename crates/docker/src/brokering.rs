@@ -105,7 +105,11 @@ pub(crate) fn secret_lines(book: &SecretBook, address: IpAddr, id: &ComputerId) 
 /// hosts its secrets are bound to (binding a secret to a host is the operator saying it may
 /// be reached); deny rules still win. In open mode without rules (brokering alone put the
 /// computer behind the proxy) private addresses stay reachable, as they are without a proxy.
-pub(crate) fn with_bound_hosts(book: &SecretBook, id: &ComputerId, mut policy: EgressPolicy) -> EgressPolicy {
+pub(crate) fn with_bound_hosts(
+    book: &SecretBook,
+    id: &ComputerId,
+    mut policy: EgressPolicy,
+) -> EgressPolicy {
     if !book.enabled() {
         return policy;
     }
@@ -132,7 +136,10 @@ pub(crate) struct Installed(Mutex<HashSet<String>>);
 impl Installed {
     pub(crate) fn mark(&self, container: &str, installed: bool) {
         let key: String = container.chars().take(12).collect();
-        let mut set = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut set = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         if installed {
             set.insert(key);
         } else {
@@ -184,12 +191,23 @@ mod tests {
         let line = secret_lines(&book, IpAddr::from([10, 0, 0, 2]), &id);
         let words: Vec<&str> = line.trim_end().split(' ').collect();
         assert_eq!(words[..3], ["secret", "10.0.0.2", "API_KEY"]);
-        assert_eq!(words[3], book.placeholder(&id, &SecretName::parse("API_KEY").unwrap()));
+        assert_eq!(
+            words[3],
+            book.placeholder(&id, &SecretName::parse("API_KEY").unwrap())
+        );
         assert_eq!(words[4], "api.test,*.api.test");
         assert_eq!(words[5], b64("X-Api-Key: {}"));
         assert_eq!(words[6], b64("sk-value-1"));
         assert!(!line.contains("sk-value-1"));
-        assert_eq!(proxy_setup_lines(&book, Some("ROOTS")), format!("ca {} {}\nroots {}\n", b64("CERT"), b64("KEY"), b64("ROOTS")));
+        assert_eq!(
+            proxy_setup_lines(&book, Some("ROOTS")),
+            format!(
+                "ca {} {}\nroots {}\n",
+                b64("CERT"),
+                b64("KEY"),
+                b64("ROOTS")
+            )
+        );
     }
 
     #[test]
@@ -211,7 +229,9 @@ mod tests {
         assert!(!widened.allow_private);
         let open = with_bound_hosts(&book, &id, policy(EgressMode::Open));
         assert!(open.allow_private);
-        assert!(!with_bound_hosts(&SecretBook::default(), &id, policy(EgressMode::Open)).allow_private);
+        assert!(
+            !with_bound_hosts(&SecretBook::default(), &id, policy(EgressMode::Open)).allow_private
+        );
     }
 
     #[test]

@@ -27,11 +27,11 @@ use tracing::{debug, warn};
 use super::describe;
 use crate::helper::binary;
 use kilntainers_backend::BackendError;
+use kilntainers_backend::brokering::SecretBook;
 use kilntainers_backend::egress::{
     ASK_TIMEOUT, Denial, DeniedEntry, EgressAnswer, EgressMode, EgressPolicy, EgressQuestion,
     EgressSettings, Pattern, reasons,
 };
-use kilntainers_backend::brokering::SecretBook;
 use kilntainers_backend::ids::ComputerId;
 use kilntainers_backend::labels::docker as label;
 
@@ -850,9 +850,7 @@ impl Proxy {
             &proxy.secrets,
             settings.upstream_ca_pem.as_deref(),
         );
-        proxy
-            .send(&format!("address {address}\n{setup}"))
-            .await?;
+        proxy.send(&format!("address {address}\n{setup}")).await?;
         match tokio::time::timeout(std::time::Duration::from_secs(10), ready_rx).await {
             Ok(Ok(())) => Ok(proxy),
             _ => Err(BackendError::Provider(format!(
@@ -927,7 +925,8 @@ impl Proxy {
             attached.policy.clone(),
         );
         // The secrets before the policy, so the first connection the policy admits finds them.
-        let mut line = crate::brokering::secret_lines(&self.secrets, address, &attached.computer_id);
+        let mut line =
+            crate::brokering::secret_lines(&self.secrets, address, &attached.computer_id);
         line.push_str(&policy_line(address, &policy));
         if let Some(token) = attached.token.as_deref().filter(|t| is_token(t)) {
             // Before the policy, so the relay's first connection is never one without it.

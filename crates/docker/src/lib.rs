@@ -142,10 +142,17 @@ impl DockerBackend {
             wiring,
             &common.secrets,
         );
-        if common.secrets.enabled() && wiring == networks::Wiring::Socket && !common.egress.filters() {
+        if common.secrets.enabled()
+            && wiring == networks::Wiring::Socket
+            && !common.egress.filters()
+        {
             return Err(BackendError::Unavailable(format!(
                 "secrets with --egress open are brokered by a proxy beside the computer's own network, which {} cannot give a computer (docs/secrets.md, \"Backends\"); use --egress allowlist, or add an --egress-deny rule.",
-                if config.engine == Engine::Podman { "Podman" } else { "gVisor" }
+                if config.engine == Engine::Podman {
+                    "Podman"
+                } else {
+                    "gVisor"
+                }
             )));
         }
         // A spare cannot be given the proxy's volume when it is handed out, and a computer

@@ -130,9 +130,8 @@ impl Networks {
         secrets: &SecretBook,
     ) -> Self {
         // Brokering alone puts computers behind the proxy too (docs/secrets.md, "Open mode").
-        let egress = (mode != ComputerNetwork::Disabled
-            && (egress.filters() || secrets.enabled()))
-        .then(|| egress.clone());
+        let egress = (mode != ComputerNetwork::Disabled && (egress.filters() || secrets.enabled()))
+            .then(|| egress.clone());
         Self {
             // Behind the proxy every computer needs an internal network, one principal or many.
             mode: if egress.is_some() {
