@@ -18,6 +18,8 @@ pub mod run_flags;
 mod run_flags_api;
 mod tls;
 
+pub use helper::broker::broker_available;
+
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 

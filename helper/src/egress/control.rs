@@ -360,6 +360,144 @@ mod tests {
         assert_eq!(state.source_of(&second), None);
     }
 
+    const PLACEHOLDER: &str = "kts_0123456789abcdef0123456789abcdef";
+
+    fn b64(text: &str) -> String {
+        base64::encode(text.as_bytes())
+    }
+
+    fn secret_line(name: &str, hosts: &str, template: &str, value: &str) -> String {
+        format!(
+            "secret 10.0.0.5 {name} {PLACEHOLDER} {hosts} {} {}",
+            b64(template),
+            b64(value)
+        )
+    }
+
+    #[test]
+    fn secret_lines_are_read_strictly() {
+        let Some(Message::Secret(ip, secret)) = parse(&secret_line(
+            "GH_TOKEN",
+            "api.github.com,*.github.com",
+            "Authorization: Bearer {}",
+            "v",
+        )) else {
+            panic!("not read");
+        };
+        assert_eq!(ip.to_string(), "10.0.0.5");
+        assert_eq!(secret.name(), "GH_TOKEN");
+        let dest = |name: &str| super::super::policy::Dest::Name(name.to_owned());
+        assert!(secret.bound_to(&dest("api.github.com"), 443));
+        assert!(secret.bound_to(&dest("x.github.com"), 80));
+        assert!(!secret.bound_to(&dest("github.com"), 443));
+        assert_eq!(
+            parse("unsecret 10.0.0.5 GH_TOKEN"),
+            Some(Message::Unsecret(
+                "10.0.0.5".parse().unwrap(),
+                "GH_TOKEN".to_owned()
+            ))
+        );
+        let good = secret_line("A", "a.test", "X: {}", "v");
+        for bad in [
+            secret_line("a", "a.test", "X: {}", "v"),
+            secret_line("A-B", "a.test", "X: {}", "v"),
+            secret_line("A", "", "X: {}", "v"),
+            secret_line("A", "A.test", "X: {}", "v"),
+            secret_line("A", "a.test,", "X: {}", "v"),
+            secret_line("A", "a.test", "X: none", "v"),
+            secret_line("A", "a.test", "X: {}", "a\r\nX-Evil: 1"),
+            secret_line("A", "a.test", "X: {}", "a\nb"),
+            secret_line("A", "a.test", "X: {}", "a\0b"),
+            secret_line("A", "a.test", "X: {}", ""),
+            good.replace(PLACEHOLDER, &PLACEHOLDER.to_uppercase()),
+            good.replace(PLACEHOLDER, "kts_123"),
+            good.replace(&b64("v"), "dg"),
+            good.replace(&b64("v"), "d g=="),
+            good.replace(&b64("X: {}"), "WDoge30=!"),
+            format!("{good} extra"),
+            good.replace("10.0.0.5", "nowhere"),
+            "unsecret 10.0.0.5 lower".to_owned(),
+            "unsecret 10.0.0.5".to_owned(),
+            "unsecret 10.0.0.5 A B".to_owned(),
+            "secret".to_owned(),
+        ] {
+            assert_eq!(parse(&bad), None, "{bad:?}");
+        }
+        assert!(parse(&good).is_some());
+    }
+
+    #[test]
+    fn ca_and_roots_lines_are_read_strictly_and_never_shown() {
+        let Some(Message::Ca(cert, key)) = parse(&format!(
+            "ca {} {}",
+            b64("-----BEGIN CERTIFICATE-----"),
+            b64("secret key")
+        )) else {
+            panic!("not read");
+        };
+        assert_eq!(cert, "-----BEGIN CERTIFICATE-----");
+        assert_eq!(key.0, "secret key");
+        assert!(!format!("{key:?}").contains("secret"));
+        assert_eq!(
+            parse(&format!("roots {}", b64("pem"))),
+            Some(Message::Roots("pem".to_owned()))
+        );
+        for bad in [
+            "ca".to_owned(),
+            format!("ca {}", b64("c")),
+            format!("ca {} {} x", b64("c"), b64("k")),
+            format!("ca {} k", b64("c")),
+            format!("ca {} {}", b64("c"), base64::encode(&[0xff, 0xfe])),
+            "roots".to_owned(),
+            "roots @@@@".to_owned(),
+            format!("roots {} {}", b64("a"), b64("b")),
+        ] {
+            assert_eq!(parse(&bad), None, "{bad:?}");
+        }
+        // A proxy without a terminator ignores them.
+        let state = State::new(super::super::Upstream::default(), Box::new(std::io::sink()));
+        assert!(state.set_ca("c", "k").is_err());
+        assert!(state.set_roots("r").is_err());
+    }
+
+    #[test]
+    fn secrets_are_replaced_by_name_and_forgotten_with_the_computer() {
+        let state = State::new(super::super::Upstream::default(), Box::new(std::io::sink()));
+        let ip: IpAddr = "10.0.0.5".parse().unwrap();
+        let input = [
+            secret_line("B", "b.test", "X: {}", "1"),
+            secret_line("A", "a.test", "X: {}", "2"),
+            secret_line("B", "c.test", "X: {}", "3"),
+        ]
+        .join("\n");
+        read(&state, format!("{input}\n").as_bytes());
+        let names = |state: &State| {
+            state
+                .secrets_of(ip)
+                .iter()
+                .map(|s| s.name().to_owned())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(names(&state), ["A", "B"]);
+        let c = super::super::policy::Dest::Name("c.test".to_owned());
+        assert!(state.secrets_of(ip)[1].bound_to(&c, 443));
+        read(&state, "unsecret 10.0.0.5 A\n".as_bytes());
+        assert_eq!(names(&state), ["B"]);
+        read(&state, "forget 10.0.0.5\n".as_bytes());
+        assert!(names(&state).is_empty());
+        // At most MAX_SECRETS per computer.
+        let many: String = (0..=crate::egress::secrets::MAX_SECRETS)
+            .map(|i| {
+                format!(
+                    "{}\n",
+                    secret_line(&format!("S{i}"), "a.test", "X: {}", "v")
+                )
+            })
+            .collect();
+        read(&state, many.as_bytes());
+        assert_eq!(names(&state).len(), crate::egress::secrets::MAX_SECRETS);
+    }
+
     #[test]
     fn an_overlong_line_is_skipped_and_the_next_one_applies() {
         let state = State::new(super::super::Upstream::default(), Box::new(std::io::sink()));
