@@ -4,7 +4,7 @@
 //! proxy's Unix-socket entrance (the socket wiring, so no fixed ports are needed).
 
 use std::io::{self, Read, Write};
-use std::net::{IpAddr, TcpListener};
+use std::net::{IpAddr, TcpListener, TcpStream};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use kilntainers_helper::egress::base64;
 use kilntainers_helper::egress::socket::{self, Kind, Token};
-use kilntainers_helper::egress::{State, Upstream, control};
+use kilntainers_helper::egress::{Ports, State, Upstream, control, serve};
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, KeyUsagePurpose};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
 use rustls::{ClientConfig, ClientConnection, RootCertStore, ServerConfig, ServerConnection};
@@ -160,6 +160,7 @@ impl Events {
 }
 
 struct Proxy {
+    state: Arc<State>,
     socket: PathBuf,
     events: Events,
     internet: Internet,
@@ -199,22 +200,27 @@ fn start(trust_internet: bool) -> Proxy {
         Some(Box::new(RustlsTerminator::new().unwrap())),
     );
     let mut lines = vec![
-        format!(
-            "policy {COMPUTER} allowlist ask=0 private=1 allow=api.bound.test,other.test deny="
-        ),
         format!("token {COMPUTER} {TOKEN}"),
         format!("ca {} {}", b64(&proxy_ca.pem), b64(&proxy_ca.key_pem)),
-        format!(
-            "secret {COMPUTER} API_TOKEN {API} api.bound.test {} {}",
-            b64("Authorization: Bearer {}"),
-            b64(VALUE)
-        ),
-        format!(
-            "secret {COMPUTER} OTHER_TOKEN {OTHER} other.test:8443 {} {}",
-            b64("X-Key: {}"),
-            b64("other-value")
-        ),
     ];
+    // The socket's computer, and loopback for the TCP entrances.
+    for computer in [COMPUTER, "127.0.0.1"] {
+        lines.extend([
+            format!(
+                "policy {computer} allowlist ask=0 private=1 allow=api.bound.test,other.test deny="
+            ),
+            format!(
+                "secret {computer} API_TOKEN {API} api.bound.test {} {}",
+                b64("Authorization: Bearer {}"),
+                b64(VALUE)
+            ),
+            format!(
+                "secret {computer} OTHER_TOKEN {OTHER} other.test:8443 {} {}",
+                b64("X-Key: {}"),
+                b64("other-value")
+            ),
+        ]);
+    }
     if trust_internet {
         lines.push(format!("roots {}", b64(&internet_ca.pem)));
     }
@@ -224,8 +230,9 @@ fn start(trust_internet: bool) -> Proxy {
         std::process::id(),
         NEXT.fetch_add(1, Ordering::SeqCst)
     ));
-    socket::listen(state, &socket).unwrap();
+    socket::listen(state.clone(), &socket).unwrap();
     Proxy {
+        state,
         socket,
         events,
         internet,
@@ -262,8 +269,8 @@ fn client_config(trusting: &TestCa) -> Arc<ClientConfig> {
 
 /// One HTTPS request over `stream`, to `host`, trusting `ca`: the response, and the
 /// certificate the client was shown.
-fn https(
-    stream: UnixStream,
+fn https<S: Read + Write>(
+    stream: S,
     host: &str,
     ca: &TestCa,
     request: &str,
@@ -411,4 +418,47 @@ fn an_untrusted_upstream_is_refused() {
         "{line}"
     );
     assert!(!proxy.events.text().contains(VALUE));
+}
+
+/// Ports free a moment ago (the proxy binds fixed ports; a clash fails the test loudly).
+fn free_ports() -> Ports {
+    let tcp = || TcpListener::bind("127.0.0.1:0").unwrap();
+    let (p, h, t) = (tcp(), tcp(), tcp());
+    let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    Ports {
+        bind: IpAddr::from([127, 0, 0, 1]),
+        dns: udp.local_addr().unwrap().port(),
+        http: h.local_addr().unwrap().port(),
+        https: t.local_addr().unwrap().port(),
+        proxy: p.local_addr().unwrap().port(),
+    }
+}
+
+#[test]
+fn the_tcp_entrances_terminate_too() {
+    let proxy = start(true);
+    let ports = free_ports();
+    serve(proxy.state.clone(), &ports).unwrap();
+    let tcp = |port: u16| {
+        let stream = TcpStream::connect(("127.0.0.1", port)).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        stream
+    };
+    let request = "GET / HTTP/1.1\r\nHost: api.bound.test\r\n\r\n";
+    let (response, _) = https(tcp(ports.https), "api.bound.test", &proxy.proxy_ca, request);
+    assert!(response.ends_with("hello"), "{response}");
+    let mut tunnel = tcp(ports.proxy);
+    tunnel
+        .write_all(b"CONNECT api.bound.test:443 HTTP/1.1\r\n\r\n")
+        .unwrap();
+    read_head(&mut tunnel);
+    let (response, _) = https(tunnel, "api.bound.test", &proxy.proxy_ca, request);
+    assert!(response.ends_with("hello"), "{response}");
+    let heads = proxy.internet.heads.lock().unwrap().clone();
+    let expected = format!(
+        "GET / HTTP/1.1\r\nHost: api.bound.test\r\nAuthorization: Bearer {VALUE}\r\nConnection: close\r\n\r\n"
+    );
+    assert_eq!(heads, [expected.clone(), expected]);
 }

@@ -155,6 +155,7 @@ fn broker() {
     println!("cargo:rerun-if-changed={BROKER_DIR}/src");
     println!("cargo:rerun-if-changed={BROKER_DIR}/Cargo.toml");
     println!("cargo:rerun-if-changed={WORKSPACE}/Cargo.lock");
+    println!("cargo:rerun-if-changed={WORKSPACE}/Cargo.toml");
     println!("cargo:rerun-if-env-changed=KILNTAINERS_BROKER_BINARY");
     println!("cargo:rerun-if-env-changed=KILNTAINERS_REQUIRE_BROKER");
     let out_dir = PathBuf::from(std::env::var_os("OUT_DIR").unwrap_or_default());
