@@ -1,6 +1,6 @@
 //! `kilntainers-broker`: the egress proxy of `kilntainers-helper` with TLS termination for the
-//! hosts a computer's secrets are bound to (docs/egress.md, "Secrets brokering"). The helper is
-//! std only, so the TLS half ([`terminator::RustlsTerminator`]: rustls, rcgen, webpki-roots)
+//! hosts a computer's secrets are bound to (docs/egress.md, "Secrets brokering in the proxy").
+//! The helper is std only, so the TLS half ([`terminator::RustlsTerminator`]: rustls, rcgen, webpki-roots)
 //! lives in this separate binary, which the egress proxy's image carries instead of the helper
 //! when the build has it (crates/docker/build.rs). `egress-proxy` is the helper's own mode with
 //! the terminator installed; the helper's other modes are passed through, so this binary stands

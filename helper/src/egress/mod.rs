@@ -21,8 +21,9 @@
 //!
 //! Bounded against a hostile computer: [`MAX_CONNECTIONS`] connections in all and
 //! [`MAX_PER_SOURCE`] per computer, each with a small thread stack and buffers, a head of at
-//! most [`http::MAX_HEAD`] / [`sni::MAX_HELLO`] bytes read within [`HANDSHAKE_TIMEOUT`], and
-//! [`IDLE_TIMEOUT`] on a quiet tunnel.
+//! most [`http::MAX_HEAD`] / [`sni::MAX_HELLO`] bytes read within [`HANDSHAKE_TIMEOUT`] (and
+//! at most [`secrets::MAX_REWRITTEN`] once secrets are put in), and [`IDLE_TIMEOUT`] on a quiet
+//! tunnel.
 
 pub mod base64;
 pub mod control;
@@ -423,7 +424,7 @@ enum Listener {
     Tls,
 }
 
-/// What happens to an allowed TLS connection (docs/egress.md, "Secrets brokering").
+/// What happens to an allowed TLS connection (docs/egress.md, "Secrets brokering in the proxy").
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Route {
     /// Byte for byte.

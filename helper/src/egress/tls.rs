@@ -1,15 +1,15 @@
-//! The seam for TLS termination (docs/egress.md, "Secrets brokering"): HTTPS to a host one of
-//! the computer's secrets is bound to is not spliced but served by a [`Terminator`], which
-//! answers the client's ClientHello with a leaf certificate for the host (minted from the CA the
-//! server gave, `ca` on the control channel), connects to the host over TLS itself (checking
-//! its certificate against Mozilla's roots and the server's extra `roots`), rewrites the first
-//! request head with [`TlsJob::rewrite`] ([`super::secrets::rewrite`]) and then copies both
-//! ways.
+//! The seam for TLS termination (docs/egress.md, "Secrets brokering in the proxy"): HTTPS to a
+//! host one of the computer's secrets is bound to is not spliced but served by a
+//! [`Terminator`], which answers the client's ClientHello with a leaf certificate for the host
+//! (minted from the CA the server gave, `ca` on the control channel), connects to the host over
+//! TLS itself (checking its certificate against Mozilla's roots and the server's extra
+//! `roots`), rewrites the first request head with [`TlsJob::rewrite`]
+//! ([`super::secrets::rewrite`]) and then copies both ways.
 //!
 //! TLS needs crates this std-only helper cannot have, so the terminator lives in another
-//! binary, the broker (`broker/`), which runs this same proxy through
-//! [`super::main_with`] with its terminator installed. The plain helper has none: it splices a
-//! bound host's HTTPS as any other (and says `ready`, not `ready tls`).
+//! binary, the broker (`broker/`), which runs this same proxy through [`super::main_with`] with
+//! its terminator installed. The plain helper has none: it splices a bound host's HTTPS as any
+//! other (and says `ready`, not `ready tls`).
 
 use std::io::{self, Read, Write};
 use std::net::{Shutdown, TcpStream};
