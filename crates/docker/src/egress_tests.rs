@@ -182,7 +182,7 @@ fn a_jobs_refusals_are_those_recorded_within_its_lifetime() {
 }
 
 #[test]
-fn the_image_holds_the_helper_alone_and_is_named_by_its_hash() {
+fn the_image_holds_the_proxy_binary_alone_and_is_named_by_its_hash() {
     let bytes = image_archive().unwrap();
     let mut archive = tar::Archive::new(bytes.as_slice());
     let paths: Vec<String> = archive
