@@ -280,9 +280,12 @@ fn build_static_broker(target: &str, out_dir: &Path, binary: &Path) -> Result<()
         .arg("--target-dir")
         .arg(&target_dir)
         .env("RUSTFLAGS", "-C target-feature=+crt-static")
-        // Symbols are most of an unstripped binary; panics still unwind (a failing
-        // connection ends alone, not the proxy).
-        .env("CARGO_PROFILE_RELEASE_STRIP", "symbols");
+        // Small, as the helper: stripped and optimised for size (4.9 MB instead of 6.6;
+        // the hot crypto is aws-lc's assembly either way). No LTO: it would save 0.8 MB more
+        // but make every rebuild after a change to the helper's sources five times slower.
+        // Panics still unwind: a failing connection ends alone, not the proxy.
+        .env("CARGO_PROFILE_RELEASE_STRIP", "symbols")
+        .env("CARGO_PROFILE_RELEASE_OPT_LEVEL", "s");
     let output = cmd.output().map_err(|e| format!("cannot run cargo: {e}"))?;
     if !output.status.success() {
         let stderr = String::from_utf8_lossy(&output.stderr);
