@@ -7,8 +7,8 @@
 //! ways. ALPN offers and accepts `http/1.1` only, so the head rewrite always sees HTTP/1.
 //!
 //! The work runs on a small tokio runtime of its own: the proxy's connection threads have small
-//! stacks and only wait here for their connection to end, which keeps the proxy's connection
-//! caps in force. Crypto is aws-lc-rs, as everywhere in the workspace.
+//! stacks (64 KiB) and only wait here for their connection to end, which keeps the proxy's
+//! connection caps in force. Crypto is aws-lc-rs, as everywhere in the workspace.
 
 use std::collections::{HashMap, VecDeque};
 use std::io;
@@ -189,8 +189,12 @@ impl Terminator for RustlsTerminator {
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
         let (done, outcome) = std::sync::mpsc::sync_channel(1);
+        // The connection's future (TLS state on both sides, buffers) is tens of KiB: it is
+        // made on a worker's stack and boxed there, never on this thread's small one, which
+        // only moves a few pointers into the task.
         self.runtime.spawn(async move {
-            let _ = done.send(serve(job, ca, upstream).await);
+            let outcome = Box::pin(serve(job, ca, upstream)).await;
+            let _ = done.send(outcome);
         });
         // Dropped unsent only if the task panicked: the connection just ends.
         outcome.recv().unwrap_or(Ok(()))
