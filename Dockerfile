@@ -45,12 +45,14 @@ FROM rust:1.95-bookworm AS builder
 WORKDIR /src
 # Dependencies first, against placeholder sources of the server crate, so that edits to the
 # server reuse this layer. The default features are every backend; the backend crates
-# (crates/*: their build scripts compile the Modal .proto and the exec helper, a workspace
-# member, std only) come along with the manifests. The Modal test fake is a workspace member
+# (crates/*: their build scripts compile the Modal .proto, the exec helper, a workspace
+# member, std only, and the secrets broker, a workspace member built by a nested cargo) come
+# along with the manifests. The Modal test fake is a workspace member
 # too: cargo needs its manifest, but only the server package is built.
 COPY Cargo.toml Cargo.lock ./
 COPY crates ./crates
 COPY helper ./helper
+COPY broker ./broker
 COPY fakes ./fakes
 RUN mkdir -p src && echo 'fn main() {}' > src/main.rs && touch src/lib.rs \
     && cargo build --release --locked --package mcp-sandbox-computer-vm-for-ai \

@@ -1,5 +1,6 @@
 //! The egress proxy beside Docker and Podman computers (docs/egress.md, "The proxy"): its image,
-//! built on the engine from the helper binary this server carries (no registry involved); the
+//! built on the engine from the binary this server carries (the broker when the build has one,
+//! else the helper; no registry involved); the
 //! internal network it guards; its container; and the server's end of its control channel.
 //!
 //! One proxy serves one internal network and tells computers apart by source address. The
@@ -25,7 +26,7 @@ use tokio::io::AsyncWriteExt;
 use tracing::{debug, warn};
 
 use super::describe;
-use crate::helper::binary;
+use crate::helper::{binary, broker};
 use kilntainers_backend::BackendError;
 use kilntainers_backend::brokering::SecretBook;
 use kilntainers_backend::egress::{
@@ -36,7 +37,7 @@ use kilntainers_backend::ids::ComputerId;
 use kilntainers_backend::labels::docker as label;
 
 /// Repository of the proxy's image (under `localhost/`, which Podman gives imported images and
-/// Docker takes as it is); the tag is the hash of the helper's bytes, so a server
+/// Docker takes as it is); the tag is the hash of the proxy binary's bytes, so a server
 /// finds the image it built and servers of different versions never share one.
 pub(crate) const IMAGE_REPO: &str = "localhost/kilntainers-egress-proxy";
 /// Label on the proxy's image, container and internal network: the internal network's name.
@@ -45,7 +46,8 @@ pub(crate) const PROXY_LABEL: &str = "kilntainers.egress-proxy";
 pub(crate) const POLICY_LABEL: &str = label::EGRESS;
 /// The proxy's HTTP(S) proxy port (helper/src/egress).
 pub(crate) const PROXY_PORT: u16 = 3128;
-/// The binary's path in the proxy's image.
+/// The binary's path in the proxy's image, the broker's too (it takes the helper's
+/// `egress-proxy` arguments), so the container's entrypoint is the same for both.
 const BINARY_PATH: &str = "kilntainers-helper";
 /// Bridge option that leaves the host without an address on the internal network, so a
 /// computer cannot reach the engine host's services there (docs/egress.md, "The proxy").
@@ -136,14 +138,32 @@ pub(crate) fn runsc_reaches_sockets(args: &[String]) -> bool {
     matches!(value.as_deref(), Some("open" | "all"))
 }
 
-/// `repo:tag` of this server's proxy image.
-pub(crate) fn image() -> String {
-    format!("{IMAGE_REPO}:{}", *binary::HASH)
+/// The proxy's binary: the broker (TLS termination for secrets brokering) when this build
+/// has one, else the helper.
+fn proxy_binary() -> &'static [u8] {
+    match broker::bytes() {
+        [] => binary::bytes(),
+        broker => broker,
+    }
 }
 
-/// The root filesystem of the proxy's image: the helper binary alone.
+/// A hash of [`proxy_binary`], in hex: the image's tag.
+static PROXY_HASH: std::sync::LazyLock<String> = std::sync::LazyLock::new(|| {
+    use std::hash::{Hash, Hasher};
+    // SipHash with fixed keys, as for the helper's copies: stable for the same bytes.
+    let mut hasher = std::hash::DefaultHasher::new();
+    proxy_binary().hash(&mut hasher);
+    format!("{:016x}", hasher.finish())
+});
+
+/// `repo:tag` of this server's proxy image.
+pub(crate) fn image() -> String {
+    format!("{IMAGE_REPO}:{}", *PROXY_HASH)
+}
+
+/// The root filesystem of the proxy's image: the proxy's binary alone.
 pub(crate) fn image_archive() -> std::io::Result<Vec<u8>> {
-    let bytes = binary::bytes();
+    let bytes = proxy_binary();
     let mut builder = tar::Builder::new(Vec::with_capacity(bytes.len() + 1024));
     let mut file = tar::Header::new_gnu();
     file.set_entry_type(tar::EntryType::Regular);
@@ -165,9 +185,11 @@ pub(crate) async fn ensure_image(docker: &Docker) -> Result<String, BackendError
     if docker.inspect_image(&image).await.is_ok() {
         return Ok(image);
     }
-    binary::available().map_err(|why| {
-        BackendError::Provider(format!("cannot build the egress proxy's image: {why}"))
-    })?;
+    broker::broker_available()
+        .or_else(|_| binary::available())
+        .map_err(|why| {
+            BackendError::Provider(format!("cannot build the egress proxy's image: {why}"))
+        })?;
     let archive = image_archive()
         .map_err(|e| BackendError::Provider(format!("cannot pack the egress proxy: {e}")))?;
     let options = CreateImageOptionsBuilder::default()
@@ -412,7 +434,7 @@ pub(crate) fn parse_event(line: &str) -> Option<Event> {
     }
     let mut words = line.splitn(5, ' ');
     match words.next()? {
-        // `ready tls`: the proxy is the broker, which terminates TLS for bound hosts.
+        // `ready tls` from the broker (it can terminate TLS), `ready` from the helper.
         "ready" if matches!(words.next(), None | Some("tls")) && words.next().is_none() => {
             Some(Event::Ready)
         }

@@ -36,6 +36,9 @@ fn a_policy_line_names_every_rule_in_the_proxys_syntax() {
 #[test]
 fn events_are_read_strictly() {
     assert_eq!(parse_event("ready"), Some(Event::Ready));
+    assert_eq!(parse_event("ready tls"), Some(Event::Ready));
+    assert_eq!(parse_event("ready tls x"), None);
+    assert_eq!(parse_event("ready x"), None);
     assert_eq!(parse_event("synced 3"), Some(Event::Synced(3)));
     assert_eq!(
         parse_event("denied 172.30.0.5 other.test 443 not in this computer's allow-list"),
@@ -179,7 +182,7 @@ fn a_jobs_refusals_are_those_recorded_within_its_lifetime() {
 }
 
 #[test]
-fn the_image_holds_the_helper_alone_and_is_named_by_its_hash() {
+fn the_image_holds_the_proxy_binary_alone_and_is_named_by_its_hash() {
     let bytes = image_archive().unwrap();
     let mut archive = tar::Archive::new(bytes.as_slice());
     let paths: Vec<String> = archive
@@ -188,7 +191,10 @@ fn the_image_holds_the_helper_alone_and_is_named_by_its_hash() {
         .map(|e| e.unwrap().path().unwrap().display().to_string())
         .collect();
     assert_eq!(paths, [BINARY_PATH]);
-    assert_eq!(image(), format!("{IMAGE_REPO}:{}", *binary::HASH));
+    assert_eq!(image(), format!("{IMAGE_REPO}:{}", *PROXY_HASH));
+    // The broker when the build has one (it does: helper::broker's test), named by its hash.
+    assert!(!broker::bytes().is_empty());
+    assert_ne!(*PROXY_HASH, *binary::HASH);
 }
 
 #[test]

@@ -5,9 +5,7 @@
 //! The word *container* appears only under this folder. Label keys come from
 //! [`kilntainers_backend::labels::docker`] so the Python reference's containers are found as ours.
 
-mod broker_stub;
 mod brokering;
-pub use broker_stub::broker_available;
 mod checkpoints;
 pub mod config;
 mod create;
@@ -20,6 +18,8 @@ mod ports;
 pub mod run_flags;
 mod run_flags_api;
 mod tls;
+
+pub use helper::broker::broker_available;
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;

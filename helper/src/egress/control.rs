@@ -10,19 +10,38 @@
 //! is `<ip>`, [`super::socket`]; a new one replaces the old), `forget <ip>` (its policy and
 //! token), `address <ip>`, `answer <id> <once|computer|deny|decline>`,
 //! `answer <id> refuse <reason>` (the server's own refusal, shown as the reason), `sync <id>`.
-//! Out: `ready`, `denied <ip> <host> <port> <reason>`, `ask <id> <ip> <host> <port>`,
-//! `synced <id>`. A refusal is written before the computer hears of it, so once `synced <id>`
+//!
+//! Secrets brokering ([`super::secrets`], [`super::tls`]; base64 is the standard alphabet with
+//! padding): `ca <base64 CA certificate PEM> <base64 CA PKCS#8 key PEM>` (the CA leaf
+//! certificates are minted from; a new one replaces the old), `roots <base64 PEM bundle>`
+//! (extra upstream trust anchors), `secret <ip> <NAME> <placeholder> <hosts> <base64 header
+//! template> <base64 value>` (the secret NAME of the computer whose policy key is `<ip>`,
+//! replacing an earlier one of that name; `<hosts>` comma-separated patterns as in `allow=`),
+//! `unsecret <ip> <NAME>`; `forget <ip>` drops the computer's secrets too. A proxy without a
+//! terminator ignores `ca` and `roots`, saying so on stderr. No line is ever echoed: these
+//! carry keys and values.
+//!
+//! Out: `ready` (or `ready tls` when the proxy can terminate TLS: the broker),
+//! `denied <ip> <host> <port> <reason>`, `ask <id> <ip> <host> <port>`, `synced <id>`. A refusal is written before the computer hears of it, so once `synced <id>`
 //! arrives every refusal the computer saw before the server sent `sync <id>` has arrived too.
 
 use std::io::BufRead;
 use std::net::IpAddr;
 
 use super::policy::{Mode, Policy, Rule};
+use super::secrets::Secret;
 use super::socket::Token;
-use super::{Answer, State};
+use super::{Answer, State, base64};
 
-/// Longest control line: a policy of a few thousand patterns.
+/// Longest control line: a policy of a few thousand patterns, a CA, a roots bundle of about
+/// 190 KB of PEM, a secret.
 pub const MAX_LINE: usize = 256 * 1024;
+
+/// The first words of the lines in.
+const KEYWORDS: [&str; 11] = [
+    "policy", "token", "forget", "address", "answer", "sync", "ca", "roots", "secret", "unsecret",
+    "",
+];
 
 /// One control message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -33,6 +52,27 @@ pub enum Message {
     Address(IpAddr),
     Answer(u64, Answer),
     Sync(u64),
+    /// The CA's certificate and key, PEM.
+    Ca(String, Private),
+    /// Extra upstream roots, PEM.
+    Roots(String),
+    Secret(IpAddr, Box<Secret>),
+    Unsecret(IpAddr, String),
+}
+
+/// Text never shown: a private key.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Private(pub String);
+
+impl std::fmt::Debug for Private {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Private(…)")
+    }
+}
+
+/// Base64 of UTF-8 text (PEM).
+fn text(word: &str) -> Option<String> {
+    String::from_utf8(base64::decode(word)?).ok()
 }
 
 fn rules(list: &str) -> Option<Vec<Rule>> {
@@ -81,6 +121,26 @@ pub fn parse(line: &str) -> Option<Message> {
         "forget" => Message::Forget(words.next()?.parse().ok()?),
         "address" => Message::Address(words.next()?.parse().ok()?),
         "sync" => Message::Sync(words.next()?.parse().ok()?),
+        "ca" => Message::Ca(text(words.next()?)?, Private(text(words.next()?)?)),
+        "roots" => Message::Roots(text(words.next()?)?),
+        "secret" => {
+            let ip = words.next()?.parse().ok()?;
+            let name = words.next()?;
+            let placeholder = words.next()?;
+            let hosts = rules(words.next()?).filter(|hosts| !hosts.is_empty())?;
+            let template = base64::decode(words.next()?)?;
+            let value = base64::decode(words.next()?)?;
+            let secret = Secret::new(name, placeholder, hosts, &template, value).ok()?;
+            Message::Secret(ip, Box::new(secret))
+        }
+        "unsecret" => {
+            let ip = words.next()?.parse().ok()?;
+            let name = words.next()?;
+            if !super::secrets::is_name(name) {
+                return None;
+            }
+            Message::Unsecret(ip, name.to_owned())
+        }
         "answer" => {
             let id = words.next()?.parse().ok()?;
             let answer = match words.next()? {
@@ -136,11 +196,39 @@ pub fn read(state: &State, mut input: impl BufRead) {
             Some(Message::Forget(ip)) => {
                 state.set_policy(ip, None);
                 state.set_token(ip, None);
+                state.forget_secrets(ip);
+            }
+            Some(Message::Secret(ip, secret)) => {
+                if let Err(why) = state.set_secret(ip, *secret) {
+                    eprintln!("kilntainers-helper egress-proxy: secret skipped: {why}");
+                }
+            }
+            Some(Message::Unsecret(ip, name)) => state.remove_secret(ip, &name),
+            Some(Message::Ca(cert, key)) => {
+                if let Err(why) = state.set_ca(&cert, &key.0) {
+                    eprintln!("kilntainers-helper egress-proxy: CA not used: {why}");
+                }
+            }
+            Some(Message::Roots(pem)) => {
+                if let Err(why) = state.set_roots(&pem) {
+                    eprintln!("kilntainers-helper egress-proxy: roots not used: {why}");
+                }
             }
             Some(Message::Address(ip)) => state.set_address(ip),
             Some(Message::Answer(id, answer)) => state.answer(id, answer),
             Some(Message::Sync(id)) => state.emit(&format!("synced {id}")),
-            None => eprintln!("kilntainers-helper egress-proxy: unreadable control line, skipped"),
+            None => {
+                // Only the keyword is shown: the rest may hold a key or a secret's value.
+                let keyword = text.split(' ').next().unwrap_or_default();
+                let keyword = if KEYWORDS.contains(&keyword) {
+                    keyword
+                } else {
+                    "?"
+                };
+                eprintln!(
+                    "kilntainers-helper egress-proxy: unreadable control line ({keyword}), skipped"
+                );
+            }
         }
     }
 }
@@ -270,6 +358,144 @@ mod tests {
         );
         read(&state, "forget fd00::6\n".as_bytes());
         assert_eq!(state.source_of(&second), None);
+    }
+
+    const PLACEHOLDER: &str = "kts_0123456789abcdef0123456789abcdef";
+
+    fn b64(text: &str) -> String {
+        base64::encode(text.as_bytes())
+    }
+
+    fn secret_line(name: &str, hosts: &str, template: &str, value: &str) -> String {
+        format!(
+            "secret 10.0.0.5 {name} {PLACEHOLDER} {hosts} {} {}",
+            b64(template),
+            b64(value)
+        )
+    }
+
+    #[test]
+    fn secret_lines_are_read_strictly() {
+        let Some(Message::Secret(ip, secret)) = parse(&secret_line(
+            "GH_TOKEN",
+            "api.github.com,*.github.com",
+            "Authorization: Bearer {}",
+            "v",
+        )) else {
+            panic!("not read");
+        };
+        assert_eq!(ip.to_string(), "10.0.0.5");
+        assert_eq!(secret.name(), "GH_TOKEN");
+        let dest = |name: &str| super::super::policy::Dest::Name(name.to_owned());
+        assert!(secret.bound_to(&dest("api.github.com"), 443));
+        assert!(secret.bound_to(&dest("x.github.com"), 80));
+        assert!(!secret.bound_to(&dest("github.com"), 443));
+        assert_eq!(
+            parse("unsecret 10.0.0.5 GH_TOKEN"),
+            Some(Message::Unsecret(
+                "10.0.0.5".parse().unwrap(),
+                "GH_TOKEN".to_owned()
+            ))
+        );
+        let good = secret_line("A", "a.test", "X: {}", "v");
+        for bad in [
+            secret_line("a", "a.test", "X: {}", "v"),
+            secret_line("A-B", "a.test", "X: {}", "v"),
+            secret_line("A", "", "X: {}", "v"),
+            secret_line("A", "A.test", "X: {}", "v"),
+            secret_line("A", "a.test,", "X: {}", "v"),
+            secret_line("A", "a.test", "X: none", "v"),
+            secret_line("A", "a.test", "X: {}", "a\r\nX-Evil: 1"),
+            secret_line("A", "a.test", "X: {}", "a\nb"),
+            secret_line("A", "a.test", "X: {}", "a\0b"),
+            secret_line("A", "a.test", "X: {}", ""),
+            good.replace(PLACEHOLDER, &PLACEHOLDER.to_uppercase()),
+            good.replace(PLACEHOLDER, "kts_123"),
+            good.replace(&b64("v"), "dg"),
+            good.replace(&b64("v"), "d g=="),
+            good.replace(&b64("X: {}"), "WDoge30=!"),
+            format!("{good} extra"),
+            good.replace("10.0.0.5", "nowhere"),
+            "unsecret 10.0.0.5 lower".to_owned(),
+            "unsecret 10.0.0.5".to_owned(),
+            "unsecret 10.0.0.5 A B".to_owned(),
+            "secret".to_owned(),
+        ] {
+            assert_eq!(parse(&bad), None, "{bad:?}");
+        }
+        assert!(parse(&good).is_some());
+    }
+
+    #[test]
+    fn ca_and_roots_lines_are_read_strictly_and_never_shown() {
+        let Some(Message::Ca(cert, key)) = parse(&format!(
+            "ca {} {}",
+            b64("-----BEGIN CERTIFICATE-----"),
+            b64("secret key")
+        )) else {
+            panic!("not read");
+        };
+        assert_eq!(cert, "-----BEGIN CERTIFICATE-----");
+        assert_eq!(key.0, "secret key");
+        assert!(!format!("{key:?}").contains("secret"));
+        assert_eq!(
+            parse(&format!("roots {}", b64("pem"))),
+            Some(Message::Roots("pem".to_owned()))
+        );
+        for bad in [
+            "ca".to_owned(),
+            format!("ca {}", b64("c")),
+            format!("ca {} {} x", b64("c"), b64("k")),
+            format!("ca {} k", b64("c")),
+            format!("ca {} {}", b64("c"), base64::encode(&[0xff, 0xfe])),
+            "roots".to_owned(),
+            "roots @@@@".to_owned(),
+            format!("roots {} {}", b64("a"), b64("b")),
+        ] {
+            assert_eq!(parse(&bad), None, "{bad:?}");
+        }
+        // A proxy without a terminator ignores them.
+        let state = State::new(super::super::Upstream::default(), Box::new(std::io::sink()));
+        assert!(state.set_ca("c", "k").is_err());
+        assert!(state.set_roots("r").is_err());
+    }
+
+    #[test]
+    fn secrets_are_replaced_by_name_and_forgotten_with_the_computer() {
+        let state = State::new(super::super::Upstream::default(), Box::new(std::io::sink()));
+        let ip: IpAddr = "10.0.0.5".parse().unwrap();
+        let input = [
+            secret_line("B", "b.test", "X: {}", "1"),
+            secret_line("A", "a.test", "X: {}", "2"),
+            secret_line("B", "c.test", "X: {}", "3"),
+        ]
+        .join("\n");
+        read(&state, format!("{input}\n").as_bytes());
+        let names = |state: &State| {
+            state
+                .secrets_of(ip)
+                .iter()
+                .map(|s| s.name().to_owned())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(names(&state), ["A", "B"]);
+        let c = super::super::policy::Dest::Name("c.test".to_owned());
+        assert!(state.secrets_of(ip)[1].bound_to(&c, 443));
+        read(&state, "unsecret 10.0.0.5 A\n".as_bytes());
+        assert_eq!(names(&state), ["B"]);
+        read(&state, "forget 10.0.0.5\n".as_bytes());
+        assert!(names(&state).is_empty());
+        // At most MAX_SECRETS per computer.
+        let many: String = (0..=crate::egress::secrets::MAX_SECRETS)
+            .map(|i| {
+                format!(
+                    "{}\n",
+                    secret_line(&format!("S{i}"), "a.test", "X: {}", "v")
+                )
+            })
+            .collect();
+        read(&state, many.as_bytes());
+        assert_eq!(names(&state).len(), crate::egress::secrets::MAX_SECRETS);
     }
 
     #[test]

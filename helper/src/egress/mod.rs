@@ -5,8 +5,9 @@
 //! for clients that ignore proxy settings, the server behind every allowed name on ports 80
 //! (routed by `Host`) and 443 (routed by TLS SNI, [`sni`]). Each connection is decided once
 //! ([`policy`]), resolved by the proxy itself, checked against the private-address rule, and
-//! then spliced byte for byte; [`Route`] is the one seam where a later path can terminate TLS
-//! for chosen hosts instead of splicing.
+//! then spliced byte for byte; [`Route`] is the one seam where TLS is terminated instead, for
+//! the hosts a computer's secrets are bound to, when the proxy has a [`tls::Terminator`] (the
+//! broker binary; [`secrets`] says what is rewritten).
 //!
 //! In the socket wiring (for Podman and gVisor, where computers have no network) the proxy
 //! also listens on a Unix socket shared with the computers ([`socket`]); a relay inside each
@@ -20,16 +21,20 @@
 //!
 //! Bounded against a hostile computer: [`MAX_CONNECTIONS`] connections in all and
 //! [`MAX_PER_SOURCE`] per computer, each with a small thread stack and buffers, a head of at
-//! most [`http::MAX_HEAD`] / [`sni::MAX_HELLO`] bytes read within [`HANDSHAKE_TIMEOUT`], and
-//! [`IDLE_TIMEOUT`] on a quiet tunnel.
+//! most [`http::MAX_HEAD`] / [`sni::MAX_HELLO`] bytes read within [`HANDSHAKE_TIMEOUT`] (and
+//! at most [`secrets::MAX_REWRITTEN`] once secrets are put in), and [`IDLE_TIMEOUT`] on a quiet
+//! tunnel.
 
+pub mod base64;
 pub mod control;
 pub mod dns;
 pub mod http;
 pub mod policy;
 pub mod relay;
+pub mod secrets;
 pub mod sni;
 pub mod socket;
+pub mod tls;
 
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
@@ -41,6 +46,8 @@ use std::thread;
 use std::time::{Duration, Instant};
 
 use policy::{Decision, Dest, Policy};
+use secrets::Secret;
+use tls::{ClientStream, Terminator, TlsJob};
 
 /// Connections held at once, all computers together: beyond this a new one is closed at once.
 /// Each costs one thread with a [`STACK`] stack and two [`SPLICE_BUFFER`] buffers, so this
@@ -137,6 +144,12 @@ pub struct State {
     attached: AtomicBool,
     questions: Mutex<Questions>,
     answered: Condvar,
+    /// Each computer's secrets, by policy key, sorted by name.
+    secrets: Mutex<HashMap<IpAddr, Vec<Arc<Secret>>>>,
+    /// What terminates TLS for bound hosts (the broker's); `None` in the plain helper.
+    terminator: Option<Box<dyn Terminator>>,
+    /// Whether the terminator has a CA to mint leaf certificates from.
+    ca_ready: AtomicBool,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -145,6 +158,15 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 impl State {
     pub fn new(upstream: Upstream, events: Box<dyn Write + Send>) -> Arc<Self> {
+        Self::with_terminator(upstream, events, None)
+    }
+
+    /// A state whose bound hosts' HTTPS is terminated by `terminator` once a CA is given.
+    pub fn with_terminator(
+        upstream: Upstream,
+        events: Box<dyn Write + Send>,
+        terminator: Option<Box<dyn Terminator>>,
+    ) -> Arc<Self> {
         Arc::new(Self {
             policies: Mutex::new(HashMap::new()),
             tokens: Mutex::new(HashMap::new()),
@@ -156,7 +178,78 @@ impl State {
             attached: AtomicBool::new(true),
             questions: Mutex::new(Questions::default()),
             answered: Condvar::new(),
+            secrets: Mutex::new(HashMap::new()),
+            terminator,
+            ca_ready: AtomicBool::new(false),
         })
+    }
+
+    /// Gives the computer whose policy key is `source` a secret, replacing one of the same
+    /// name; `Err` past [`secrets::MAX_SECRETS`].
+    pub fn set_secret(&self, source: IpAddr, secret: Secret) -> Result<(), String> {
+        let mut all = lock(&self.secrets);
+        let list = all.entry(source).or_default();
+        match list.iter().position(|s| s.name() == secret.name()) {
+            Some(i) => list[i] = Arc::new(secret),
+            None if list.len() >= secrets::MAX_SECRETS => {
+                return Err(format!(
+                    "{source} has {} secrets already",
+                    secrets::MAX_SECRETS
+                ));
+            }
+            None => {
+                list.push(Arc::new(secret));
+                list.sort_by(|a, b| a.name().cmp(b.name()));
+            }
+        }
+        Ok(())
+    }
+
+    pub fn remove_secret(&self, source: IpAddr, name: &str) {
+        let mut all = lock(&self.secrets);
+        if let Some(list) = all.get_mut(&source) {
+            list.retain(|s| s.name() != name);
+            if list.is_empty() {
+                all.remove(&source);
+            }
+        }
+    }
+
+    pub fn forget_secrets(&self, source: IpAddr) {
+        lock(&self.secrets).remove(&source);
+    }
+
+    /// The computer's secrets now, sorted by name (a connection keeps the ones it started
+    /// with).
+    fn secrets_of(&self, source: IpAddr) -> Vec<Arc<Secret>> {
+        lock(&self.secrets)
+            .get(&source)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// Hands the CA to the terminator; `Err` without one.
+    pub fn set_ca(&self, cert_pem: &str, key_pem: &str) -> Result<(), String> {
+        let terminator = self
+            .terminator
+            .as_deref()
+            .ok_or("this proxy does not terminate TLS")?;
+        terminator.set_ca(cert_pem, key_pem)?;
+        self.ca_ready.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Hands extra upstream roots to the terminator; `Err` without one.
+    pub fn set_roots(&self, pem: &str) -> Result<(), String> {
+        self.terminator
+            .as_deref()
+            .ok_or("this proxy does not terminate TLS")?
+            .set_roots(pem)
+    }
+
+    /// Whether TLS to a bound host is terminated: a terminator with a CA.
+    fn can_terminate(&self) -> bool {
+        self.terminator.is_some() && self.ca_ready.load(Ordering::SeqCst)
     }
 
     pub fn set_policy(&self, source: IpAddr, policy: Option<Policy>) {
@@ -331,14 +424,22 @@ enum Listener {
     Tls,
 }
 
-/// What happens to an allowed connection: today always `Splice`; the seam where a
-/// TLS-terminating path for chosen hosts slots in (docs/egress.md, "Secrets brokering").
+/// What happens to an allowed TLS connection (docs/egress.md, "Secrets brokering in the proxy").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Route {
+    /// Byte for byte.
     Splice,
+    /// Served by the terminator: a host one of the computer's secrets is bound to, and a
+    /// proxy that can terminate. A host no secret is bound to is never intercepted.
+    Terminate,
 }
 
-fn route_for(_dest: &Dest, _port: u16) -> Route {
-    Route::Splice
+fn route_for(state: &State, secrets: &[Arc<Secret>], dest: &Dest, port: u16) -> Route {
+    if state.can_terminate() && secrets.iter().any(|s| s.bound_to(dest, port)) {
+        Route::Terminate
+    } else {
+        Route::Splice
+    }
 }
 
 /// Binds every listener and serves until the process ends.
@@ -453,10 +554,12 @@ pub(crate) trait Stream: Read + Write + Send + Sized + 'static {
     fn try_clone(&self) -> io::Result<Self>;
     fn set_read_timeout(&self, timeout: Option<Duration>) -> io::Result<()>;
     fn shutdown(&self, how: Shutdown) -> io::Result<()>;
+    /// The stream as a terminator takes it.
+    fn into_client(self) -> ClientStream;
 }
 
 macro_rules! impl_stream {
-    ($type:ty) => {
+    ($type:ty, $variant:ident) => {
         impl Stream for $type {
             fn try_clone(&self) -> io::Result<Self> {
                 <$type>::try_clone(self)
@@ -467,12 +570,15 @@ macro_rules! impl_stream {
             fn shutdown(&self, how: Shutdown) -> io::Result<()> {
                 <$type>::shutdown(self, how)
             }
+            fn into_client(self) -> ClientStream {
+                ClientStream::$variant(self)
+            }
         }
     };
 }
 
-impl_stream!(TcpStream);
-impl_stream!(UnixStream);
+impl_stream!(TcpStream, Tcp);
+impl_stream!(UnixStream, Unix);
 
 /// Reads until `complete` says the bytes so far are enough (or the cap, or `timeout` from
 /// now).
@@ -525,13 +631,7 @@ fn handle(
     if let Err((dest, port, reason)) = outcome {
         state.denied(source, &dest, port, &reason);
         if kind != Listener::Tls {
-            let body =
-                format!("kilntainers: network access to {dest}:{port} was blocked: {reason}\n");
-            let _ = write!(
-                client,
-                "HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                body.len()
-            );
+            let _ = client.write_all(&tls::refusal_response(&dest, port, &reason));
         }
     }
     let _ = client.shutdown(Shutdown::Both);
@@ -564,8 +664,71 @@ fn handle_tls(
     let dest =
         destination(&name).ok_or_else(|| (name.clone(), 443, "not a host name".to_owned()))?;
     let upstream = admit(state, source, &dest, 443)?;
-    splice(client, upstream, &hello);
+    let secrets = state.secrets_of(source);
+    match route_for(state, &secrets, &dest, 443) {
+        Route::Terminate => terminate(state, client, source, &dest, 443, hello, upstream, secrets),
+        Route::Splice => splice(client, upstream, &hello),
+    }
     Ok(())
+}
+
+/// Hands an admitted TLS connection to the terminator; its refusals are reported here (the
+/// client had its 403 inside TLS, so nothing more is written to it).
+#[allow(clippy::too_many_arguments)]
+fn terminate(
+    state: &Arc<State>,
+    client: &mut impl Stream,
+    source: IpAddr,
+    dest: &Dest,
+    port: u16,
+    hello: Vec<u8>,
+    upstream: TcpStream,
+    secrets: Vec<Arc<Secret>>,
+) {
+    let (Some(terminator), Ok(clone)) = (state.terminator.as_deref(), client.try_clone()) else {
+        return;
+    };
+    let host = match dest {
+        Dest::Name(name) => name.clone(),
+        Dest::Ip(ip) => ip.to_string(),
+    };
+    let target = dest.clone();
+    let job = TlsJob {
+        host,
+        port,
+        client: clone.into_client(),
+        hello,
+        upstream,
+        rewrite: Box::new(move |head| rewrite_in_tls(head, &secrets, &target, port)),
+    };
+    if let Err(reason) = terminator.serve(job) {
+        state.denied(source, &dest.to_string(), port, &reason);
+    }
+}
+
+/// The rewrite of the first request inside a terminated TLS session: an origin-form request
+/// whose `Host` names the host the TLS session is for, then [`secrets::rewrite`].
+fn rewrite_in_tls(
+    head: &[u8],
+    secrets: &[Arc<Secret>],
+    dest: &Dest,
+    port: u16,
+) -> Result<Vec<u8>, String> {
+    let parsed = match http::parse(head, port) {
+        Ok(parsed) => parsed,
+        Err(http::HeadError::TooLarge) => return Err("request head too large".to_owned()),
+        Err(_) => return Err("not an HTTP/1 request inside TLS".to_owned()),
+    };
+    if parsed.connect || parsed.origin_line.is_some() || parsed.len != head.len() {
+        return Err("not an origin-form HTTP/1 request inside TLS".to_owned());
+    }
+    if destination(&parsed.host).as_ref() != Some(dest) || parsed.port != port {
+        return Err(format!(
+            "the Host header names {}, not the TLS server name",
+            parsed.host
+        ));
+    }
+    secrets::rewrite(head, secrets, dest, port)
 }
 
 fn handle_http(
@@ -625,7 +788,12 @@ fn handle_http(
     let dest = destination(&head.host)
         .ok_or_else(|| (head.host.clone(), head.port, "not a host name".to_owned()))?;
     let shown = dest.to_string();
+    let secrets = state.secrets_of(source);
     if head.connect {
+        if !secrets.is_empty() {
+            secrets::check(&data[..head.len], &secrets, &dest, head.port)
+                .map_err(|reason| (shown.clone(), head.port, reason))?;
+        }
         let upstream = admit(state, source, &dest, head.port)?;
         let _ = client.write_all(b"HTTP/1.1 200 Connection established\r\n\r\n");
         // The tunnel's first bytes must name the same host (SNI or Host) when they name one.
@@ -646,10 +814,28 @@ fn handle_http(
                 format!("the tunnel names {named}, not the CONNECT target"),
             ));
         }
-        splice(client, upstream, &inner);
+        let hello = inner.first() == Some(&22)
+            && matches!(sni::parse(&inner), sni::Hello::Name(_) | sni::Hello::NoName);
+        if hello && route_for(state, &secrets, &dest, head.port) == Route::Terminate {
+            terminate(
+                state, client, source, &dest, head.port, inner, upstream, secrets,
+            );
+            return Ok(());
+        }
+        let mut first = inner;
+        // Plain HTTP in the tunnel: its first head is read like a proxy request's.
+        if !secrets.is_empty()
+            && !hello
+            && let Ok(inside) = http::parse(&first, head.port)
+        {
+            let mut rewritten = secrets::rewrite(&first[..inside.len], &secrets, &dest, head.port)
+                .map_err(|reason| (shown.clone(), head.port, reason))?;
+            rewritten.extend_from_slice(&first[inside.len..]);
+            first = rewritten;
+        }
+        splice(client, upstream, &first);
         return Ok(());
     }
-    let upstream = admit(state, source, &dest, head.port)?;
     let mut first = Vec::with_capacity(data.len());
     match &head.origin_line {
         Some(line) => {
@@ -659,6 +845,16 @@ fn handle_http(
         }
         None => first.extend_from_slice(&data),
     }
+    // A computer with secrets has every plain-HTTP head rewritten (and so checked), bound
+    // host or not; refused before anything is connected.
+    if !secrets.is_empty() {
+        let head_len = first.len() - (data.len() - head.len);
+        let mut rewritten = secrets::rewrite(&first[..head_len], &secrets, &dest, head.port)
+            .map_err(|reason| (shown.clone(), head.port, reason))?;
+        rewritten.extend_from_slice(&first[head_len..]);
+        first = rewritten;
+    }
+    let upstream = admit(state, source, &dest, head.port)?;
     splice(client, upstream, &first);
     Ok(())
 }
@@ -742,9 +938,7 @@ fn admit(state: &Arc<State>, source: IpAddr, dest: &Dest, port: u16) -> Result<T
         match TcpStream::connect_timeout(&SocketAddr::new(ip, connect_port), CONNECT_TIMEOUT) {
             Ok(stream) => {
                 let _ = stream.set_nodelay(true);
-                match route_for(dest, port) {
-                    Route::Splice => return Ok(stream),
-                }
+                return Ok(stream);
             }
             Err(e) => last = e.to_string(),
         }
@@ -815,6 +1009,15 @@ fn copy(from: &mut impl Read, to: &mut impl Write) {
 /// network is the upstream one, shared with whatever else runs there: it listens on none of
 /// its ports, so nothing there can use it or take up its connections.
 pub fn main(args: impl Iterator<Item = String>) -> i32 {
+    main_with(args, None)
+}
+
+/// [`main`] with a terminator for bound hosts' HTTPS (the broker's); says `ready tls` instead
+/// of `ready` when it has one.
+pub fn main_with(
+    args: impl Iterator<Item = String>,
+    terminator: Option<Box<dyn Terminator>>,
+) -> i32 {
     let mut upstream = Upstream::default();
     let mut address = None;
     let mut socket_path = None;
@@ -842,7 +1045,8 @@ pub fn main(args: impl Iterator<Item = String>) -> i32 {
             return 2;
         }
     }
-    let state = State::new(upstream, Box::new(io::stdout()));
+    let tls = terminator.is_some();
+    let state = State::with_terminator(upstream, Box::new(io::stdout()), terminator);
     if let Some(address) = address {
         state.set_address(address);
     }
@@ -855,7 +1059,7 @@ pub fn main(args: impl Iterator<Item = String>) -> i32 {
         eprintln!("kilntainers-helper egress-proxy: {why}");
         return 1;
     }
-    state.emit("ready");
+    state.emit(if tls { "ready tls" } else { "ready" });
     control::read(&state, io::stdin().lock());
     state.detach();
     // The server went away: keep enforcing the last policies until the container is removed.

@@ -148,7 +148,8 @@ impl Rule {
         })
     }
 
-    fn matches(&self, dest: &Dest, port: u16) -> bool {
+    /// Whether the rule covers `dest:port` (without `:PORT`, ports 80 and 443).
+    pub fn matches(&self, dest: &Dest, port: u16) -> bool {
         let port_ok = match self.port {
             Some(p) => p == port,
             None => DEFAULT_PORTS.contains(&port),

@@ -754,3 +754,103 @@ fn a_relay_without_a_proxy_closes_and_a_second_relay_leaves_the_first_running() 
         ""
     );
 }
+
+const PLACEHOLDER: &str = "kts_0123456789abcdef0123456789abcdef";
+
+/// Gives the loopback computer the secret TOKEN, bound to allowed.test.
+fn give_secret(p: &Proxy) {
+    let line = format!(
+        "secret 127.0.0.1 TOKEN {PLACEHOLDER} allowed.test {} {}\n",
+        base64::encode(b"Authorization: Bearer {}"),
+        base64::encode(b"the-value")
+    );
+    control::read(&p.state, line.as_bytes());
+}
+
+#[test]
+fn plain_http_heads_get_the_value_for_bound_hosts_only() {
+    let p = start(
+        "policy 127.0.0.1 allowlist ask=0 private=1 allow=allowed.test,other.test deny=",
+        true,
+    );
+    give_secret(&p);
+    // Through the proxy and on port 80: the header carries the value, the body does not.
+    let out = exchange(
+        p.proxy,
+        format!(
+            "POST http://allowed.test/x HTTP/1.1\r\nHost: allowed.test\r\nX-T: {PLACEHOLDER}\r\nContent-Length: 36\r\n\r\n{PLACEHOLDER}"
+        )
+        .as_bytes(),
+    );
+    assert_eq!(
+        out,
+        format!(
+            "pong:POST /x HTTP/1.1\r\nHost: allowed.test\r\nX-T: the-value\r\nContent-Length: 36\r\nConnection: close\r\n\r\n{PLACEHOLDER}"
+        )
+    );
+    let out = exchange(p.http, b"GET / HTTP/1.1\r\nHost: allowed.test\r\n\r\n");
+    assert_eq!(
+        out,
+        "pong:GET / HTTP/1.1\r\nHost: allowed.test\r\nAuthorization: Bearer the-value\r\nConnection: close\r\n\r\n"
+    );
+    // Another host: checked and closed after one request, nothing put in.
+    let out = exchange(
+        p.http,
+        b"GET / HTTP/1.1\r\nHost: other.test\r\nConnection: keep-alive\r\n\r\n",
+    );
+    assert_eq!(
+        out,
+        "pong:GET / HTTP/1.1\r\nHost: other.test\r\nConnection: close\r\n\r\n"
+    );
+    p.events.assert_none_denied();
+    // The placeholder to a host it is not bound to: refused before anything is connected.
+    let reason = "carries the secret TOKEN to a host it is not bound to";
+    for (port, request) in [
+        (
+            p.http,
+            format!("GET / HTTP/1.1\r\nHost: other.test\r\nCookie: t={PLACEHOLDER}\r\n\r\n"),
+        ),
+        (
+            p.proxy,
+            format!("GET http://other.test/?t={PLACEHOLDER} HTTP/1.1\r\nHost: other.test\r\n\r\n"),
+        ),
+        (
+            p.proxy,
+            format!(
+                "CONNECT other.test:443 HTTP/1.1\r\nProxy-Authorization: {PLACEHOLDER}\r\n\r\n"
+            ),
+        ),
+    ] {
+        let out = exchange(port, request.as_bytes());
+        assert!(out.starts_with("HTTP/1.1 403"), "{out:?}");
+        assert!(out.contains(reason), "{out:?}");
+    }
+    p.events
+        .wait_for(&format!("denied 127.0.0.1 other.test 80 {reason}"));
+    p.events
+        .wait_for(&format!("denied 127.0.0.1 other.test 443 {reason}"));
+    // Plain HTTP inside a CONNECT tunnel is read like a proxy request.
+    let out = exchange(
+        p.proxy,
+        format!(
+            "CONNECT allowed.test:80 HTTP/1.1\r\n\r\nGET / HTTP/1.1\r\nHost: allowed.test\r\nX-T: {PLACEHOLDER}\r\n\r\n"
+        )
+        .as_bytes(),
+    );
+    assert!(
+        out.ends_with("pong:GET / HTTP/1.1\r\nHost: allowed.test\r\nX-T: the-value\r\nConnection: close\r\n\r\n"),
+        "{out:?}"
+    );
+    // HTTPS is spliced by a proxy that cannot terminate TLS, bound host or not.
+    let hello = sni::tests::client_hello(Some("allowed.test"), 0);
+    assert!(exchange(p.https, &hello).starts_with("pong:\x16\x03\x01"));
+    // Forgotten: nothing is put in any more, and nothing refused.
+    control::read(&p.state, "unsecret 127.0.0.1 TOKEN\n".as_bytes());
+    let out = exchange(
+        p.http,
+        format!("GET / HTTP/1.1\r\nHost: other.test\r\nX: {PLACEHOLDER}\r\n\r\n").as_bytes(),
+    );
+    assert!(out.starts_with("pong:"), "{out:?}");
+    let lines = p.events.lines();
+    assert!(lines.iter().all(|l| !l.contains("the-value")), "{lines:?}");
+}

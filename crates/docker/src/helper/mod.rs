@@ -16,6 +16,7 @@
 //! layer (`src/exec/`); the helper only carries them out (its `Kill` is the kill sweep).
 
 pub(super) mod binary;
+pub(super) mod broker;
 mod connection;
 mod untrusted;
 
