@@ -20,7 +20,7 @@ import tarfile
 import pytest
 
 from egress_net import proxy_args
-from harness import docker
+from harness import container_for, docker
 from testkit.fake_internet import HeaderHost, gateway_of
 
 pytestmark = [pytest.mark.anyio, pytest.mark.client_independent]
@@ -45,12 +45,6 @@ def header(request: dict, name: str) -> list[str]:
 
 def requests_to(host: HeaderHost, path: str) -> list[dict]:
     return [r for r in host.requests if r["line"].split(" ")[1:2] and r["line"].split(" ")[1].startswith(path)]
-
-
-def container_of(srv, computer_id: str) -> str:
-    out = docker("ps", "-q", "--filter", f"label=kilntainers.computer_id={computer_id}").stdout.split()
-    assert len(out) == 1, out
-    return out[0]
 
 
 def proxies_of_server() -> list[str]:
@@ -95,7 +89,7 @@ async def test_issue_34_the_bound_host_gets_the_value_in_headers_and_nothing_els
 
     async def run(srv, command: str, **kw):
         res = await srv.run(command, **kw)
-        texts.append(json.dumps(res.structured) + "\n".join(res.content_texts()))
+        texts.append(json.dumps(res.structured) + "\n".join(res.content_texts))
         return res
 
     with HeaderHost(gateway_of(net["network"]), ["api.test", "evil.test"]) as host:
@@ -104,7 +98,7 @@ async def test_issue_34_the_bound_host_gets_the_value_in_headers_and_nothing_els
             placeholder = res.structured["stdout"]
             assert re.fullmatch(r"kts_[0-9a-f]{32}", placeholder), res
             computer = res.structured["computer_id"]
-            container = container_of(srv, computer)
+            container = container_for(computer)
 
             # Plain HTTP through the proxy's port, the placeholder in a header: the value arrives.
             res = await run(srv, 'curl -sS -H "Authorization: Bearer $API_TOKEN" http://api.test/plain')
@@ -183,7 +177,9 @@ async def test_issue_34_a_flood_of_placeholders_gets_nothing_substituted_outside
     value = "sk-flood-" + secrets.token_hex(20)
     with HeaderHost(gateway_of(net["network"]), ["api.test", "evil.test"]) as host:
         async with kbb.server(*server_args(net, host), env={"KT_TEST_SECRET": value}) as srv:
+            await srv.run("true")
             proxies = proxies_of_server()
+            assert len(proxies) == 1, proxies
             # 10,000 headers, each carrying the placeholder: the head is far past the proxy's
             # bound, so the request is refused whole and nothing reaches the host.
             res = await srv.run(
