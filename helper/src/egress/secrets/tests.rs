@@ -1,3 +1,5 @@
+//! Unit tests of the substitution and refusal rules (`super::rewrite`, `super::check`).
+
 use super::*;
 
 const GH: &str = "kts_0123456789abcdef0123456789abcdef";
