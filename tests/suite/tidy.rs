@@ -240,7 +240,7 @@ fn third_party_crates_stay_in_their_modules() {
 const LAYERS: &[&[&str]] = &[
     &["backends", "ids", "clock", "secret"],
     &["cli"],
-    &["state"],
+    &["state", "secrets_store"],
     &["config"],
     &["providers"],
     &["exec"],
