@@ -21,9 +21,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, PoisonError};
 
 use aws_lc_rs::aead::{AES_256_GCM, Aad, LessSafeKey, NONCE_LEN, Nonce, UnboundKey};
-use kilntainers_backend::brokering::{
-    BrokeredSecret, HeaderTemplate, SecretName, check_value,
-};
+use kilntainers_backend::brokering::{BrokeredSecret, HeaderTemplate, SecretName, check_value};
 use kilntainers_backend::egress::Pattern;
 
 use crate::ids::Principal;
@@ -145,11 +143,12 @@ impl SecretsStore {
     }
 
     /// Records `principal`'s secrets as they now are and rewrites the file.
-    pub fn save(&self, principal: &Principal, secrets: &[BrokeredSecret]) -> Result<(), StoreError> {
-        let mut contents = self
-            .contents
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+    pub fn save(
+        &self,
+        principal: &Principal,
+        secrets: &[BrokeredSecret],
+    ) -> Result<(), StoreError> {
+        let mut contents = self.contents.lock().unwrap_or_else(PoisonError::into_inner);
         let stored: Vec<Stored> = secrets
             .iter()
             .map(|s| Stored {
@@ -251,8 +250,9 @@ fn decrypt(key: &LessSafeKey, path: &Path, bytes: Vec<u8>) -> Result<Contents, S
         return Err(StoreError::NotAStore { path: shown });
     }
     let (nonce, sealed) = rest.split_at(NONCE_LEN);
-    let nonce = Nonce::try_assume_unique_for_key(nonce)
-        .map_err(|_| StoreError::NotAStore { path: shown.clone() })?;
+    let nonce = Nonce::try_assume_unique_for_key(nonce).map_err(|_| StoreError::NotAStore {
+        path: shown.clone(),
+    })?;
     let mut sealed = sealed.to_vec();
     let plain = key
         .open_in_place(nonce, Aad::from(MAGIC), &mut sealed)
@@ -350,7 +350,10 @@ mod tests {
         let alice = Principal::parse("alice").unwrap();
         let bob = Principal::parse("bob").unwrap();
         store
-            .save(&alice, &[secret("GITHUB_TOKEN", "api.github.com", "ghp_value_one")])
+            .save(
+                &alice,
+                &[secret("GITHUB_TOKEN", "api.github.com", "ghp_value_one")],
+            )
             .unwrap();
         store
             .save(&bob, &[secret("OTHER", "*.example.com", "value-of-bob")])
@@ -393,12 +396,18 @@ mod tests {
         let path = dir.join("store");
         let (store, _) = SecretsStore::open(&path).unwrap();
         let alice = Principal::parse("alice").unwrap();
-        store.save(&alice, &[secret("A", "a.test", "sk-secret-a")]).unwrap();
+        store
+            .save(&alice, &[secret("A", "a.test", "sk-secret-a")])
+            .unwrap();
         let key = key_path(&path);
         fs::write(&key, [9u8; KEY_BYTES]).unwrap();
         let error = SecretsStore::open(&path).unwrap_err();
         assert!(matches!(error, StoreError::Decrypt { .. }), "{error}");
-        assert!(error.to_string().contains("not the one the store was written with"));
+        assert!(
+            error
+                .to_string()
+                .contains("not the one the store was written with")
+        );
         assert!(!error.to_string().contains("sk-secret-a"));
 
         fs::write(&key, [1u8; 5]).unwrap();
@@ -422,7 +431,10 @@ mod tests {
         fs::write(&key, [3u8; KEY_BYTES]).unwrap();
         fs::set_permissions(&key, fs::Permissions::from_mode(0o640)).unwrap();
         let error = SecretsStore::open(&path).unwrap_err();
-        assert!(matches!(error, StoreError::KeyReadable { mode: 0o640, .. }), "{error}");
+        assert!(
+            matches!(error, StoreError::KeyReadable { mode: 0o640, .. }),
+            "{error}"
+        );
         assert!(error.to_string().contains("chmod 600"));
         fs::set_permissions(&key, fs::Permissions::from_mode(0o600)).unwrap();
         assert!(SecretsStore::open(&path).is_ok());

@@ -196,7 +196,9 @@ fn parse_source(name: &str, text: &str) -> Result<Source, ConfigError> {
     let text = text.trim();
     if let Some(var) = text.strip_prefix("env:") {
         if var.is_empty() {
-            return fail(format!("--secret {name}=env: names no environment variable."));
+            return fail(format!(
+                "--secret {name}=env: names no environment variable."
+            ));
         }
         return Ok(Source::Env(var.to_owned()));
     }
@@ -229,16 +231,15 @@ fn finish(
         .filter(|h| !h.is_empty())
         .map(|h| {
             Pattern::parse(h).map_err(|e| {
-                ConfigError(format!(
-                    "secret {name}: invalid host pattern '{h}': {e}."
-                ))
+                ConfigError(format!("secret {name}: invalid host pattern '{h}': {e}."))
             })
         })
         .collect::<Result<Vec<_>, _>>()?;
     let header = match draft.header.as_deref() {
         None => HeaderTemplate::default(),
-        Some(text) => HeaderTemplate::parse(text)
-            .map_err(|e| ConfigError(format!("secret {name}: {e}.")))?,
+        Some(text) => {
+            HeaderTemplate::parse(text).map_err(|e| ConfigError(format!("secret {name}: {e}.")))?
+        }
     };
     let value = match draft.source {
         None => {
@@ -257,8 +258,7 @@ fn finish(
         Some(Source::File(path)) => read_value_file(name, &path)?,
         Some(Source::Literal(value)) => value,
     };
-    check_value(value.expose())
-        .map_err(|e| ConfigError(format!("secret {name}: {e}.")))?;
+    check_value(value.expose()).map_err(|e| ConfigError(format!("secret {name}: {e}.")))?;
     let name = SecretName::parse(name).map_err(|e| ConfigError(format!("{e}.")))?;
     Ok(BrokeredSecret {
         name,

@@ -72,8 +72,8 @@ pub(super) fn tool(_: &Definitions<'_>) -> Tool {
 /// The arguments, checked by the rules of the secrets flags; each refusal names the argument.
 fn decode(args: &Args<'_>) -> Result<SecretAsk, CallError> {
     let name = args.required_string("name")?;
-    let name = SecretName::parse(name.trim())
-        .map_err(|e| CallError::invalid(format!("name: {e}.")))?;
+    let name =
+        SecretName::parse(name.trim()).map_err(|e| CallError::invalid(format!("name: {e}.")))?;
     let hosts = match args.get("hosts") {
         // One comma-separated string is taken too, as `--secret-hosts` takes it.
         Some(Value::String(text)) => text.split(',').map(str::to_owned).collect(),
@@ -103,8 +103,9 @@ fn decode(args: &Args<'_>) -> Result<SecretAsk, CallError> {
     let header = match args.string("header")? {
         None => HeaderTemplate::default(),
         Some(text) if text.trim().is_empty() => HeaderTemplate::default(),
-        Some(text) => HeaderTemplate::parse(&text)
-            .map_err(|e| CallError::invalid(format!("header: {e}.")))?,
+        Some(text) => {
+            HeaderTemplate::parse(&text).map_err(|e| CallError::invalid(format!("header: {e}.")))?
+        }
     };
     let reason = args.required_string("reason")?.trim().to_owned();
     if reason.is_empty() {
@@ -187,7 +188,8 @@ async fn wait_for_the_person(
                         onboarding.withdraw(&id);
                         return Ok(ended(ask, "declined", format!("the user declined to enter secret {}.", ask.name)));
                     }
-                    Ok(ElicitationAction::Cancel) => {
+                    // Cancel (and any action a later protocol adds).
+                    Ok(_) => {
                         onboarding.withdraw(&id);
                         return Ok(ended(ask, "cancelled", format!("the user cancelled the request for secret {}.", ask.name)));
                     }
@@ -222,7 +224,10 @@ async fn wait_for_the_person(
         Ok(Outcome::Refused(why)) => Ok(ended(
             ask,
             "refused",
-            format!("the value entered for secret {} was refused: {why}.", ask.name),
+            format!(
+                "the value entered for secret {} was refused: {why}.",
+                ask.name
+            ),
         )),
         // The page was withdrawn under us (cannot happen while we wait); say it ended.
         Err(_) => Ok(expired(ask)),
@@ -248,7 +253,12 @@ fn payload(ask: &SecretAsk, status: &str, message: String) -> Map<String, Value>
     payload.insert("name".into(), json!(ask.name.as_str()));
     payload.insert(
         "hosts".into(),
-        json!(ask.hosts.iter().map(ToString::to_string).collect::<Vec<_>>()),
+        json!(
+            ask.hosts
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+        ),
     );
     payload.insert("status".into(), json!(status));
     payload.insert("message".into(), json!(message));
@@ -315,16 +325,32 @@ mod tests {
         assert_eq!(ok.name.as_str(), "GITHUB_TOKEN");
         assert_eq!(ok.hosts_text(), "api.github.com, *.github.com");
         assert_eq!(ok.header.as_str(), "X-Api-Key: {}");
-        let default = decoded(json!({"name": "A", "hosts": "a.test, b.test", "reason": "r"})).unwrap();
+        let default =
+            decoded(json!({"name": "A", "hosts": "a.test, b.test", "reason": "r"})).unwrap();
         assert_eq!(default.header.as_str(), "Authorization: Bearer {}");
         assert_eq!(default.hosts.len(), 2);
         for (arguments, starts) in [
-            (json!({"name": "lower", "hosts": ["a.test"], "reason": "r"}), "name: "),
+            (
+                json!({"name": "lower", "hosts": ["a.test"], "reason": "r"}),
+                "name: ",
+            ),
             (json!({"hosts": ["a.test"], "reason": "r"}), ""),
-            (json!({"name": "A", "hosts": [], "reason": "r"}), "hosts: name at least one"),
-            (json!({"name": "A", "hosts": ["not a host"], "reason": "r"}), "hosts: invalid host pattern 'not a host'"),
-            (json!({"name": "A", "hosts": ["a.test"], "header": "X-Key none", "reason": "r"}), "header: "),
-            (json!({"name": "A", "hosts": ["a.test"], "reason": "  "}), "reason: "),
+            (
+                json!({"name": "A", "hosts": [], "reason": "r"}),
+                "hosts: name at least one",
+            ),
+            (
+                json!({"name": "A", "hosts": ["not a host"], "reason": "r"}),
+                "hosts: invalid host pattern 'not a host'",
+            ),
+            (
+                json!({"name": "A", "hosts": ["a.test"], "header": "X-Key none", "reason": "r"}),
+                "header: ",
+            ),
+            (
+                json!({"name": "A", "hosts": ["a.test"], "reason": "  "}),
+                "reason: ",
+            ),
         ] {
             let error = decoded(arguments.clone()).unwrap_err();
             assert!(error.starts_with(starts), "{arguments}: {error}");

@@ -36,7 +36,10 @@ const PAGE_CSP: &str = "default-src 'none'; style-src 'unsafe-inline'; form-acti
 /// The page routes, behind `guard`'s Host and Origin checks and its shutdown gate.
 pub fn routes(onboarding: Arc<Onboarding>, guard: Arc<Guard>) -> Router {
     Router::new()
-        .route(&format!("{PAGE_PATH}{{id}}"), any(page).with_state(onboarding))
+        .route(
+            &format!("{PAGE_PATH}{{id}}"),
+            any(page).with_state(onboarding),
+        )
         .layer(from_fn_with_state(
             guard.clone(),
             guard::refuse_while_draining,
@@ -64,15 +67,19 @@ async fn page(
             .insert("allow", HeaderValue::from_static("GET, POST"));
         return response;
     }
-    let header = |name| {
-        request
-            .headers()
-            .get(name)
-            .and_then(|v: &HeaderValue| v.to_str().ok())
-            .map(str::to_owned)
+    // Read before the body is awaited: a borrow of the request must not live across it.
+    let (origin, host) = {
+        let header = |name: axum::http::HeaderName| {
+            request
+                .headers()
+                .get(name)
+                .and_then(|v: &HeaderValue| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        let host =
+            header(HOST).or_else(|| request.uri().authority().map(|a| a.as_str().to_owned()));
+        (header(ORIGIN), host)
     };
-    let origin = header(ORIGIN);
-    let host = header(HOST).or_else(|| request.uri().authority().map(|a| a.as_str().to_owned()));
     let Ok(body) = axum::body::to_bytes(request.into_body(), MAX_BODY_BYTES).await else {
         return reply(PageReply {
             status: 413,
