@@ -440,15 +440,28 @@ mod tests {
         assert!(SecretsStore::open(&path).is_ok());
     }
 
-    /// A fresh directory under the system temp dir, removed with the process's other files
-    /// by the OS (the tests write a few bytes each).
-    fn tempdir() -> PathBuf {
+    /// A fresh directory under the system temp dir, removed when dropped.
+    struct TempDir(PathBuf);
+
+    impl TempDir {
+        fn join(&self, name: &str) -> PathBuf {
+            self.0.join(name)
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn tempdir() -> TempDir {
         let dir = std::env::temp_dir().join(format!(
             "kilntainers-store-test-{}-{}",
             std::process::id(),
             rand::random::<u64>()
         ));
         fs::create_dir_all(&dir).unwrap();
-        dir
+        TempDir(dir)
     }
 }
