@@ -155,7 +155,33 @@ async def test_issue_34_without_url_elicitation_the_result_gives_the_page_and_th
         assert "secret_request" in [t["name"] for t in await srv.list_tools()]
     # A key others can read is refused at startup, before anything else.
     os.chmod(key, 0o640)
-    proc = subprocess.run([BIN, *ARGS, "--secrets-store", str(store)], stdin=subprocess.DEVNULL,
-                          capture_output=True, text=True, env=kbb.env(home), timeout=30)
+    proc = subprocess.run(
+        [BIN, *ARGS, "--secrets-store", str(store)],
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        env=kbb.env(home),
+        timeout=30,
+    )
     assert proc.returncode == 1, proc
     assert "chmod 600" in proc.stderr and VALUE not in proc.stderr, proc.stderr
+
+
+async def test_issue_34_over_http_the_page_needs_no_token_and_keeps_the_host_and_origin_checks(kbb):
+    # See: issue 34
+    async with kbb.http_server(*ARGS) as srv:
+        async with kbb.http_session(srv) as session:
+            res = await session.call(REQUEST, name="secret_request", timeout=30)
+            assert res.structured["status"] == "waiting", res
+            url = res.structured["url"]
+            assert url.startswith(f"{srv.base_url}/secrets/enter/"), url
+            # No Authorization header: the page's id is its capability.
+            async with httpx.AsyncClient(timeout=10) as client:
+                assert (await client.get(url, headers={"Host": "evil.example"})).status_code == 421
+                assert (await client.get(url)).status_code == 200
+                assert (await post(client, url, VALUE, origin="http://evil.example")).status_code == 403
+                assert (await post(client, url, VALUE)).status_code == 200
+                assert (await post(client, url, VALUE)).status_code == 410
+        log = srv.stderr()
+    assert VALUE not in log
+    assert "secret set" in log
