@@ -19,6 +19,7 @@ pub mod mcp;
 pub mod ports;
 pub mod providers;
 pub mod registry;
+pub mod secrets_store;
 pub mod shutdown;
 pub mod state;
 pub mod transport;

@@ -142,7 +142,7 @@ async fn run(config: Config) -> i32 {
             IdleStop::Stops => registry.start_idle_stop(after, Some(all_jobs.clone())),
         }
     }
-    let surface = Surface::with_checkpoints(
+    let surface = Surface::with_secrets(
         registry,
         &description,
         config.lifecycle_tools,
@@ -153,6 +153,8 @@ async fn run(config: Config) -> i32 {
         // `--no-network` or `--egress none`, whose tool list stays as it was).
         (config.egress.filters() || config.secret_book.enabled())
             .then(|| config.egress.policy.clone()),
+        // `secret_request` puts what people enter into the book the backend brokers from.
+        config.secrets.tools.then(|| config.secret_book.clone()),
     );
     surface.enable_secrets(config.secret_book.clone());
     surface.enable_tasks(

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use kilntainers_backend::brokering::{
-    BrokerCa, BrokeredSecret, HeaderTemplate, SecretBook, SecretName, check_value,
+    BrokerCa, BrokeredSecret, HeaderTemplate, OnChange, SecretBook, SecretName, check_value,
 };
 use kilntainers_backend::egress::{EgressMode, EgressSettings, Pattern};
 
@@ -384,13 +384,36 @@ pub fn book(config: &SecretsConfig, state_dir: Option<&Path>) -> Result<SecretBo
         cert_pem: material.ca_cert_pem,
         key_pem: material.ca_key_pem,
     };
+    let (loaded, on_change) = match &config.store {
+        None => (std::collections::HashMap::new(), None),
+        Some(path) => {
+            let (store, loaded) = crate::secrets_store::SecretsStore::open(path)
+                .map_err(|e| ConfigError(format!("--secrets-store: {e}.")))?;
+            (loaded, Some(persist_to(store)))
+        }
+    };
     Ok(SecretBook::new(
         material.placeholder_key,
         Some(ca),
         config.server.clone(),
-        std::collections::HashMap::new(),
-        None,
+        loaded,
+        on_change,
     ))
+}
+
+/// The book's change hook that keeps `store` current. A failed write leaves the secret set in
+/// memory (it works until the server stops) and says so; the line names the file, never a value.
+fn persist_to(store: crate::secrets_store::SecretsStore) -> OnChange {
+    Box::new(move |principal, secrets| {
+        if let Err(error) = store.save(principal, secrets) {
+            tracing::error!(
+                target: "kilntainers::audit",
+                %principal,
+                %error,
+                "the secrets store was not updated; the secret lasts until the server stops"
+            );
+        }
+    })
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@
 //! `format::user_message`).
 
 use rmcp::model::JsonObject;
+use rmcp::{Peer, RoleServer};
 use serde_json::{Map, Value};
 use tokio_util::sync::CancellationToken;
 
@@ -31,6 +32,9 @@ pub(super) struct Call<'a> {
     pub arguments: Option<&'a JsonObject>,
     pub progress: &'a dyn Progress,
     pub cancel: &'a CancellationToken,
+    /// The client, for a tool that asks the person (`secret_request`); `None` where a call
+    /// runs without one to ask.
+    pub peer: Option<&'a Peer<RoleServer>>,
 }
 
 impl Call<'_> {

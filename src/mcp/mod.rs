@@ -19,9 +19,11 @@ mod golden;
 mod jobs;
 mod lifecycle;
 mod network;
+pub mod onboarding;
 pub mod ports;
 mod progress;
 mod routes;
+mod secrets;
 mod tasks;
 
 use std::sync::Arc;
@@ -78,6 +80,9 @@ pub struct Surface {
     /// The secrets computers use without seeing them (docs/secrets.md); names and hosts are
     /// shown, never values.
     secrets: std::sync::OnceLock<crate::backends::brokering::SecretBook>,
+    /// `secret_request`'s one-time pages, with `--secret-tools` (docs/secrets-onboarding.md);
+    /// the transport serves them.
+    pub onboarding: Option<Arc<onboarding::Onboarding>>,
     instructions: String,
 }
 
@@ -111,12 +116,47 @@ impl Surface {
         checkpoint_tools: bool,
         egress: Option<crate::backends::egress::EgressPolicy>,
     ) -> Arc<Self> {
+        Self::with_secrets(
+            registry,
+            tool_description,
+            lifecycle_tools,
+            jobs,
+            file_tools,
+            checkpoint_tools,
+            egress,
+            None,
+        )
+    }
+
+    /// [`Surface::with_checkpoints`], with the secret tools: `secret_tools` is the book the
+    /// entered secrets go into, when `--secret-tools` is on (docs/secrets-onboarding.md).
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "one switch per tool group, as the callers name them"
+    )]
+    pub fn with_secrets(
+        registry: Arc<Registry>,
+        tool_description: &str,
+        lifecycle_tools: bool,
+        jobs: Option<Arc<Jobs>>,
+        file_tools: bool,
+        checkpoint_tools: bool,
+        egress: Option<crate::backends::egress::EgressPolicy>,
+        secret_tools: Option<crate::backends::brokering::SecretBook>,
+    ) -> Arc<Self> {
+        let onboarding = secret_tools.map(|book| {
+            Arc::new(onboarding::Onboarding::new(
+                book,
+                Arc::clone(registry.backend()),
+            ))
+        });
         let switches = Switches {
             jobs: jobs.is_some(),
             files: file_tools,
             lifecycle: lifecycle_tools,
             checkpoints: checkpoint_tools,
             egress: egress.is_some(),
+            secrets: onboarding.is_some(),
         };
         if checkpoint_tools {
             registry.enable_checkpoints();
@@ -148,6 +188,9 @@ impl Surface {
         if checkpoint_tools {
             instructions.push_str(checkpoints::INSTRUCTIONS);
         }
+        if onboarding.is_some() {
+            instructions.push_str(secrets::INSTRUCTIONS);
+        }
         let asks = ask::Asks::start(Arc::clone(&registry));
         Arc::new(Self {
             asks,
@@ -160,6 +203,7 @@ impl Surface {
             proxy_base: std::sync::OnceLock::new(),
             tasks: std::sync::OnceLock::new(),
             secrets: std::sync::OnceLock::new(),
+            onboarding,
             instructions,
         })
     }
@@ -243,6 +287,7 @@ impl SessionHandler {
         arguments: Option<&JsonObject>,
         progress: &dyn Progress,
         cancel: &CancellationToken,
+        peer: Option<&rmcp::Peer<RoleServer>>,
     ) -> Result<CallToolResult, ErrorData> {
         let Some(route) = routes::find(self.surface.switches, name) else {
             return format::respond(Err(CallError::NotListed), format::ErrorText::Message);
@@ -254,6 +299,7 @@ impl SessionHandler {
             arguments,
             progress,
             cancel,
+            peer,
         };
         format::respond((route.handler)(&call).await, route.errors)
     }
@@ -524,6 +570,7 @@ impl ServerHandler for SessionHandler {
                 arguments: request.arguments.as_ref(),
                 progress: &progress,
                 cancel: &context.ct,
+                peer: Some(&context.peer),
             };
             let answer = execute::terminal_execute_or_task(&call, tasks).await;
             progress.finish().await;
@@ -535,10 +582,17 @@ impl ServerHandler for SessionHandler {
                 let progress = progress::McpProgress::start(&context);
                 let cancel = CancellationToken::new();
                 let (handler, work_cancel) = (self.clone(), cancel.clone());
+                // A 2026-07-28 call cannot send the client requests: nothing to ask with.
                 let work = async move {
                     let arguments = request.arguments.as_ref();
                     let answer = handler
-                        .call(request.name.as_ref(), arguments, &progress, &work_cancel)
+                        .call(
+                            request.name.as_ref(),
+                            arguments,
+                            &progress,
+                            &work_cancel,
+                            None,
+                        )
                         .await;
                     progress.finish().await;
                     answer
@@ -552,7 +606,13 @@ impl ServerHandler for SessionHandler {
         let progress = progress::McpProgress::start(&context);
         let arguments = request.arguments.as_ref();
         let answer = self
-            .call(request.name.as_ref(), arguments, &progress, &context.ct)
+            .call(
+                request.name.as_ref(),
+                arguments,
+                &progress,
+                &context.ct,
+                Some(&context.peer),
+            )
             .await;
         // Pending progress notifications go out before the result.
         progress.finish().await;

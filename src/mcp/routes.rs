@@ -9,7 +9,7 @@ use rmcp::model::Tool;
 
 use super::call::{Call, CallError, Payload};
 use super::format::ErrorText;
-use super::{checkpoints, execute, files, jobs, lifecycle, network, ports};
+use super::{checkpoints, execute, files, jobs, lifecycle, network, ports, secrets};
 
 /// Which startup switch turns a tool on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,6 +28,8 @@ pub(super) enum Switch {
     /// The dashboard (the lifecycle switch) and an egress policy both: the person's egress
     /// tools, for the app alone (docs/egress.md, "Dashboard").
     EgressDashboard,
+    /// `--secret-tools` (docs/secrets-onboarding.md).
+    Secrets,
 }
 
 /// The switches one process runs with.
@@ -38,6 +40,7 @@ pub(super) struct Switches {
     pub lifecycle: bool,
     pub checkpoints: bool,
     pub egress: bool,
+    pub secrets: bool,
 }
 
 impl Switches {
@@ -50,6 +53,7 @@ impl Switches {
             Switch::Checkpoints => self.checkpoints,
             Switch::Egress => self.egress,
             Switch::EgressDashboard => self.egress && self.lifecycle,
+            Switch::Secrets => self.secrets,
         }
     }
 }
@@ -265,6 +269,13 @@ pub(super) static ROUTES: &[Route] = &[
         handler: handler!(network::answer),
         errors: ErrorText::Message,
     },
+    Route {
+        name: secrets::SECRET_REQUEST,
+        switch: Switch::Secrets,
+        tool: secrets::tool,
+        handler: handler!(secrets::secret_request),
+        errors: ErrorText::Message,
+    },
 ];
 
 /// The routes `switches` turn on, in listing order.
@@ -294,6 +305,7 @@ mod tests {
         lifecycle: true,
         checkpoints: true,
         egress: true,
+        secrets: true,
     };
 
     #[test]
@@ -325,7 +337,10 @@ mod tests {
             lifecycle: false,
             checkpoints: false,
             egress: false,
+            secrets: false,
         };
+        assert!(find(off, secrets::SECRET_REQUEST).is_none());
+        assert!(find(ALL_ON, secrets::SECRET_REQUEST).is_some());
         assert!(find(off, jobs::OUTPUT).is_none());
         assert!(find(off, lifecycle::LIST).is_none());
         assert!(find(off, checkpoints::CHECKPOINT).is_none());
@@ -345,6 +360,7 @@ mod tests {
             lifecycle,
             checkpoints: false,
             egress,
+            secrets: false,
         };
         for name in [
             network::ALLOW,

@@ -15,7 +15,11 @@ mod listener;
 mod pages;
 mod port_proxy;
 mod screen_body;
+mod secret_page;
 mod sessions;
+
+/// Stdio mode serves `secret_request`'s pages on a loopback listener of their own.
+pub use secret_page::loopback_starter as secret_page_starter;
 
 use std::net::SocketAddr;
 use std::path::Path;
@@ -74,6 +78,16 @@ fn url_host(host: &str) -> String {
         format!("[{host}]")
     } else {
         host.to_owned()
+    }
+}
+
+/// The host a person's browser opens the secret pages at: `--host`, or `localhost` when it is
+/// a wildcard address (which is no address to open, nor one the Host check accepts).
+fn page_host(host: &str) -> String {
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    match bare.parse::<std::net::IpAddr>() {
+        Ok(ip) if ip.is_unspecified() => "localhost".to_owned(),
+        _ => url_host(host),
     }
 }
 
@@ -253,6 +267,9 @@ pub async fn serve(surface: Arc<Surface>, config: &HttpConfig, options: ServeOpt
         end_sessions.child_token(),
     );
     surface.set_proxy_base(format!("http://{}:{port}", url_host(&config.host)));
+    if let Some(onboarding) = &surface.onboarding {
+        onboarding.set_base(format!("http://{}:{port}", page_host(&config.host)));
+    }
     if let Some(ports) = &surface.ports {
         ports.route_over_http(crate::ports::OriginNames {
             domain: origin_domain(&config.host),
@@ -397,6 +414,9 @@ fn router(
         guard::check_host_and_origin,
     ));
     let mut app = Router::new().merge(mcp_routes).merge(root);
+    if let Some(onboarding) = &surface.onboarding {
+        app = app.merge(secret_page::routes(onboarding.clone(), guard.clone()));
+    }
     let proxy = surface
         .ports
         .as_ref()
@@ -506,6 +526,15 @@ mod tests {
         assert_eq!(origin_domain("[::1]"), "localhost");
         assert_eq!(origin_domain("localhost"), "localhost");
         assert_eq!(origin_domain("MCP.example.com"), "mcp.example.com");
+    }
+
+    #[test]
+    fn secret_pages_of_a_wildcard_listener_open_at_localhost() {
+        assert_eq!(page_host("0.0.0.0"), "localhost");
+        assert_eq!(page_host("::"), "localhost");
+        assert_eq!(page_host("127.0.0.1"), "127.0.0.1");
+        assert_eq!(page_host("::1"), "[::1]");
+        assert_eq!(page_host("mcp.example.com"), "mcp.example.com");
     }
 
     #[test]

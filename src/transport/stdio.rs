@@ -44,6 +44,16 @@ const RETAINED_LINE_CAPACITY: usize = 64 * 1024;
 pub async fn serve(surface: Arc<Surface>) -> i32 {
     let mut signals = shutdown::Signals::install();
     let registry = surface.registry.clone();
+    // `secret_request`'s pages: a loopback listener, started on the first request and
+    // stopped with this function.
+    let pages = CancellationToken::new();
+    let _stop_pages = pages.clone().drop_guard();
+    if let Some(onboarding) = &surface.onboarding {
+        onboarding.set_starter(super::http::secret_page_starter(
+            Arc::downgrade(onboarding),
+            pages,
+        ));
+    }
     let handler = SessionHandler::new(surface, crate::ids::Principal::default_principal());
     let (reader, writer) = stdio_pipes();
     let eof = CancellationToken::new();

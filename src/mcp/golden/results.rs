@@ -63,7 +63,13 @@ impl Bench {
     async fn call_with(&self, tool: &str, arguments: Value, cancel: &CancellationToken) -> Value {
         let answer = self
             .handler
-            .call(tool, arguments.as_object(), Registry::no_progress(), cancel)
+            .call(
+                tool,
+                arguments.as_object(),
+                Registry::no_progress(),
+                cancel,
+                None,
+            )
             .await;
         let answer = match answer {
             Ok(result) => json!({"result": result}),
