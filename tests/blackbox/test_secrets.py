@@ -203,3 +203,79 @@ async def test_issue_34_a_flood_of_placeholders_gets_nothing_substituted_outside
             assert proxies_of_server() == proxies
             res = await srv.run("curl -sS https://api.test/after")
             assert res.structured["stdout"] == "seen-by-api.test\n", res
+
+
+async def test_issue_34_a_secret_entered_on_the_page_reaches_the_bound_host_from_a_running_computer(kbb, fake_internet):
+    # See: issue 34 ("a secret entered through the one-time page via the SDK's URL-elicitation
+    # callback reaches the bound host")
+    import httpx
+    import mcp.types as types
+
+    net = fake_internet
+    value = "sk-entered-" + secrets.token_hex(20)
+    asked: list[str] = []
+
+    async def person(context, params):
+        url = params.model_dump(by_alias=True, exclude_none=True)["url"]
+        asked.append(url)
+        async with httpx.AsyncClient(timeout=10) as client:
+            origin = "/".join(url.split("/")[:3])
+            answer = await client.post(url, data={"value": value}, headers={"Origin": origin})
+            assert answer.status_code == 200, answer.text
+        return types.ElicitResult(action="accept")
+
+    with HeaderHost(gateway_of(net["network"]), ["api.test", "evil.test"]) as host:
+        async with kbb.server(*server_args(net, host, "--secret-tools"), env={"KT_TEST_SECRET": "sk-server-x"},
+                              elicitation=person) as srv:
+            # The computer runs before the secret exists; it gets it without a restart.
+            res = await srv.run('printf %s "${ENTERED_KEY:-none}"')
+            assert res.structured["stdout"] == "none", res
+            res = await srv.call({"name": "ENTERED_KEY", "hosts": ["api.test"], "header": "X-Entered: {}",
+                                  "reason": "the test API"}, name="secret_request", timeout=60)
+            assert res.structured["status"] == "set" and value not in json.dumps(res.structured), res
+            assert len(asked) == 1
+            res = await srv.run('printf %s "$ENTERED_KEY"')
+            assert re.fullmatch(r"kts_[0-9a-f]{32}", res.structured["stdout"]), res
+            await srv.run("curl -sS https://api.test/entered")
+            [seen] = requests_to(host, "/entered")
+            assert header(seen, "X-Entered") == [value], seen
+            assert value not in srv.stderr()
+
+
+async def test_issue_34_a_second_principal_s_computers_never_get_the_first_s_secret(kbb, fake_internet, tmp_path):
+    # See: issue 34 ("a second principal's computers never get the first's secret")
+    import httpx
+
+    net = fake_internet
+    value = "sk-alice-" + secrets.token_hex(20)
+    tokens = {"alice": "alice-" + "a" * 40, "bob": "bob-" + "b" * 40}
+    tokens_file = tmp_path / "tokens"
+    tokens_file.write_text("".join(f"{p} {t}\n" for p, t in tokens.items()))
+    tokens_file.chmod(0o600)
+    with HeaderHost(gateway_of(net["network"]), ["api.test", "evil.test"]) as host:
+        async with kbb.http_server(*server_args(net, host, "--secret-tools", "--auth-tokens-file", str(tokens_file)),
+                                   env={"KT_TEST_SECRET": "sk-server-y"}) as srv:
+            async with kbb.http_session(srv, headers={"Authorization": f"Bearer {tokens['alice']}"}) as alice, \
+                    kbb.http_session(srv, headers={"Authorization": f"Bearer {tokens['bob']}"}) as bob:
+                await bob.run("true")
+                # A client without URL elicitation gets the page's address for the person.
+                res = await alice.call({"name": "ALICE_KEY", "hosts": "api.test", "reason": "alice's API"},
+                                       name="secret_request", timeout=60)
+                assert res.structured["status"] == "waiting", res
+                url = res.structured["url"]
+                async with httpx.AsyncClient(timeout=10) as client:
+                    origin = "/".join(url.split("/")[:3])
+                    answer = await client.post(url, data={"value": value}, headers={"Origin": origin})
+                    assert answer.status_code == 200, answer.text
+                res = await alice.run('curl -sS -H "X-Alice: $ALICE_KEY" https://api.test/alice')
+                assert res.structured["stdout"] == "seen-by-api.test\n", res
+                [seen] = requests_to(host, "/alice")
+                assert header(seen, "X-Alice") == [value], seen
+                # Bob's computer has no such variable, and its requests carry no such value.
+                res = await bob.run('printf %s "${ALICE_KEY:-none}"; curl -sS https://api.test/bob')
+                assert res.structured["stdout"].startswith("none"), res
+                [seen] = requests_to(host, "/bob")
+                assert value.encode() not in seen["raw"], seen
+                res = await bob.call({}, name="computer_network")
+                assert [s["name"] for s in res.structured["secrets"]] == ["API_TOKEN"], res
+            assert value not in srv.stderr()
