@@ -90,7 +90,12 @@ pub fn from_cli(
         upstream_ca_pem,
         upstream_network,
     };
-    if !settings.filters() {
+    // Secrets put computers behind the proxy in open mode too (docs/secrets.md, "Egress modes").
+    let brokering = !cli.secret.is_empty()
+        || cli.secrets_file.is_some()
+        || cli.secret_tools
+        || switch_on(env("ENABLE_SECRET_TOOLS").as_deref());
+    if !settings.filters() && !brokering {
         let proxy_flags = [
             ("--egress-allow-private", settings.policy.allow_private),
             ("--egress-dns", settings.dns.is_some()),

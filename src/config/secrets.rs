@@ -441,7 +441,7 @@ mod tests {
             "KT_VALUE" => Some("sk-live-42".to_owned()),
             _ => None,
         };
-        Config::from_cli(&cli, &env).map_err(|e| e.0)
+        Config::from_cli(&cli, env).map_err(|e| e.0)
     }
 
     #[test]

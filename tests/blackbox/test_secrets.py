@@ -279,3 +279,37 @@ async def test_issue_34_a_second_principal_s_computers_never_get_the_first_s_sec
                 res = await bob.call({}, name="computer_network")
                 assert [s["name"] for s in res.structured["secrets"]] == ["API_TOKEN"], res
             assert value not in srv.stderr()
+
+
+async def test_issue_34_with_egress_open_the_proxy_carries_requests_that_name_it_and_the_rest_goes_out_directly(
+    kbb, fake_internet
+):
+    # See: issue 34 ("With --egress open, bound hosts go through the proxy and the rest goes out
+    # as today")
+    net = fake_internet
+    value = "sk-open-" + secrets.token_hex(20)
+    gateway = gateway_of(net["network"])
+    with HeaderHost(gateway, ["api.test", "evil.test"]) as host:
+        args = [
+            "--image", TOOLS_IMAGE, "--egress", "open", *proxy_args(net),
+            "--egress-resolve", f"api.test={gateway}", "--egress-upstream-ca", host.ca_file,
+            "--secret", "API_TOKEN=env:KT_TEST_SECRET", "--secret-hosts", "API_TOKEN=api.test",
+        ]
+        async with kbb.server(*args, env={"KT_TEST_SECRET": value}) as srv:
+            # Through the proxy (the computer's proxy settings): the value is put in.
+            res = await srv.run('curl -sS -H "X-Api-Key: $API_TOKEN" https://api.test/proxied')
+            assert res.structured["stdout"] == "seen-by-api.test\n", res
+            [seen] = requests_to(host, "/proxied")
+            assert header(seen, "X-Api-Key") == [value], seen
+            # Straight out, not naming the proxy: the computer's own network, as without secrets
+            # (the proxy would have refused a placeholder to a bare address).
+            res = await srv.run(f'curl -sS --noproxy "*" -H "X-Api-Key: $API_TOKEN" http://{gateway}/direct')
+            assert res.structured["stdout"] == f"seen-by-{gateway}\n", res
+            [seen] = requests_to(host, "/direct")
+            placeholder = (await srv.run('printf %s "$API_TOKEN"')).structured["stdout"]
+            assert re.fullmatch(r"kts_[0-9a-f]{32}", placeholder)
+            assert header(seen, "X-Api-Key") == [placeholder], seen
+            container = container_for(res.structured["computer_id"])
+            networks = json.loads(docker("inspect", container).stdout)[0]["NetworkSettings"]["Networks"]
+            assert "bridge" in networks and any(n.startswith("kilntainers-egress-") for n in networks), networks
+        assert value not in srv.stderr()

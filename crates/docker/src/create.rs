@@ -127,6 +127,9 @@ pub(super) async fn create_from(
         let placement = backend.networks.place(docker, &owner).await?;
         let proxy = match (&placement.proxy, &placement.socket_volume) {
             (Some(_), Some(volume)) => Some(ProxyAt::Socket(volume.clone())),
+            (Some(proxy), None) if placement.also_join.is_some() => {
+                Some(ProxyAt::Beside(proxy.address))
+            }
             (Some(proxy), None) => Some(ProxyAt::Address(proxy.address)),
             (None, _) => None,
         };
@@ -145,6 +148,7 @@ pub(super) async fn create_from(
             run_image: run_image.clone(),
             labels,
             network_mode: placement.network_mode.clone(),
+            also_join: placement.also_join.clone(),
             proxy,
         };
         match new_container(backend, wanted).await {
@@ -207,6 +211,7 @@ pub(super) async fn spare(
         run_image: None,
         labels,
         network_mode: placement.network_mode.clone(),
+        also_join: None,
         proxy: egress.then_some(ProxyAt::Named),
     };
     let made = new_container(backend, wanted).await;
@@ -232,6 +237,8 @@ struct Wanted<'a> {
     labels: HashMap<String, String>,
     /// `HostConfig.NetworkMode` ([`super::networks::Placement`]).
     network_mode: Option<String>,
+    /// A second network joined before the start: the proxy's, in open mode with secrets.
+    also_join: Option<String>,
     /// Where the computer finds its egress proxy: its DNS server and HTTP proxy.
     proxy: Option<ProxyAt>,
 }
@@ -246,6 +253,10 @@ enum ProxyAt {
     /// Socket wiring: the volume of the proxy's socket, mounted read-only; the computer has no
     /// network, and its relay listens on its loopback (docs/egress.md, "Socket wiring").
     Socket(String),
+    /// Open mode with secrets: the proxy's address on its network, which the computer joins
+    /// beside its own; only the proxy settings name it, and names resolve as without it
+    /// (docs/secrets.md, "Egress modes").
+    Beside(std::net::IpAddr),
 }
 
 /// A container made and started, with its readiness checked.
@@ -289,6 +300,30 @@ async fn new_container(backend: &DockerBackend, wanted: Wanted<'_>) -> Result<Ma
             });
         }
     };
+    if let Some(network) = &wanted.also_join {
+        let joined = docker
+            .connect_network(
+                network,
+                bollard::models::NetworkConnectRequest {
+                    container: created.id.clone(),
+                    ..Default::default()
+                },
+            )
+            .await;
+        if let Err(e) = joined {
+            let _ = backend.remove_container(&created.id).await;
+            let error = BackendError::Provider(format!(
+                "Docker could not join computer '{}' to its egress proxy's network: {}",
+                wanted.computer_id,
+                describe(&e)
+            ));
+            return Err(if status_of(&e) == Some(404) {
+                Refused::NetworkMissing(error)
+            } else {
+                Refused::Failed(error)
+            });
+        }
+    }
     let sandbox = SandboxRef {
         computer_id: wanted.computer_id.clone(),
         sandbox_id: SandboxId::new(created.id.chars().take(12).collect::<String>()),
@@ -377,6 +412,13 @@ fn container_body(backend: &DockerBackend, wanted: &Wanted<'_>) -> ContainerCrea
                 host.dns = Some(vec![proxy.to_string()]);
                 host.dns_search = Some(Vec::new());
             }
+            body.env
+                .get_or_insert_default()
+                .extend(super::egress::proxy_env(&super::egress::proxy_url_host(
+                    *proxy,
+                )));
+        }
+        Some(ProxyAt::Beside(proxy)) => {
             body.env
                 .get_or_insert_default()
                 .extend(super::egress::proxy_env(&super::egress::proxy_url_host(

@@ -157,9 +157,9 @@ impl DockerBackend {
         }
         // A spare cannot be given the proxy's volume when it is handed out, and a computer
         // behind a socket-wired proxy needs it from its creation (docs/warm-pool.md, "Egress").
-        let warm_pool = if networks.socket_wired() && config.warm_pool > 0 {
+        let warm_pool = if (networks.socket_wired() || networks.beside()) && config.warm_pool > 0 {
             warn!(
-                "--warm-pool is not used with this egress wiring (docs/egress.md, \"Socket wiring\"): every computer is made when asked for"
+                "--warm-pool is not used with this egress wiring (docs/egress.md, \"Socket wiring\"; docs/secrets.md, \"Egress modes\"): every computer is made when asked for"
             );
             0
         } else {

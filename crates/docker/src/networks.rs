@@ -83,7 +83,11 @@ pub(super) struct Placement {
     /// With [`Wiring::Socket`]: the volume holding the proxy's socket, mounted into the
     /// computer (which then has no network).
     pub socket_volume: Option<String>,
+    /// Open mode with secrets ([`Networks::beside`]): the proxy's network, joined after the
+    /// container is created on its own.
+    pub also_join: Option<String>,
     _hold: Option<OwnedRwLockReadGuard<()>>,
+    _beside_hold: Option<OwnedRwLockReadGuard<()>>,
 }
 
 pub(super) struct Networks {
@@ -104,6 +108,10 @@ pub(super) struct Networks {
     wiring: Wiring,
     /// The secrets each proxy brokers for its computers (docs/secrets.md).
     secrets: SecretBook,
+    /// `--egress open` without rules, with secrets (docs/secrets.md, "Open mode"): a computer
+    /// keeps the network it would have without the proxy, and joins its principal's proxy
+    /// network beside it, for the requests that name the proxy.
+    beside: bool,
 }
 
 /// This process's coordination around one network name.
@@ -129,12 +137,17 @@ impl Networks {
         wiring: Wiring,
         secrets: &SecretBook,
     ) -> Self {
-        // Brokering alone puts computers behind the proxy too (docs/secrets.md, "Open mode").
+        // Brokering alone puts computers behind the proxy too (docs/secrets.md, "Egress modes").
+        let beside = mode != ComputerNetwork::Disabled
+            && secrets.enabled()
+            && !egress.filters()
+            && wiring == Wiring::Network;
         let egress = (mode != ComputerNetwork::Disabled && (egress.filters() || secrets.enabled()))
             .then(|| egress.clone());
         Self {
-            // Behind the proxy every computer needs an internal network, one principal or many.
-            mode: if egress.is_some() {
+            // Behind the proxy every computer needs an internal network, one principal or many;
+            // beside it, the computer's own network stays what it would be.
+            mode: if egress.is_some() && !beside {
                 ComputerNetwork::PerPrincipal
             } else {
                 mode
@@ -147,7 +160,13 @@ impl Networks {
             asking,
             wiring,
             secrets: secrets.clone(),
+            beside,
         }
+    }
+
+    /// Whether computers keep their own network and join the proxy's beside it.
+    pub(super) fn beside(&self) -> bool {
+        self.beside
     }
 
     /// Whether computers behind the proxy reach it through a socket ([`Wiring::Socket`]).
@@ -214,22 +233,49 @@ impl Networks {
         docker: &Docker,
         owner: &Principal,
     ) -> Result<Placement, BackendError> {
+        if self.beside {
+            let proxied = self
+                .hold(docker, &self.network_of(owner), Some(owner), true)
+                .await?;
+            let mut own = match self.mode {
+                ComputerNetwork::PerPrincipal => {
+                    self.hold(docker, &principal_network(owner), Some(owner), false)
+                        .await?
+                }
+                _ => Placement {
+                    network_mode: None,
+                    proxy: None,
+                    socket_volume: None,
+                    also_join: None,
+                    _hold: None,
+                    _beside_hold: None,
+                },
+            };
+            own.also_join = proxied.network_mode;
+            own.proxy = proxied.proxy;
+            own._beside_hold = proxied._hold;
+            return Ok(own);
+        }
         match self.mode {
             ComputerNetwork::Disabled => Ok(Placement {
                 network_mode: Some("none".to_owned()),
                 proxy: None,
                 socket_volume: None,
+                also_join: None,
                 _hold: None,
+                _beside_hold: None,
             }),
             ComputerNetwork::EngineDefault => Ok(Placement {
                 network_mode: None,
                 proxy: None,
                 socket_volume: None,
+                also_join: None,
                 _hold: None,
+                _beside_hold: None,
             }),
             ComputerNetwork::PerPrincipal => {
                 let name = self.network_of(owner);
-                self.hold(docker, &name, Some(owner)).await
+                self.hold(docker, &name, Some(owner), true).await
             }
         }
     }
@@ -237,21 +283,24 @@ impl Networks {
     /// Where a new warm-pool spare waits.
     pub(super) async fn place_spare(&self, docker: &Docker) -> Result<Placement, BackendError> {
         match self.mode {
-            ComputerNetwork::PerPrincipal => self.hold(docker, POOL_NETWORK, None).await,
+            ComputerNetwork::PerPrincipal => self.hold(docker, POOL_NETWORK, None, false).await,
             // Spares are made exactly like the computers they become.
             _ => self.place(docker, &Principal::default_principal()).await,
         }
     }
 
+    /// Network `name` made when missing and held for a new container; with `with_proxy` (and
+    /// an owner) the egress proxy guarding it too.
     async fn hold(
         &self,
         docker: &Docker,
         name: &str,
         owner: Option<&Principal>,
+        with_proxy: bool,
     ) -> Result<Placement, BackendError> {
         let gate = self.gate(name);
         let hold = gate.in_use.clone().read_owned().await;
-        let socket = self.socket_wired() && owner.is_some();
+        let socket = self.socket_wired() && owner.is_some() && with_proxy;
         let (network_mode, proxy) = {
             let _making = gate.making.lock().await;
             let network_mode = if socket {
@@ -262,7 +311,9 @@ impl Networks {
                 self.ensure(docker, name, owner).await?
             };
             let proxy = match (&self.egress, owner) {
-                (Some(settings), Some(_)) => Some(self.ensure_proxy(docker, name, settings).await?),
+                (Some(settings), Some(_)) if with_proxy => {
+                    Some(self.ensure_proxy(docker, name, settings).await?)
+                }
                 _ => None,
             };
             (network_mode, proxy)
@@ -271,7 +322,9 @@ impl Networks {
             network_mode: Some(network_mode),
             proxy,
             socket_volume: socket.then(|| name.to_owned()),
+            also_join: None,
             _hold: Some(hold),
+            _beside_hold: None,
         })
     }
 
@@ -473,7 +526,8 @@ impl Networks {
         {
             return Ok(id);
         }
-        let egress_network = self.egress.is_some() && owner.is_some();
+        let egress_network =
+            self.egress.is_some() && owner.is_some() && name.starts_with(EGRESS_NETWORK_PREFIX);
         let mut labels = HashMap::from([
             (label::MANAGED.to_owned(), "true".to_owned()),
             (
