@@ -303,24 +303,22 @@ impl SecretBook {
         out
     }
 
-    /// Sets (or replaces) a secret of `principal`.
+    /// Sets (or replaces) a secret of `principal`. The change hook runs under the book's lock,
+    /// so two changes of one principal reach the store in the order they were made.
     pub fn set(&self, principal: &Principal, secret: BrokeredSecret) -> Result<(), BrokeringError> {
-        let snapshot = {
-            let mut by_principal = self
-                .inner
-                .by_principal
-                .write()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            let own = by_principal.entry(principal.clone()).or_default();
-            own.retain(|s| s.name != secret.name);
-            if own.len() >= MAX_PER_PRINCIPAL {
-                return refuse(format!("this user already has {MAX_PER_PRINCIPAL} secrets"));
-            }
-            own.push(secret);
-            own.clone()
-        };
+        let mut by_principal = self
+            .inner
+            .by_principal
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let own = by_principal.entry(principal.clone()).or_default();
+        own.retain(|s| s.name != secret.name);
+        if own.len() >= MAX_PER_PRINCIPAL {
+            return refuse(format!("this user already has {MAX_PER_PRINCIPAL} secrets"));
+        }
+        own.push(secret);
         if let Some(on_change) = &self.inner.on_change {
-            on_change(principal, &snapshot);
+            on_change(principal, own);
         }
         Ok(())
     }
