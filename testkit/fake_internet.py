@@ -371,6 +371,12 @@ class HeaderHost:
 
     def __exit__(self, *exc) -> None:
         for sock, _ in self._listeners:
+            # Wakes the thread blocked in accept(); a bare close() would leave the listener
+            # bound (the kernel keeps it for that call) until the process ends.
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
             sock.close()
         for thread in self._threads:
             thread.join(timeout=5)
