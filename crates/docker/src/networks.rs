@@ -90,6 +90,20 @@ pub(super) struct Placement {
     _beside_hold: Option<OwnedRwLockReadGuard<()>>,
 }
 
+impl Placement {
+    /// A network that needs no proxy and no hold: `none`, or the engine's default (`None`).
+    fn unheld(network_mode: Option<String>) -> Self {
+        Self {
+            network_mode,
+            proxy: None,
+            socket_volume: None,
+            also_join: None,
+            _hold: None,
+            _beside_hold: None,
+        }
+    }
+}
+
 pub(super) struct Networks {
     mode: ComputerNetwork,
     engine: Engine,
@@ -242,14 +256,7 @@ impl Networks {
                     self.hold(docker, &principal_network(owner), Some(owner), false)
                         .await?
                 }
-                _ => Placement {
-                    network_mode: None,
-                    proxy: None,
-                    socket_volume: None,
-                    also_join: None,
-                    _hold: None,
-                    _beside_hold: None,
-                },
+                _ => Placement::unheld(None),
             };
             own.also_join = proxied.network_mode;
             own.proxy = proxied.proxy;
@@ -257,22 +264,8 @@ impl Networks {
             return Ok(own);
         }
         match self.mode {
-            ComputerNetwork::Disabled => Ok(Placement {
-                network_mode: Some("none".to_owned()),
-                proxy: None,
-                socket_volume: None,
-                also_join: None,
-                _hold: None,
-                _beside_hold: None,
-            }),
-            ComputerNetwork::EngineDefault => Ok(Placement {
-                network_mode: None,
-                proxy: None,
-                socket_volume: None,
-                also_join: None,
-                _hold: None,
-                _beside_hold: None,
-            }),
+            ComputerNetwork::Disabled => Ok(Placement::unheld(Some("none".to_owned()))),
+            ComputerNetwork::EngineDefault => Ok(Placement::unheld(None)),
             ComputerNetwork::PerPrincipal => {
                 let name = self.network_of(owner);
                 self.hold(docker, &name, Some(owner), true).await
