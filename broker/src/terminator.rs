@@ -380,7 +380,9 @@ async fn serve(job: TlsJob, ca: Arc<Ca>, upstream: Arc<ClientConfig>) -> Result<
             return refuse(&mut client, &host, port, reason).await;
         }
     };
-    if server.write_all(&head).await.is_err() || server.write_all(&rest).await.is_err() {
+    if write_flushed(&mut server, &head).await.is_err()
+        || write_flushed(&mut server, &rest).await.is_err()
+    {
         return Ok(());
     }
     let (client_read, client_write) = tokio::io::split(client);
@@ -396,14 +398,23 @@ fn run_rewrite(rewrite: &Rewrite, head: &[u8]) -> Result<Vec<u8>, String> {
     rewrite(head)
 }
 
+/// Writes all of `data` and flushes it. A TLS stream's `write_all` can end with the last
+/// records still in rustls's buffer when the socket was full; they leave only on the next write
+/// or a flush, and when the other side has nothing more to send there is no next write. Without
+/// the flush, a large request body stalled a few records short of its end under load.
+async fn write_flushed(to: &mut (impl AsyncWrite + Unpin), data: &[u8]) -> io::Result<()> {
+    to.write_all(data).await?;
+    to.flush().await
+}
+
 /// Copies one way until the end, an error or [`IDLE_TIMEOUT`] without a byte, then passes the
 /// end on.
-async fn pipe(mut from: impl AsyncRead + Unpin, mut to: impl AsyncWrite + Unpin) {
+pub(super) async fn pipe(mut from: impl AsyncRead + Unpin, mut to: impl AsyncWrite + Unpin) {
     let mut buffer = vec![0u8; COPY_BUFFER];
     loop {
         match timeout(IDLE_TIMEOUT, from.read(&mut buffer)).await {
             Ok(Ok(n)) if n > 0 => {
-                if to.write_all(&buffer[..n]).await.is_err() {
+                if write_flushed(&mut to, &buffer[..n]).await.is_err() {
                     break;
                 }
             }

@@ -19,7 +19,7 @@ use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair, 
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, PrivatePkcs8KeyDer, ServerName};
 use rustls::{ClientConfig, ClientConnection, RootCertStore, ServerConfig, ServerConnection};
 
-use super::terminator::RustlsTerminator;
+use super::terminator::{RustlsTerminator, pipe};
 
 const COMPUTER: &str = "10.0.0.5";
 const TOKEN: &str = "00112233445566778899aabbccddeeff";
@@ -461,4 +461,32 @@ fn the_tcp_entrances_terminate_too() {
         "GET / HTTP/1.1\r\nHost: api.bound.test\r\nAuthorization: Bearer {VALUE}\r\nConnection: close\r\n\r\n"
     );
     assert_eq!(heads, [expected.clone(), expected]);
+}
+
+/// What the copy reads reaches the other side while the sender keeps its end open. A TLS stream
+/// keeps records back when its socket is full (as the `BufWriter` here keeps everything) until
+/// the next write or a flush; a client waiting for the answer sends no next write, so without
+/// a flush per write a request body stalled a few records short of its end.
+#[test]
+fn the_copy_delivers_what_it_read_while_the_sender_keeps_its_end_open() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let (mut sender, from) = tokio::io::duplex(64 * 1024);
+        let (to, mut receiver) = tokio::io::duplex(64 * 1024);
+        let copy = tokio::spawn(pipe(from, tokio::io::BufWriter::new(to)));
+        let body = b"the last records of a request body";
+        sender.write_all(body).await.unwrap();
+        let mut got = [0u8; 34];
+        tokio::time::timeout(Duration::from_secs(10), receiver.read_exact(&mut got))
+            .await
+            .expect("the copy kept back what it had read")
+            .unwrap();
+        assert_eq!(&got, body);
+        drop(sender);
+        copy.await.unwrap();
+    });
 }
