@@ -13,7 +13,9 @@ sources are in `tests/provider-definitions/kubernetes/`):
   every JSON answer against the schema its operation documents; what does not match is a
   *violation* (tests require none). Served: `GET /version`, `GET /api/v1/namespaces/{ns}`,
   Pods and PersistentVolumeClaims (create, get, list with `labelSelector` and `watch`, delete),
-  `POST /apis/authorization.k8s.io/v1/selfsubjectaccessreviews`; failures are `Status` objects
+  `POST /apis/authorization.k8s.io/v1/selfsubjectaccessreviews`, and networking v1
+  NetworkPolicies (create, get, list, delete; stored, never enforced: the fake has no network
+  plugin, so a Pod's traffic is not filtered); failures are `Status` objects
   (`NotFound`, `AlreadyExists`, `Forbidden`, `Invalid`) with the right codes;
 * the agent-sandbox CRDs (`agents.x-k8s.io/v1beta1` `Sandbox`; `extensions.agents.x-k8s.io`
   `SandboxTemplate`, `SandboxClaim`, `SandboxWarmPool`) are served when `crds=True`, with their
@@ -69,6 +71,7 @@ from fakes.child import QuietHandler, arguments, close, listen, serve
 
 CORE = "kubernetes/openapi/api__v1_openapi.json"
 AUTHORIZATION = "kubernetes/openapi/apis__authorization.k8s.io__v1_openapi.json"
+NETWORKING = "kubernetes/openapi/apis__networking.k8s.io__v1_openapi.json"
 CRD_FILES = {
     "sandboxes": "kubernetes/agent-sandbox/crds/agents.x-k8s.io_sandboxes.yaml",
     "sandboxtemplates": "kubernetes/agent-sandbox/crds/extensions.agents.x-k8s.io_sandboxtemplates.yaml",
@@ -557,6 +560,10 @@ class FakeKubernetes:
         if m:
             self.note_violations(definitions.load(CORE).check_request(method, path, query, payload))
             return self.core(method, m.group(1), m.group(2), m.group(3), query, payload)
+        m = re.fullmatch(r"/apis/networking.k8s.io/v1/namespaces/([^/]+)/(networkpolicies)(?:/([^/]+))?", path)
+        if m:
+            self.note_violations(definitions.load(NETWORKING).check_request(method, path, query, payload))
+            return self.networking(method, m.group(1), m.group(2), m.group(3), query, payload)
         m = re.fullmatch(r"/apis/([^/]+)/([^/]+)/namespaces/([^/]+)/([^/]+)(?:/([^/]+))?", path)
         if m and self.crds and m.group(4) in self.crd_defs and m.group(2) == CRD_VERSION:
             definition, facts = self.crd_defs[m.group(4)]
@@ -600,6 +607,34 @@ class FakeKubernetes:
                     self.docker("volume", "rm", "-f", volume, check=False)
             if obj is None:
                 raise Reject(404, "NotFound", f'{plural} "{name}" not found')
+            return 200, obj
+        raise Reject(405, "MethodNotAllowed", f"{method} is not supported here")
+
+    def networking(self, method, namespace, plural, name, query, payload):
+        """NetworkPolicies: stored and listed, never enforced (the fake has no network plugin)."""
+        if namespace not in self.namespaces:
+            raise Reject(404, "NotFound", f'namespaces "{namespace}" not found')
+        verb = {"GET": "get" if name else "list", "POST": "create", "DELETE": "delete"}.get(method, method.lower())
+        self.check_denied(verb, plural)
+        if name is None and method == "GET":
+            return self.list_or_watch(plural, namespace, query, "NetworkPolicyList", api_version="networking.k8s.io/v1")
+        if name is None and method == "POST":
+            self.fill_metadata(payload, namespace)
+            with self.lock:
+                if (plural, namespace, payload["metadata"]["name"]) in self.objects:
+                    raise Reject(409, "AlreadyExists",
+                                 f'networkpolicies.networking.k8s.io "{payload["metadata"]["name"]}" already exists')
+            payload.setdefault("apiVersion", "networking.k8s.io/v1")
+            payload.setdefault("kind", "NetworkPolicy")
+            payload["metadata"]["generation"] = 1
+            return 201, self.put(plural, namespace, payload, "ADDED")
+        obj = self.get(plural, namespace, name) if name else None
+        if obj is None:
+            raise Reject(404, "NotFound", f'networkpolicies.networking.k8s.io "{name}" not found')
+        if method == "GET":
+            return 200, obj
+        if method == "DELETE":
+            self.remove(plural, namespace, name)
             return 200, obj
         raise Reject(405, "MethodNotAllowed", f"{method} is not supported here")
 
@@ -872,8 +907,11 @@ class _Handler(QuietHandler):
             fake.note_violations([f"{method} {path}: {error!r}"])
         if hasattr(payload, "__next__"):
             return self.stream_events(payload)
-        if path.startswith("/api/v1/") and isinstance(payload, dict) and payload.get("kind") != "Status":
-            fake.note_violations(definitions.load(CORE).check_answer(method, path, code, payload))
+        if isinstance(payload, dict) and payload.get("kind") != "Status":
+            if path.startswith("/api/v1/"):
+                fake.note_violations(definitions.load(CORE).check_answer(method, path, code, payload))
+            elif path.startswith("/apis/networking.k8s.io/v1/"):
+                fake.note_violations(definitions.load(NETWORKING).check_answer(method, path, code, payload))
         return self.reply(code, payload)
 
     def reply(self, code: int, payload) -> None:

@@ -223,18 +223,23 @@ fn check_backend(cli: &Cli, settings: &EgressSettings) -> Result<(), ConfigError
                     policy.mode.name()
                 ))
             }),
-        // No NetworkPolicy is made for computers yet (docs/kubernetes.md, "Not built yet"), so
-        // neither rules nor `none` could be kept.
-        BackendKind::Kubernetes if policy.mode != EgressMode::Open || !policy.deny.is_empty() => {
-            fail(format!(
-                "--egress {}{} (or --no-network) is not enforced by the kubernetes backend in this version; use --egress open without rules, and a NetworkPolicy of your own (deploy/kubernetes/networkpolicy.yaml).",
-                policy.mode.name(),
-                if policy.deny.is_empty() {
-                    ""
-                } else {
-                    " with --egress-deny"
-                },
-            ))
+        // One NetworkPolicy per computer, where it can say the same (docs/kubernetes.md,
+        // "Egress"); a warm pool's Pods run before any policy of ours could be in place.
+        #[cfg(feature = "kubernetes")]
+        BackendKind::Kubernetes => {
+            kilntainers_kubernetes::egress::check(policy).map_err(|why| {
+                ConfigError(format!(
+                    "--egress {}: {why}; change that rule, or use the docker backend.",
+                    policy.mode.name()
+                ))
+            })?;
+            let pool = cli.kubernetes.k8s_warm_pool.as_deref();
+            if !policy.is_unfiltered() && pool.is_some_and(|p| !p.trim().is_empty()) {
+                return fail(
+                    "--egress rules (or --no-network) cannot be kept with --k8s-warm-pool: the pool's Pods run before a computer's NetworkPolicy could be made. Drop --k8s-warm-pool, or the egress rules.",
+                );
+            }
+            Ok(())
         }
         _ => Ok(()),
     }

@@ -9,12 +9,14 @@ missing permissions listed together, a storage size that does not parse, a sandb
 pod mode), two
 principals each with a computer over HTTP, a temporary Pod deleted when its session ends, a
 permanent computer with its home volume and a running job found again after a server restart,
-and a port reached through pods/portforward.
+a port reached through pods/portforward, and egress rules kept as the computer's NetworkPolicy
+(made before its Pod, deleted with it; the fake stores it and does not enforce it).
 Every test asserts the fake saw no request outside the published definitions."""
 
 from __future__ import annotations
 
 import hashlib
+import re
 import subprocess
 import time
 
@@ -123,7 +125,12 @@ def test_startup_lists_every_missing_permission(kbb, fake, tmp_path):
 @pytest.mark.parametrize(("args", "start"), [
     (["--k8s-storage", "10GB"], "--k8s-storage must be a Kubernetes quantity such as 10Gi, 500Mi or 1G, or 0 for no volume; got '10GB'."),
     (["--k8s-warm-pool", "pool"], "--k8s-warm-pool belongs to sandbox mode (the agent-sandbox CRDs), but --k8s-mode is pod"),
-    (["--no-network"], "--egress none (or --no-network) is not enforced by the kubernetes backend in this version"),
+    (["--egress", "allowlist", "--egress-allow", "pypi.org"],
+     "--egress allowlist: 'pypi.org' names a host, and a Kubernetes NetworkPolicy takes only address blocks (CIDRs)"),
+    (["--egress", "allowlist", "--egress-ask", "--egress-allow", "203.0.113.7"],
+     "--egress allowlist: --egress-ask needs the egress proxy, which the kubernetes backend does not run"),
+    (["--egress-deny", "203.0.113.7:22"],
+     "--egress open: deny rule '203.0.113.7:22' has a port, and a NetworkPolicy cannot take one port out"),
 ])
 def test_startup_refuses_what_pod_mode_cannot_do(kbb, fake, tmp_path, args, start):
     config = kubeconfig(tmp_path / "kubeconfig", fake.url)
@@ -246,3 +253,61 @@ async def test_a_port_is_reached_through_port_forward(kbb, fake, tmp_path):
         page = httpx.get(url + "index.html", timeout=10)
         assert page.status_code == 200 and page.text == "hello pod\n"
         assert fake.requests_matching("GET", f"/api/v1/namespaces/default/pods/{computer}/portforward")
+
+
+def request_index(fake: FakeKubernetes, method: str, pattern: str) -> int:
+    rx = re.compile(pattern)
+    with fake.lock:
+        return next(i for i, r in enumerate(fake.requests) if r["method"] == method and rx.fullmatch(r["path"]))
+
+
+async def test_egress_rules_become_a_network_policy_made_before_the_pod_and_gone_with_it(kbb, fake, tmp_path):
+    # See: issue 37 ("egress as NetworkPolicy"); spec kubernetes.md §2, egress row.
+    config = kubeconfig(tmp_path / "kubeconfig", fake.url)
+    args = k8s_args("--egress", "allowlist", "--egress-allow", "203.0.113.0/24", "--egress-allow", "198.51.100.7:8443",
+                    "--egress-deny", "203.0.113.128/25")
+    async with kbb.server(*args, env=env_for(config)) as srv:
+        res = (await srv.call({"command": "echo hi"})).ok()
+        name = res.structured["computer_id"]
+        policy = fake.get("networkpolicies", "default", name)
+        assert policy is not None, "no NetworkPolicy for the computer"
+        spec = policy["spec"]
+        assert spec["podSelector"] == {"matchLabels": {"kilntainers": "true", "kilntainers.name": name}}
+        assert pod_of(fake, name)["metadata"]["labels"]["kilntainers.name"] == name
+        assert spec["policyTypes"] == ["Ingress", "Egress"] and "ingress" not in spec
+        assert spec["egress"] == [
+            {"to": [{"ipBlock": {"cidr": "203.0.113.0/24", "except": ["203.0.113.128/25"]}}],
+             "ports": [{"port": 80, "protocol": "TCP"}, {"port": 443, "protocol": "TCP"}]},
+            {"to": [{"ipBlock": {"cidr": "198.51.100.7/32"}}], "ports": [{"port": 8443, "protocol": "TCP"}]},
+        ]
+        assert policy["metadata"]["labels"]["kilntainers.temporary"] == "true"
+        assert policy["metadata"]["labels"]["kilntainers.instance"] == srv.instance_id
+        made = request_index(fake, "POST", "/apis/networking.k8s.io/v1/namespaces/default/networkpolicies")
+        assert made < request_index(fake, "POST", "/api/v1/namespaces/default/pods"), "the Pod ran before its policy"
+        # The model sees the policy the computer runs under.
+        net = (await srv.call({"computer_id": name}, name="computer_network")).ok()
+        assert net.structured["mode"] == "allowlist", net.structured
+        assert net.structured["allow"] == ["203.0.113.0/24", "198.51.100.7:8443"], net.structured
+        assert net.structured["deny"] == ["203.0.113.128/25"], net.structured
+    deadline = time.monotonic() + 15
+    while fake.get("networkpolicies", "default", name) is not None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert fake.get("networkpolicies", "default", name) is None, "NetworkPolicy left after its computer went"
+
+
+async def test_no_network_is_a_policy_with_no_egress_and_needs_its_permissions(kbb, fake, tmp_path):
+    config = kubeconfig(tmp_path / "kubeconfig", fake.url)
+    fake.deny("create", "networkpolicies")
+    message = error_of(run_cli(kbb, config, *k8s_args("--no-network")))
+    assert message.startswith("The Kubernetes credentials lack permissions this server needs in namespace 'default': "
+                              "create networkpolicies.networking.k8s.io."), message
+    # With the permission back, the computer runs under a policy that lets nothing out.
+    with fake.lock:
+        fake.denied.clear()
+    async with kbb.server(*k8s_args("--no-network", "--k8s-storage", "0"), env=env_for(config)) as srv:
+        res = (await srv.call({"command": "echo hi"})).ok()
+        name = res.structured["computer_id"]
+        spec = fake.get("networkpolicies", "default", name)["spec"]
+        assert spec["egress"] == [] and spec["policyTypes"] == ["Ingress", "Egress"], spec
+        net = (await srv.call({"computer_id": name}, name="computer_network")).ok()
+        assert net.structured["mode"] == "none", net.structured

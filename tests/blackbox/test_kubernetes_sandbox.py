@@ -8,7 +8,8 @@ Covered: sandbox mode chosen when the CRDs are served; a permanent computer (a S
 again after a server restart; restart (suspend and resume) keeping the home directory; delete
 taking the Sandbox and its PVC; a temporary computer claimed from a warm pool and deleted with
 its session; the startup refusals of sandbox mode (no CRDs, a warm pool or template that does
-not exist). Every test asserts the fake saw no request outside the published definitions (the
+not exist, egress rules with a warm pool); a Sandbox's NetworkPolicy made before it, selecting
+its Pod. Every test asserts the fake saw no request outside the published definitions (the
 vendored CRDs for the agent-sandbox bodies)."""
 
 from __future__ import annotations
@@ -120,6 +121,28 @@ def test_startup_refuses_what_sandbox_mode_cannot_find(kbb, fake, tmp_path):
     assert message.startswith("The SandboxTemplate 'nope' (--k8s-template) does not exist"), message
     message = error_of(run_cli(kbb, config, *sandbox_args("--warm-pool", "2")))
     assert "--k8s-warm-pool" in message, message
+    # A warm pool's Pods run before any NetworkPolicy of ours could select them.
+    add_warm_pool(fake, "pool", "busybox-template")
+    message = error_of(run_cli(kbb, config, *sandbox_args("--k8s-warm-pool", "pool", "--no-network")))
+    assert message.startswith("--egress rules (or --no-network) cannot be kept with --k8s-warm-pool"), message
+
+
+async def test_a_sandbox_with_egress_rules_has_its_network_policy_before_it_exists(kbb, fake, tmp_path):
+    # See: issue 37 ("egress as NetworkPolicy"), sandbox mode.
+    config = kubeconfig(tmp_path / "kubeconfig", fake.url)
+    args = sandbox_args("--egress", "allowlist", "--egress-allow", "203.0.113.0/24")
+    async with kbb.server(*args, env=env_for(config)) as srv:
+        name = (await srv.run("echo hi")).ok().structured["computer_id"]
+        policy = fake.get("networkpolicies", "default", name)
+        assert policy is not None
+        selector = policy["spec"]["podSelector"]["matchLabels"]
+        pod_labels = fake.get("pods", "default", name)["metadata"]["labels"]
+        assert all(pod_labels.get(k) == v for k, v in selector.items()), (selector, pod_labels)
+        with fake.lock:
+            posts = [r["path"] for r in fake.requests if r["method"] == "POST"]
+        assert posts.index("/apis/networking.k8s.io/v1/namespaces/default/networkpolicies") < posts.index(SANDBOXES)
+    assert fake.listed("networkpolicies", "default", None) == []
+    assert fake.listed("sandboxes", "default", None) == []
 
 
 def test_sandbox_mode_needs_the_crds(kbb, tmp_path):

@@ -66,11 +66,14 @@ pub mod modal {
 }
 
 /// Kubernetes keys of Pods and PersistentVolumeClaims: the Docker names, which are valid label
-/// keys as they are. Labels hold what the server selects by (managed, temporary, instance);
-/// the computer id, image and owner are annotations, since label values are limited to 63
-/// characters of `[A-Za-z0-9._-]` and an image reference or a principal may not fit.
+/// keys as they are. Labels hold what the server selects by (managed, temporary, instance,
+/// name); the computer id, image, owner and egress policy are annotations, since label values
+/// are limited to 63 characters of `[A-Za-z0-9._-]` and those may not fit.
 pub mod kubernetes {
-    pub use super::docker::{COMPUTER_ID, IMAGE, INSTANCE, MANAGED, OWNER, TEMPORARY};
+    pub use super::docker::{COMPUTER_ID, EGRESS, IMAGE, INSTANCE, MANAGED, OWNER, TEMPORARY};
+    /// The computer's object name (a DNS-1123 label, so a valid label value), by which its
+    /// NetworkPolicy selects its Pods (docs/kubernetes.md, "Egress").
+    pub const NAME: &str = "kilntainers.name";
 }
 
 /// Reads a mode label: missing means temporary, values compare case-insensitively.

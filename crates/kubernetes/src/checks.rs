@@ -75,6 +75,7 @@ const fn crd(verb: &'static str, group: &'static str, resource: &'static str) ->
 
 const SANDBOXES: &str = "agents.x-k8s.io";
 const EXTENSIONS: &str = "extensions.agents.x-k8s.io";
+const NETWORKING: &str = "networking.k8s.io";
 
 /// What pod mode does with Pods. Exec and port-forward upgrade a GET to a WebSocket: API
 /// servers up to 1.34 authorize that as `get`, later ones as `create` (the
@@ -117,8 +118,25 @@ const SANDBOX_CLAIM_PERMISSIONS: [Permission; 5] = [
     crd("get", EXTENSIONS, "sandboxwarmpools"),
 ];
 
-/// Every permission the backend checks at startup with this configuration in `mode`.
-pub fn required(config: &KubernetesConfig, mode: Mode) -> Vec<Permission> {
+/// What the server does with the computers' NetworkPolicies, when its egress policy needs them
+/// (docs/kubernetes.md, "Egress").
+const NETWORK_POLICY_PERMISSIONS: [Permission; 3] = [
+    crd("create", NETWORKING, "networkpolicies"),
+    crd("get", NETWORKING, "networkpolicies"),
+    crd("delete", NETWORKING, "networkpolicies"),
+];
+
+/// Every permission the backend checks at startup with this configuration in `mode`, with
+/// `network_policies` when the server's egress policy is kept by NetworkPolicies.
+pub fn required(config: &KubernetesConfig, mode: Mode, network_policies: bool) -> Vec<Permission> {
+    let mut all = required_for_computers(config, mode);
+    if network_policies {
+        all.extend(NETWORK_POLICY_PERMISSIONS);
+    }
+    all
+}
+
+fn required_for_computers(config: &KubernetesConfig, mode: Mode) -> Vec<Permission> {
     match mode {
         Mode::Pod => {
             let mut all = POD_PERMISSIONS.to_vec();
@@ -242,6 +260,7 @@ pub async fn check(
     namespace: &str,
     config: &KubernetesConfig,
     mode: Mode,
+    network_policies: bool,
 ) -> Result<(), StartupError> {
     client
         .apiserver_version()
@@ -273,7 +292,7 @@ pub async fn check(
     }
     let reviews = Api::<SelfSubjectAccessReview>::all(client.clone());
     let mut missing = Vec::new();
-    for permission in required(config, mode) {
+    for permission in required(config, mode, network_policies) {
         let review = SelfSubjectAccessReview {
             spec: SelfSubjectAccessReviewSpec {
                 resource_attributes: Some(ResourceAttributes {
@@ -399,8 +418,8 @@ mod tests {
 
     #[test]
     fn volumes_need_claim_permissions_only_when_there_are_volumes() {
-        let with = required(&config(Some("10Gi")), Mode::Pod);
-        let without = required(&config(None), Mode::Pod);
+        let with = required(&config(Some("10Gi")), Mode::Pod, false);
+        let without = required(&config(None), Mode::Pod, false);
         assert!(with.contains(&on("create", "persistentvolumeclaims")));
         assert!(
             !without
@@ -418,7 +437,7 @@ mod tests {
     fn sandbox_mode_asks_for_the_crd_verbs_and_not_for_making_pods() {
         let mut with_pool = config(Some("10Gi"));
         with_pool.warm_pool = Some("pool".to_owned());
-        let all = required(&with_pool, Mode::Sandbox);
+        let all = required(&with_pool, Mode::Sandbox, false);
         assert!(all.contains(&crd("patch", SANDBOXES, "sandboxes")));
         assert!(all.contains(&crd("create", EXTENSIONS, "sandboxclaims")));
         assert!(!all.contains(&on("create", "pods")));
@@ -429,8 +448,23 @@ mod tests {
             crd("patch", SANDBOXES, "sandboxes").to_string(),
             "patch sandboxes.agents.x-k8s.io"
         );
-        let plain = required(&config(None), Mode::Sandbox);
+        let plain = required(&config(None), Mode::Sandbox, false);
         assert!(!plain.iter().any(|p| p.resource == "sandboxclaims"));
+    }
+
+    #[test]
+    fn network_policies_are_asked_for_only_when_the_egress_policy_needs_them() {
+        for mode in [Mode::Pod, Mode::Sandbox] {
+            let open = required(&config(None), mode, false);
+            assert!(!open.iter().any(|p| p.resource == "networkpolicies"));
+            let filtered = required(&config(None), mode, true);
+            assert!(filtered.contains(&crd("create", NETWORKING, "networkpolicies")));
+            assert!(filtered.contains(&crd("delete", NETWORKING, "networkpolicies")));
+        }
+        assert_eq!(
+            crd("create", NETWORKING, "networkpolicies").to_string(),
+            "create networkpolicies.networking.k8s.io"
+        );
     }
 
     #[test]

@@ -20,6 +20,7 @@
 
 mod checks;
 pub mod config;
+pub mod egress;
 mod exec;
 mod objects;
 mod sandbox;
@@ -29,6 +30,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{DeleteParams, ListParams, Patch, PatchParams, PostParams, PropagationPolicy};
 use kube::{Api, Client};
@@ -44,6 +46,7 @@ use crate::sandbox::{
     PodTemplate, RUNNING, SUSPENDED, Sandbox, SandboxClaim, claim_of_template,
     operating_mode_patch, shutdown_time_in,
 };
+use kilntainers_backend::egress::EgressPolicy;
 use kilntainers_backend::ids::{ComputerId, ExecId, InstanceId, SandboxId};
 use kilntainers_backend::labels::kubernetes as keys;
 use kilntainers_backend::posix::{self, KILL_SWEEP_TIMEOUT, SweepReach, shell_basename};
@@ -84,6 +87,8 @@ struct Cluster {
     claims: Api<PersistentVolumeClaim>,
     sandboxes: Api<Sandbox>,
     sandbox_claims: Api<SandboxClaim>,
+    /// The computers' NetworkPolicies (docs/kubernetes.md, "Egress").
+    network_policies: Api<NetworkPolicy>,
     /// `--k8s-template`'s pod template, read at startup.
     template: Option<PodTemplate>,
 }
@@ -104,6 +109,8 @@ pub struct KubernetesBackend {
     cluster: OnceCell<Cluster>,
     /// Ports (per Pod incarnation) a port-forward reached before; see `connect_port`.
     answered: std::sync::Mutex<HashSet<(SandboxId, u16)>>,
+    /// The server's egress policy: new computers get it unless they narrow it.
+    egress_policy: EgressPolicy,
 }
 
 impl KubernetesBackend {
@@ -114,6 +121,7 @@ impl KubernetesBackend {
             default_timeout_secs: common.default_timeout_secs,
             cluster: OnceCell::new(),
             answered: std::sync::Mutex::new(HashSet::new()),
+            egress_policy: common.egress.policy.clone(),
         })
     }
 
@@ -141,9 +149,18 @@ impl KubernetesBackend {
                 let mode = checks::mode(&client, &self.config)
                     .await
                     .map_err(unavailable)?;
-                checks::check(&client, &url, &namespace, &self.config, mode)
-                    .await
-                    .map_err(unavailable)?;
+                let network_policies =
+                    egress::egress_rules(&self.egress_policy).is_ok_and(|rules| rules.is_some());
+                checks::check(
+                    &client,
+                    &url,
+                    &namespace,
+                    &self.config,
+                    mode,
+                    network_policies,
+                )
+                .await
+                .map_err(unavailable)?;
                 let template = match mode {
                     Mode::Sandbox => {
                         checks::sandbox_sources(&client, &url, &namespace, &self.config)
@@ -159,7 +176,8 @@ impl KubernetesBackend {
                     pods: Api::namespaced(client.clone(), &namespace),
                     claims: Api::namespaced(client.clone(), &namespace),
                     sandboxes: Api::namespaced(client.clone(), &namespace),
-                    sandbox_claims: Api::namespaced(client, &namespace),
+                    sandbox_claims: Api::namespaced(client.clone(), &namespace),
+                    network_policies: Api::namespaced(client, &namespace),
                     template,
                     namespace,
                 })
@@ -306,6 +324,8 @@ impl KubernetesBackend {
         let cluster = self.cluster().await?;
         let id = &recipe.computer_id;
         let with_home = !recipe.temporary && self.config.storage.is_some();
+        // Before anything that runs: the Pod must never run without its policy.
+        self.ensure_network_policy(cluster, recipe).await?;
         if cluster.mode == Mode::Sandbox {
             self.make_sandbox(cluster, recipe, with_home, progress)
                 .await?;
@@ -356,6 +376,93 @@ impl KubernetesBackend {
         let sandbox = self.wait_running(id).await?;
         self.readiness(&sandbox).await?;
         Ok(sandbox)
+    }
+
+    /// Makes the NetworkPolicy of `recipe`'s egress policy, when it has one (docs/kubernetes.md,
+    /// "Egress"); one of this computer's that is there already (a restart) is kept.
+    async fn ensure_network_policy(
+        &self,
+        cluster: &Cluster,
+        recipe: &Recipe,
+    ) -> Result<(), BackendError> {
+        let id = &recipe.computer_id;
+        let policy = recipe.egress_policy().map_err(|e| {
+            BackendError::Provider(format!(
+                "Computer '{id}' has an unreadable egress policy: {e}"
+            ))
+        })?;
+        let Some(policy) = policy else {
+            return Ok(());
+        };
+        let rules = egress::egress_rules(&policy).map_err(|why| {
+            BackendError::Provider(format!(
+                "Cannot create computer '{id}': a Kubernetes NetworkPolicy cannot enforce its egress policy: {why}."
+            ))
+        })?;
+        let Some(rules) = rules else {
+            return Ok(());
+        };
+        if cluster.mode == Mode::Sandbox && self.config.warm_pool.is_some() && recipe.temporary {
+            // A warm pool's Pod runs before it is claimed, and what labels it gets then is the
+            // controller's: no policy could be in place first.
+            return Err(BackendError::Provider(format!(
+                "Cannot create computer '{id}' with egress rules: it would be claimed from the warm pool, whose Pods run before any NetworkPolicy of ours; start the server without --k8s-warm-pool to use egress rules."
+            )));
+        }
+        let meta = recipe.object_metadata();
+        let name = object_name(id);
+        let made = egress::network_policy(meta, &name, rules);
+        match cluster
+            .network_policies
+            .create(&PostParams::default(), &made)
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 409 => {
+                let existing = cluster.network_policies.get(&name).await.map_err(|e| {
+                    api_error(
+                        cluster,
+                        &format!("Reading the NetworkPolicy of computer '{id}'"),
+                        e,
+                    )
+                })?;
+                match Recipe::read(&existing.metadata, &self.config.image) {
+                    Some(theirs) if theirs.computer_id == *id => Ok(()),
+                    _ => Err(name_taken(cluster, id, "NetworkPolicy")),
+                }
+            }
+            Err(e) => Err(api_error(
+                cluster,
+                &format!("Creating the NetworkPolicy of computer '{id}'"),
+                e,
+            )),
+        }
+    }
+
+    /// Deletes the NetworkPolicy of `id`, after its Pods are gone. Not there is fine; so is a
+    /// refusal (403) when the server's own policy needs none, since then the startup check
+    /// never asked for the permission and no policy of this server's can be there unless a
+    /// computer narrowed its egress, whose create would have failed on the same refusal.
+    async fn delete_network_policy(&self, id: &ComputerId) -> Result<(), BackendError> {
+        let cluster = self.cluster().await?;
+        match cluster
+            .network_policies
+            .delete(&object_name(id), &delete_now())
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+            Err(kube::Error::Api(status))
+                if status.code == 403 && self.egress_policy.is_unfiltered() =>
+            {
+                Ok(())
+            }
+            Err(e) => Err(api_error(
+                cluster,
+                &format!("Deleting the NetworkPolicy of computer '{id}'"),
+                e,
+            )),
+        }
     }
 
     /// Sandbox mode: the Sandbox (or claim) of `recipe`, with pod mode's Pod spec (or
@@ -704,7 +811,8 @@ impl KubernetesBackend {
         let cluster = self.cluster().await?;
         if cluster.mode == Mode::Pod {
             self.delete_pod(id).await?;
-            return self.delete_claim(id).await;
+            self.delete_claim(id).await?;
+            return self.delete_network_policy(id).await;
         }
         if let Some(backing) = self.backing(id).await? {
             let name = object_name(id);
@@ -739,7 +847,8 @@ impl KubernetesBackend {
         }
         // agent-sandbox may keep a volume claim template's PVC after its Sandbox; the home is
         // the computer's, so it goes with it.
-        self.delete_claim(id).await
+        self.delete_claim(id).await?;
+        self.delete_network_policy(id).await
     }
 
     /// The metadata a computer's sandbox id comes from, as lookup and create give it: its
@@ -907,6 +1016,20 @@ impl Backend for KubernetesBackend {
         self.cluster().await.map(|_| ())
     }
 
+    /// The policy recorded on the computer's objects (docs/kubernetes.md, "Egress").
+    async fn egress_policy(
+        &self,
+        sandbox: &SandboxRef,
+    ) -> Result<Option<EgressPolicy>, BackendError> {
+        let id = &sandbox.computer_id;
+        let Some((recipe, _, _)) = self.recipe_of(id).await? else {
+            return Err(BackendError::Vanished(id.clone()));
+        };
+        recipe
+            .egress_policy()
+            .map_err(|e| BackendError::Provider(format!("computer '{id}': {e}")))
+    }
+
     async fn port_route(
         &self,
         _sandbox: &SandboxRef,
@@ -987,6 +1110,11 @@ impl Backend for KubernetesBackend {
                 .unwrap_or_else(|| self.config.image.clone()),
             instance: spec.temporary.then(|| spec.instance.as_str().to_owned()),
             owner: spec.owner.as_ref().map(|o| o.as_str().to_owned()),
+            // Recorded on every object of the computer, so a restart, a factory reset or
+            // another server process makes the same NetworkPolicy (docs/egress.md, "Recorded").
+            egress: Some(spec.egress.as_ref().unwrap_or(&self.egress_policy))
+                .filter(|policy| !policy.is_unfiltered())
+                .map(EgressPolicy::to_label),
         };
         self.make(&recipe, progress).await
     }

@@ -14,6 +14,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use crate::config::KubernetesConfig;
+use kilntainers_backend::egress::{EgressPolicy, LabelError};
 use kilntainers_backend::ids::ComputerId;
 use kilntainers_backend::labels::{self, kubernetes as keys};
 use kilntainers_backend::posix;
@@ -59,6 +60,11 @@ pub struct Recipe {
     pub instance: Option<String>,
     /// The owner principal as this server wrote it.
     pub owner: Option<String>,
+    /// The egress policy recorded at creation ([`EgressPolicy::to_label`]'s text), when it has
+    /// rules; read back with [`Recipe::egress_policy`].
+    ///
+    /// [`EgressPolicy::to_label`]: kilntainers_backend::egress::EgressPolicy::to_label
+    pub egress: Option<String>,
 }
 
 impl Recipe {
@@ -80,7 +86,17 @@ impl Recipe {
                 .unwrap_or_else(|| default_image.to_owned()),
             instance: labels.get(keys::INSTANCE).cloned(),
             owner: annotations.get(keys::OWNER).cloned(),
+            egress: annotations.get(keys::EGRESS).cloned(),
         })
+    }
+
+    /// The recorded egress policy; one that cannot be read is an error for this computer,
+    /// never an open computer.
+    pub fn egress_policy(&self) -> Result<Option<EgressPolicy>, LabelError> {
+        self.egress
+            .as_deref()
+            .map(EgressPolicy::from_label)
+            .transpose()
     }
 
     /// Labels (what the server selects by) and annotations (what it reads back, free-form).
@@ -95,12 +111,16 @@ impl Recipe {
         if let Some(instance) = &self.instance {
             labels.insert(keys::INSTANCE.to_owned(), instance.clone());
         }
+        labels.insert(keys::NAME.to_owned(), object_name(&self.computer_id));
         let mut annotations = BTreeMap::from([
             (keys::COMPUTER_ID.to_owned(), self.computer_id.to_string()),
             (keys::IMAGE.to_owned(), self.image.clone()),
         ]);
         if let Some(owner) = &self.owner {
             annotations.insert(keys::OWNER.to_owned(), owner.clone());
+        }
+        if let Some(egress) = &self.egress {
+            annotations.insert(keys::EGRESS.to_owned(), egress.clone());
         }
         ObjectMeta {
             name: Some(object_name(&self.computer_id)),
@@ -283,8 +303,16 @@ mod tests {
             image: "busybox".to_owned(),
             instance: Some("0123456789abcdef".to_owned()),
             owner: Some("alice".to_owned()),
+            egress: Some(
+                EgressPolicy {
+                    mode: kilntainers_backend::egress::EgressMode::None,
+                    ..EgressPolicy::open()
+                }
+                .to_label(),
+            ),
         };
         let pod = recipe.pod(&config(), "/bin/sh", false);
+        assert_eq!(pod.metadata.labels.as_ref().unwrap()[keys::NAME], "box");
         let spec = pod.spec.as_ref().unwrap();
         assert_eq!(spec.automount_service_account_token, Some(false));
         assert_eq!(spec.enable_service_links, Some(false));

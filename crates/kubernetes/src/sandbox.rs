@@ -339,6 +339,7 @@ mod tests {
             image: "busybox".to_owned(),
             instance: temporary.then(|| "0123456789abcdef".to_owned()),
             owner: None,
+            egress: None,
         }
     }
 
