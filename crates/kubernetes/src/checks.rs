@@ -120,9 +120,10 @@ const SANDBOX_CLAIM_PERMISSIONS: [Permission; 5] = [
 
 /// What the server does with the computers' NetworkPolicies, when its egress policy needs them
 /// (docs/kubernetes.md, "Egress").
-const NETWORK_POLICY_PERMISSIONS: [Permission; 3] = [
+const NETWORK_POLICY_PERMISSIONS: [Permission; 4] = [
     crd("create", NETWORKING, "networkpolicies"),
     crd("get", NETWORKING, "networkpolicies"),
+    crd("list", NETWORKING, "networkpolicies"),
     crd("delete", NETWORKING, "networkpolicies"),
 ];
 

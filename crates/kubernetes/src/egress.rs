@@ -21,6 +21,7 @@
 //! Nothing here talks to the API server; the cluster's network plugin enforces what is made.
 
 use std::collections::BTreeMap;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use k8s_openapi::api::networking::v1::{
     IPBlock, NetworkPolicy, NetworkPolicyEgressRule, NetworkPolicyPeer, NetworkPolicyPort,
@@ -33,24 +34,40 @@ use kilntainers_backend::labels::kubernetes as keys;
 
 /// The blocks the egress proxy refuses as destinations without `--egress-allow-private`
 /// (the helper's `is_private`, as networks). The IPv4-mapped IPv6 block is excepted whole.
-const PRIVATE_BLOCKS: [&str; 16] = [
-    "0.0.0.0/8",
-    "10.0.0.0/8",
-    "100.64.0.0/10",
-    "127.0.0.0/8",
-    "169.254.0.0/16",
-    "172.16.0.0/12",
-    "192.0.0.0/24",
-    "192.168.0.0/16",
-    "224.0.0.0/4",
-    "240.0.0.0/4",
-    "::/127",
-    "::ffff:0.0.0.0/96",
-    "64:ff9b::/96",
-    "fc00::/7",
-    "fe80::/10",
-    "ff00::/8",
+const PRIVATE_BLOCKS: [(IpAddr, u8); 16] = [
+    (v4(0, 0, 0, 0), 8),
+    (v4(10, 0, 0, 0), 8),
+    (v4(100, 64, 0, 0), 10),
+    (v4(127, 0, 0, 0), 8),
+    (v4(169, 254, 0, 0), 16),
+    (v4(172, 16, 0, 0), 12),
+    (v4(192, 0, 0, 0), 24),
+    (v4(192, 168, 0, 0), 16),
+    (v4(224, 0, 0, 0), 4),
+    (v4(240, 0, 0, 0), 4),
+    (v6([0, 0]), 127),
+    (v6([0, 0xffff]), 96),
+    (v6([0x64, 0xff9b]), 96),
+    (v6([0xfc00, 0]), 7),
+    (v6([0xfe80, 0]), 10),
+    (v6([0xff00, 0]), 8),
 ];
+/// Every address of each family.
+const EVERYWHERE: [(IpAddr, u8); 2] = [(v4(0, 0, 0, 0), 0), (v6([0, 0]), 0)];
+
+const fn v4(a: u8, b: u8, c: u8, d: u8) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(a, b, c, d))
+}
+
+/// An IPv6 network address from its first two segments (the mapped block's are its fifth and
+/// sixth: `::ffff:0:0`).
+const fn v6([a, b]: [u16; 2]) -> IpAddr {
+    if a == 0 && b == 0xffff {
+        IpAddr::V6(Ipv6Addr::new(0, 0, 0, 0, 0, 0xffff, 0, 0))
+    } else {
+        IpAddr::V6(Ipv6Addr::new(a, b, 0, 0, 0, 0, 0, 0))
+    }
+}
 
 /// Where the cluster's resolver runs on nearly every distribution (kubeadm, EKS, GKE, AKS,
 /// k3s): pods labelled `k8s-app=kube-dns` in `kube-system`.
@@ -108,9 +125,8 @@ pub(crate) fn egress_rules(
                 }
             }
             let mut rules = Vec::new();
-            for everything in ["0.0.0.0/0", "::/0"] {
-                let block = network(everything);
-                if let Some(rule) = block_rule(policy, &block, None)? {
+            for (addr, prefix) in EVERYWHERE {
+                if let Some(rule) = block_rule(policy, &network(addr, prefix), None)? {
                     rules.push(rule);
                 }
             }
@@ -149,7 +165,10 @@ fn block_rule(
     let private = if policy.allow_private {
         Vec::new()
     } else {
-        PRIVATE_BLOCKS.iter().map(|text| network(text)).collect()
+        PRIVATE_BLOCKS
+            .iter()
+            .map(|&(addr, prefix)| network(addr, prefix))
+            .collect()
     };
     let mut except: Vec<String> = Vec::new();
     for deny in policy.deny.iter().chain(&private) {
@@ -246,8 +265,11 @@ fn tcp(port: u16) -> NetworkPolicyPort {
     }
 }
 
-fn network(text: &str) -> Pattern {
-    Pattern::parse(text).expect("a network written in this file parses")
+fn network(addr: IpAddr, prefix: u8) -> Pattern {
+    Pattern {
+        host: HostPattern::Network { addr, prefix },
+        port: None,
+    }
 }
 
 fn host_only(pattern: &Pattern) -> Pattern {
@@ -307,6 +329,50 @@ mod tests {
         list.iter().map(|s| (*s).to_owned()).collect()
     }
 
+    /// The private blocks of one family as CIDR text.
+    fn private(ipv6: bool) -> Vec<String> {
+        PRIVATE_BLOCKS
+            .iter()
+            .filter(|(addr, _)| addr.is_ipv6() == ipv6)
+            .map(|&(addr, prefix)| format!("{addr}/{prefix}"))
+            .collect()
+    }
+
+    #[test]
+    fn the_private_blocks_are_the_networks_they_say_and_hold_what_the_proxy_refuses() {
+        assert_eq!(
+            private(false),
+            strings(&[
+                "0.0.0.0/8",
+                "10.0.0.0/8",
+                "100.64.0.0/10",
+                "127.0.0.0/8",
+                "169.254.0.0/16",
+                "172.16.0.0/12",
+                "192.0.0.0/24",
+                "192.168.0.0/16",
+                "224.0.0.0/4",
+                "240.0.0.0/4"
+            ])
+        );
+        assert_eq!(
+            private(true),
+            strings(&[
+                "::/127",
+                "::ffff:0.0.0.0/96",
+                "64:ff9b::/96",
+                "fc00::/7",
+                "fe80::/10",
+                "ff00::/8"
+            ])
+        );
+        // Each is a network address (no host bits), as a Pattern would have it.
+        for (addr, prefix) in PRIVATE_BLOCKS {
+            let parsed = Pattern::parse(&format!("{addr}/{prefix}")).unwrap();
+            assert_eq!(parsed, network(addr, prefix), "{addr}/{prefix}");
+        }
+    }
+
     #[test]
     fn open_without_rules_needs_no_policy_and_none_allows_nothing() {
         assert_eq!(egress_rules(&EgressPolicy::open()), Ok(None));
@@ -330,7 +396,7 @@ mod tests {
         ))
         .unwrap()
         .unwrap();
-        let private = strings(&PRIVATE_BLOCKS[..10]);
+        let private = private(false);
         assert_eq!(
             summary(&rules),
             vec![
@@ -373,13 +439,13 @@ mod tests {
         assert_eq!(got[0].0, "0.0.0.0/0");
         assert_eq!(
             got[0].1,
-            [strings(&["203.0.113.0/24"]), strings(&PRIVATE_BLOCKS[..10])].concat()
+            [strings(&["203.0.113.0/24"]), private(false)].concat()
         );
         assert!(got[0].2.is_empty() && rules[0].ports.is_none());
         assert_eq!(got[1].0, "::/0");
         assert_eq!(
             got[1].1,
-            [strings(&["2001:db8::/32"]), strings(&PRIVATE_BLOCKS[10..])].concat()
+            [strings(&["2001:db8::/32"]), private(true)].concat()
         );
         assert_eq!(
             got[2],

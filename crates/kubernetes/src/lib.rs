@@ -1345,6 +1345,28 @@ impl Backend for KubernetesBackend {
                 }
             }
         }
+        // A server that died between a computer's NetworkPolicy and its Pod left the policy
+        // alone; listed only when this server makes policies (and may list them).
+        if !self.egress_policy.is_unfiltered() {
+            let policies = (cluster.network_policies.list(&temporary).await)
+                .map_err(|e| api_error(cluster, "Listing NetworkPolicies for crash GC", e))?;
+            for policy in policies.items {
+                let Some(recipe) = Recipe::read(&policy.metadata, &self.config.image) else {
+                    continue;
+                };
+                let orphaned = recipe
+                    .instance
+                    .as_deref()
+                    .and_then(InstanceId::parse)
+                    .is_some_and(|instance| dead.contains(&instance));
+                if orphaned
+                    && !removed.contains(&recipe.computer_id)
+                    && let Err(e) = self.delete_network_policy(&recipe.computer_id).await
+                {
+                    warn!(computer_id = %recipe.computer_id, error = %e, "crash GC could not delete a NetworkPolicy");
+                }
+            }
+        }
         Ok(removed)
     }
 }
