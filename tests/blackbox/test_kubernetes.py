@@ -10,13 +10,15 @@ pod mode), two
 principals each with a computer over HTTP, a temporary Pod deleted when its session ends, a
 permanent computer with its home volume and a running job found again after a server restart,
 a port reached through pods/portforward, and egress rules kept as the computer's NetworkPolicy
-(made before its Pod, deleted with it; the fake stores it and does not enforce it).
+(made before its Pod, deleted with it and by crash GC; the fake stores it and does not enforce it).
 Every test asserts the fake saw no request outside the published definitions."""
 
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+import signal
 import subprocess
 import time
 
@@ -24,7 +26,7 @@ import httpx
 import pytest
 
 from fakes.kubernetes import FakeKubernetes
-from harness import BIN, BUSYBOX, free_port
+from harness import BIN, BUSYBOX, apoll, free_port, wait_exit
 
 pytestmark = [pytest.mark.anyio, pytest.mark.client_independent]
 
@@ -311,3 +313,22 @@ async def test_no_network_is_a_policy_with_no_egress_and_needs_its_permissions(k
         assert spec["egress"] == [] and spec["policyTypes"] == ["Ingress", "Egress"], spec
         net = (await srv.call({"computer_id": name}, name="computer_network")).ok()
         assert net.structured["mode"] == "none", net.structured
+
+
+async def test_crash_gc_takes_a_network_policy_a_dead_server_left_without_its_pod(kbb, fake, tmp_path):
+    # See: issue 37 (crash GC), docs/kubernetes.md "Egress": nothing a dead server made is left behind.
+    config = kubeconfig(tmp_path / "kubeconfig", fake.url)
+    home = kbb.home()
+    args = k8s_args("--no-network", "--k8s-storage", "0")
+    async with kbb.server(*args, home=home, env=env_for(config)) as a:
+        name = (await a.run("true")).ok().structured["computer_id"]
+        assert fake.get("networkpolicies", "default", name) is not None
+        os.kill(a.pid, signal.SIGKILL)
+        assert wait_exit(a, 10) == -signal.SIGKILL
+    # As if the server had died between the policy and the Pod.
+    fake.delete_pod("default", name)
+    assert fake.get("networkpolicies", "default", name) is not None
+    async with kbb.server(*args, home=home, env=env_for(config)) as b:
+        (await b.run("true")).ok()
+        gone = await apoll(lambda: fake.get("networkpolicies", "default", name) is None, 30, 0.2)
+        assert gone, "crash GC left the dead server's NetworkPolicy"
