@@ -155,42 +155,62 @@ pub(crate) fn egress_rules(
 }
 
 /// The rule for one allowed `block` (its port ignored; `ports` says which, `None` = all), with
-/// the private and denied blocks inside it excepted; `None` when they cover all of it.
+/// the denied and private blocks inside it excepted; `None` when they cover all of it.
+///
+/// A deny rule applies to the block's ports it names (none named: 80 and 443, as the proxy
+/// reads it); one whose ports the block does not allow changes nothing. An `except` entry takes
+/// an address off every port of the rule, so a deny rule is excepted when it names a port only
+/// if that is the rule's one port; a deny rule without a port is excepted from every port (a
+/// little stricter than the proxy when the block has other ports too). Private blocks are
+/// refused on every port, as the proxy refuses them after resolution.
 fn block_rule(
     policy: &EgressPolicy,
     block: &Pattern,
     ports: Option<&[u16]>,
 ) -> Result<Option<NetworkPolicyEgressRule>, Unmappable> {
     let block = host_only(block);
-    let private = if policy.allow_private {
-        Vec::new()
-    } else {
-        PRIVATE_BLOCKS
-            .iter()
-            .map(|&(addr, prefix)| network(addr, prefix))
-            .collect()
-    };
     let mut except: Vec<String> = Vec::new();
-    for deny in policy.deny.iter().chain(&private) {
+    let mut take_out = |denied: &Pattern| {
+        if denied.covers(&block) {
+            return false;
+        }
+        let text = cidr(denied);
+        if !except.contains(&text) {
+            except.push(text);
+        }
+        true
+    };
+    for deny in &policy.deny {
         let denied = host_only(deny);
         if !denied.overlaps_host(&block) {
+            continue;
+        }
+        let deny_ports: &[u16] = match &deny.port {
+            Some(port) => std::slice::from_ref(port),
+            None => &DEFAULT_PORTS,
+        };
+        if ports.is_some_and(|ports| !ports.iter().any(|p| deny_ports.contains(p))) {
             continue;
         }
         if !matches!(deny.host, HostPattern::Network { .. }) {
             return Err(Unmappable::Name(deny.to_string()));
         }
-        if deny.port.is_some() {
+        if deny.port.is_some() && ports.is_none_or(|ports| ports != deny_ports) {
             return Err(Unmappable::DenyPort {
                 deny: deny.to_string(),
                 allow: block.to_string(),
             });
         }
-        if denied.covers(&block) {
+        if !take_out(&denied) {
             return Ok(None);
         }
-        let text = cidr(&denied);
-        if !except.contains(&text) {
-            except.push(text);
+    }
+    if !policy.allow_private {
+        for (addr, prefix) in PRIVATE_BLOCKS {
+            let private = network(addr, prefix);
+            if private.overlaps_host(&block) && !take_out(&private) {
+                return Ok(None);
+            }
         }
     }
     Ok(Some(NetworkPolicyEgressRule {
@@ -388,8 +408,8 @@ mod tests {
             EgressMode::Allowlist,
             &[
                 "203.0.113.7",
-                "198.51.100.0/24:8443",
-                "0.0.0.0/0:22",
+                "198.51.100.0/24",
+                "0.0.0.0/0:443",
                 "10.1.0.0/16",
             ],
             &["198.51.100.128/25", "203.0.113.0/24", "pypi.org"],
@@ -404,12 +424,12 @@ mod tests {
                 (
                     "198.51.100.0/24".to_owned(),
                     strings(&["198.51.100.128/25"]),
-                    strings(&["TCP/8443"])
+                    strings(&["TCP/80", "TCP/443"])
                 ),
                 (
                     "0.0.0.0/0".to_owned(),
                     [strings(&["198.51.100.128/25", "203.0.113.0/24"]), private].concat(),
-                    strings(&["TCP/22"])
+                    strings(&["TCP/443"])
                 ),
             ]
         );
@@ -422,6 +442,33 @@ mod tests {
                 Vec::new(),
                 strings(&["TCP/80", "TCP/443"])
             )]
+        );
+    }
+
+    #[test]
+    fn a_deny_rule_applies_to_the_ports_it_names() {
+        let rules = egress_rules(&policy(
+            EgressMode::Allowlist,
+            &["203.0.113.0/24:22", "198.51.100.0/24:443"],
+            // 80 and 443 only: not port 22. Port 443 exactly: the second block's one port.
+            &["203.0.113.7", "198.51.100.9:443"],
+        ))
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            summary(&rules),
+            vec![
+                (
+                    "203.0.113.0/24".to_owned(),
+                    Vec::new(),
+                    strings(&["TCP/22"])
+                ),
+                (
+                    "198.51.100.0/24".to_owned(),
+                    strings(&["198.51.100.9/32"]),
+                    strings(&["TCP/443"])
+                ),
+            ]
         );
     }
 
@@ -467,22 +514,22 @@ mod tests {
             egress_rules(&policy(
                 EgressMode::Allowlist,
                 &["203.0.113.0/24"],
-                &["203.0.113.7:22"]
+                &["203.0.113.7:443"]
             )),
             Err(Unmappable::DenyPort {
-                deny: "203.0.113.7:22".to_owned(),
+                deny: "203.0.113.7:443".to_owned(),
                 allow: "203.0.113.0/24".to_owned()
             })
         );
         let mut ask = policy(EgressMode::Allowlist, &["203.0.113.7"], &[]);
         ask.ask = true;
         assert_eq!(egress_rules(&ask), Err(Unmappable::Ask));
-        // A deny rule apart from every allowed block changes nothing, whatever it names.
+        // A deny rule apart from every allowed block or port changes nothing, whatever it names.
         assert!(
             egress_rules(&policy(
                 EgressMode::Allowlist,
                 &["203.0.113.7"],
-                &["pypi.org", "198.51.100.1:22"]
+                &["pypi.org", "198.51.100.1:22", "203.0.113.7:22"]
             ))
             .is_ok()
         );
