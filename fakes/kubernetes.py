@@ -635,7 +635,10 @@ class FakeKubernetes:
             return 200, obj
         if method == "DELETE":
             self.remove(plural, namespace, name)
-            return 200, obj
+            # The published definition answers a NetworkPolicy's DELETE with a Status.
+            return 200, {"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success",
+                         "details": {"name": name, "group": "networking.k8s.io", "kind": plural,
+                                     "uid": obj["metadata"]["uid"]}}
         raise Reject(405, "MethodNotAllowed", f"{method} is not supported here")
 
     def custom(self, method, namespace, plural, name, query, payload, facts):
