@@ -851,6 +851,13 @@ impl KubernetesBackend {
         self.delete_network_policy(id).await
     }
 
+    /// The recipe on `meta` when it is a temporary computer of a server instance in `dead`.
+    fn orphan(&self, meta: &ObjectMeta, dead: &HashSet<InstanceId>) -> Option<Recipe> {
+        let recipe = Recipe::read(meta, &self.config.image)?;
+        let instance = recipe.instance.as_deref().and_then(InstanceId::parse)?;
+        dead.contains(&instance).then_some(recipe)
+    }
+
     /// The metadata a computer's sandbox id comes from, as lookup and create give it: its
     /// Pod's when there is one (an id per incarnation), else its own object's.
     async fn identity(
@@ -1327,17 +1334,9 @@ impl Backend for KubernetesBackend {
         };
         let mut removed = Vec::new();
         for meta in metas {
-            let Some(recipe) = Recipe::read(&meta, &self.config.image) else {
+            let Some(recipe) = self.orphan(&meta, dead) else {
                 continue;
             };
-            let orphaned = recipe
-                .instance
-                .as_deref()
-                .and_then(InstanceId::parse)
-                .is_some_and(|instance| dead.contains(&instance));
-            if !orphaned {
-                continue;
-            }
             match self.remove_computer(&recipe.computer_id).await {
                 Ok(()) => removed.push(recipe.computer_id),
                 Err(e) => {
@@ -1351,16 +1350,10 @@ impl Backend for KubernetesBackend {
             let policies = (cluster.network_policies.list(&temporary).await)
                 .map_err(|e| api_error(cluster, "Listing NetworkPolicies for crash GC", e))?;
             for policy in policies.items {
-                let Some(recipe) = Recipe::read(&policy.metadata, &self.config.image) else {
+                let Some(recipe) = self.orphan(&policy.metadata, dead) else {
                     continue;
                 };
-                let orphaned = recipe
-                    .instance
-                    .as_deref()
-                    .and_then(InstanceId::parse)
-                    .is_some_and(|instance| dead.contains(&instance));
-                if orphaned
-                    && !removed.contains(&recipe.computer_id)
+                if !removed.contains(&recipe.computer_id)
                     && let Err(e) = self.delete_network_policy(&recipe.computer_id).await
                 {
                     warn!(computer_id = %recipe.computer_id, error = %e, "crash GC could not delete a NetworkPolicy");
