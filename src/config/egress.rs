@@ -195,6 +195,17 @@ fn read_ca(path: &std::path::Path) -> Result<String, ConfigError> {
 /// is `--no-network`, which each backend handles as before.
 fn check_backend(cli: &Cli, settings: &EgressSettings) -> Result<(), ConfigError> {
     let policy = &settings.policy;
+    // A provider's own network controls cannot say `why`.
+    #[cfg_attr(
+        not(any(feature = "e2b", feature = "modal", feature = "kubernetes")),
+        expect(unused_variables)
+    )]
+    let unmappable = |why: &dyn std::fmt::Display| {
+        ConfigError(format!(
+            "--egress {}: {why}; change that rule, or use the docker backend.",
+            policy.mode.name()
+        ))
+    };
     match cli.backend {
         BackendKind::Fly if policy.mode != EgressMode::Open || !policy.deny.is_empty() => {
             fail(FLY_REFUSAL)
@@ -207,32 +218,17 @@ fn check_backend(cli: &Cli, settings: &EgressSettings) -> Result<(), ConfigError
         #[cfg(feature = "e2b")]
         BackendKind::E2b => kilntainers_e2b::egress::network_config(policy)
             .map(drop)
-            .map_err(|why| {
-                ConfigError(format!(
-                    "--egress {}: {why}; change that rule, or use the docker backend.",
-                    policy.mode.name()
-                ))
-            }),
+            .map_err(|why| unmappable(&why)),
         // Modal's CIDR allow-list, where it can say the same (docs/egress.md, "Modal").
         #[cfg(feature = "modal")]
         BackendKind::Modal => kilntainers_modal::egress::allowed_cidrs(policy)
             .map(drop)
-            .map_err(|why| {
-                ConfigError(format!(
-                    "--egress {}: {why}; change that rule, or use the docker backend.",
-                    policy.mode.name()
-                ))
-            }),
+            .map_err(|why| unmappable(&why)),
         // One NetworkPolicy per computer, where it can say the same (docs/kubernetes.md,
         // "Egress"); a warm pool's Pods run before any policy of ours could be in place.
         #[cfg(feature = "kubernetes")]
         BackendKind::Kubernetes => {
-            kilntainers_kubernetes::egress::check(policy).map_err(|why| {
-                ConfigError(format!(
-                    "--egress {}: {why}; change that rule, or use the docker backend.",
-                    policy.mode.name()
-                ))
-            })?;
+            kilntainers_kubernetes::egress::check(policy).map_err(|why| unmappable(&why))?;
             let pool = cli.kubernetes.k8s_warm_pool.as_deref();
             if !policy.is_unfiltered() && pool.is_some_and(|p| !p.trim().is_empty()) {
                 return fail(

@@ -105,24 +105,14 @@ pub(crate) fn egress_rules(
         EgressMode::None => Ok(Some(Vec::new())),
         EgressMode::Open if policy.deny.is_empty() => Ok(None),
         EgressMode::Open => {
-            // Every deny rule meets "everything": a name or a port cannot be taken out of it.
-            for deny in &policy.deny {
-                match deny {
-                    Pattern {
-                        host: HostPattern::Network { .. },
-                        port: None,
-                    } => {}
-                    Pattern {
-                        host: HostPattern::Network { .. },
-                        port: Some(_),
-                    } => {
-                        return Err(Unmappable::DenyPort {
-                            deny: deny.to_string(),
-                            allow: "every address (--egress open)".to_owned(),
-                        });
-                    }
-                    _ => return Err(Unmappable::Name(deny.to_string())),
-                }
+            // Every deny rule meets "everything", but a name never overlaps an address block,
+            // so `block_rule` would pass it by; ports are its to refuse.
+            if let Some(named) = policy
+                .deny
+                .iter()
+                .find(|deny| !matches!(deny.host, HostPattern::Network { .. }))
+            {
+                return Err(Unmappable::Name(named.to_string()));
             }
             let mut rules = Vec::new();
             for (addr, prefix) in EVERYWHERE {

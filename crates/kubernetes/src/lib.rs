@@ -149,8 +149,8 @@ impl KubernetesBackend {
                 let mode = checks::mode(&client, &self.config)
                     .await
                     .map_err(unavailable)?;
-                let network_policies =
-                    egress::egress_rules(&self.egress_policy).is_ok_and(|rules| rules.is_some());
+                // Open without rules is the one policy that needs no NetworkPolicy.
+                let network_policies = !self.egress_policy.is_unfiltered();
                 checks::check(
                     &client,
                     &url,
