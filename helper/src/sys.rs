@@ -1,16 +1,19 @@
-//! The helper's only foreign calls, `poll` and `kill`, behind safe wrappers: std has no way to
-//! wait on several pipes with a timeout or to signal a process group, and the helper takes no
-//! dependencies (it is compiled with plain `rustc`). This is the crate's only `unsafe`. The tests
+//! The helper's only foreign calls, `poll`, `kill` and `recv`, behind safe wrappers: std has no
+//! way to wait on several pipes with a timeout, to signal a process group or (on stable) to peek
+//! at a Unix socket, and the helper takes no dependencies (it is compiled with plain `rustc`). This is the crate's only `unsafe`. The tests
 //! add `prctl`, to stand in for a computer's PID 1.
 
-use std::ffi::{c_int, c_short, c_ulong};
+use std::ffi::{c_int, c_short, c_ulong, c_void};
 use std::io;
+use std::os::fd::AsRawFd;
 use std::time::Duration;
 
 pub(crate) const POLLIN: c_short = 0x1;
 pub(crate) const POLLOUT: c_short = 0x4;
 pub(crate) const POLLHUP: c_short = 0x10;
 const SIGKILL: c_int = 9;
+const MSG_PEEK: c_int = 0x2;
+const MSG_DONTWAIT: c_int = 0x40;
 
 /// `struct pollfd`.
 #[repr(C)]
@@ -33,10 +36,12 @@ impl PollFd {
 
 // SAFETY: these are the C library's own declarations on Linux (glibc and musl agree). `kill`
 // takes plain integers and touches none of our memory, so it is declared safe to call; `poll`
-// reads and writes `nfds` entries at `fds`, which `poll_fds` guarantees.
+// reads and writes `nfds` entries at `fds`, which `poll_fds` guarantees; `recv` writes at most
+// `len` bytes at `buf`, which `peek_now` guarantees.
 unsafe extern "C" {
     safe fn kill(pid: c_int, sig: c_int) -> c_int;
     fn poll(fds: *mut PollFd, nfds: c_ulong, timeout: c_int) -> c_int;
+    fn recv(fd: c_int, buf: *mut c_void, len: usize, flags: c_int) -> isize;
     #[cfg(test)]
     fn prctl(option: c_int, ...) -> c_int;
 }
@@ -68,6 +73,27 @@ pub(crate) fn poll_fds(fds: &mut [PollFd], timeout: Duration) -> io::Result<usiz
         Err(io::Error::last_os_error())
     } else {
         Ok(ready as usize)
+    }
+}
+
+/// Copies what `socket` has waiting to be read into `buffer`, without taking it off the socket
+/// and without waiting; `Ok(0)` when nothing is waiting or the peer has closed.
+pub(crate) fn peek_now(socket: &impl AsRawFd, buffer: &mut [u8]) -> io::Result<usize> {
+    // SAFETY: `buffer` is an exclusively borrowed slice, and recv writes at most its length.
+    let read = unsafe {
+        recv(
+            socket.as_raw_fd(),
+            buffer.as_mut_ptr().cast(),
+            buffer.len(),
+            MSG_PEEK | MSG_DONTWAIT,
+        )
+    };
+    match read {
+        n if n >= 0 => Ok(n as usize),
+        _ => match io::Error::last_os_error() {
+            e if e.kind() == io::ErrorKind::WouldBlock => Ok(0),
+            e => Err(e),
+        },
     }
 }
 

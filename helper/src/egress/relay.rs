@@ -20,7 +20,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use super::socket::{self, Kind, RELAY_ADDRESS, Token};
 use super::{ACCEPT_BACKOFF, Ports, STACK, dns, splice};
@@ -33,6 +33,8 @@ pub const MAX_RELAYED: usize = 512;
 pub const MAX_QUERIES: usize = 64;
 /// How long one UDP query waits for the proxy's answer: about what a resolver client waits.
 const QUERY_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a refused connect to the proxy's socket is tried again.
+const CONNECT_PATIENCE: Duration = Duration::from_secs(2);
 /// Largest framed answer taken from the proxy (its answers are a question and one address).
 const MAX_ANSWER: usize = 4096;
 /// What `--resolv-conf` writes: the relay is the only resolver, and every name is absolute.
@@ -66,9 +68,33 @@ impl Relay {
 
     /// Opens a connection to the proxy, identified as `kind`.
     fn open(&self, kind: Kind) -> io::Result<UnixStream> {
-        let mut stream = UnixStream::connect(&self.socket)?;
+        let mut stream = patiently(CONNECT_PATIENCE, || UnixStream::connect(&self.socket))?;
         stream.write_all(socket::identification_line(&self.token, kind).as_bytes())?;
         Ok(stream)
+    }
+}
+
+/// `connect()`, tried again while it is refused, for up to `patience`: a neighbour flooding the
+/// proxy's socket can fill its listen backlog, and a connect that failed has sent nothing, so
+/// trying again is safe. Any other error is returned at once.
+fn patiently<T>(patience: Duration, mut connect: impl FnMut() -> io::Result<T>) -> io::Result<T> {
+    let deadline = Instant::now() + patience;
+    let mut pause = Duration::from_millis(2);
+    loop {
+        match connect() {
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::ConnectionRefused
+                        | io::ErrorKind::WouldBlock
+                        | io::ErrorKind::Interrupted
+                ) && Instant::now() + pause < deadline =>
+            {
+                thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(100));
+            }
+            done => return done,
+        }
     }
 }
 
@@ -341,4 +367,49 @@ fn in_background(socket_path: &std::path::Path, resolv_conf: bool) -> i32 {
         BACKGROUND_START.as_secs()
     );
     1
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn refused() -> io::Error {
+        io::Error::from(io::ErrorKind::ConnectionRefused)
+    }
+
+    #[test]
+    fn a_refused_connect_is_tried_again_and_other_errors_are_not() {
+        // Refused three times (a full backlog), then accepted.
+        let mut calls = 0;
+        let connected = patiently(Duration::from_secs(10), || {
+            calls += 1;
+            if calls <= 3 {
+                Err(refused())
+            } else {
+                Ok(calls)
+            }
+        });
+        assert_eq!(connected.unwrap(), 4);
+
+        // No socket file at all is no reason to wait.
+        let mut calls = 0;
+        let missing = patiently(Duration::from_secs(10), || -> io::Result<()> {
+            calls += 1;
+            Err(io::Error::from(io::ErrorKind::NotFound))
+        });
+        assert_eq!(missing.unwrap_err().kind(), io::ErrorKind::NotFound);
+        assert_eq!(calls, 1);
+
+        // Refused for good: given up once the patience is spent, with the refusal.
+        let mut calls = 0;
+        let given_up = patiently(Duration::from_millis(50), || -> io::Result<()> {
+            calls += 1;
+            Err(refused())
+        });
+        assert_eq!(
+            given_up.unwrap_err().kind(),
+            io::ErrorKind::ConnectionRefused
+        );
+        assert!(calls > 1, "tried {calls} times");
+    }
 }

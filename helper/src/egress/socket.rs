@@ -9,8 +9,9 @@
 //!
 //! Bounded against a hostile computer: the line is at most [`MAX_IDENTIFICATION`] bytes within
 //! [`IDENTIFY_TIMEOUT`]; at most [`MAX_UNIDENTIFIED`] connections wait for theirs, and a new one
-//! over that shuts the oldest waiting one down, so silent connections cannot lock out the
-//! neighbours' relays (which identify in their first write). A connection that fails to
+//! over that shuts the oldest silent one down (one whose line is already in its socket is
+//! passed over), so silent connections cannot lock out the neighbours' relays (which identify
+//! in their first write). A connection that fails to
 //! identify is closed with nothing written and reported on stderr, at most
 //! [`MAX_COMPLAINTS_PER_MINUTE`] lines a minute.
 
@@ -23,6 +24,8 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::thread;
 use std::time::{Duration, Instant};
+
+use crate::sys;
 
 use super::{
     ACCEPT_BACKOFF, Listener, STACK, Slot, State, dns, dns_reply, handle, lock, read_head,
@@ -158,11 +161,21 @@ impl Unidentified {
     /// cloned (it is then closed unread).
     fn add(&mut self, stream: &UnixStream) -> Option<u64> {
         let clone = stream.try_clone().ok()?;
-        if self.waiting.len() >= MAX_UNIDENTIFIED
-            && let Some((_, oldest)) = self.waiting.pop_front()
-        {
-            complain("a connection that had not identified was shut down to make room");
-            let _ = oldest.shutdown(Shutdown::Both);
+        if self.waiting.len() >= MAX_UNIDENTIFIED {
+            // The oldest that is still silent makes room. One whose line is in its socket
+            // already is passed over: its thread is about to take it out, but under a flood of
+            // connections that thread may not have run yet, and shutting it down would cut off
+            // a neighbour's relay that did nothing wrong. When every one has its line, the
+            // oldest goes anyway, so the cap holds.
+            let victim = self
+                .waiting
+                .iter()
+                .position(|(_, waiting)| !line_arrived(waiting))
+                .unwrap_or(0);
+            if let Some((_, oldest)) = self.waiting.remove(victim) {
+                complain("a connection that had not identified was shut down to make room");
+                let _ = oldest.shutdown(Shutdown::Both);
+            }
         }
         self.next += 1;
         self.waiting.push_back((self.next, clone));
@@ -174,6 +187,15 @@ impl Unidentified {
         let before = self.waiting.len();
         self.waiting.retain(|(waiting, _)| *waiting != id);
         self.waiting.len() != before
+    }
+}
+
+/// Whether a whole identification line (or as much as one may be) waits unread in `stream`.
+fn line_arrived(stream: &UnixStream) -> bool {
+    let mut buffer = [0u8; MAX_IDENTIFICATION];
+    match sys::peek_now(stream, &mut buffer) {
+        Ok(n) => n == MAX_IDENTIFICATION || buffer[..n].contains(&b'\n'),
+        Err(_) => false,
     }
 }
 
@@ -425,5 +447,50 @@ mod tests {
         assert!(waiting.remove(ids[1]));
         assert!(waiting.remove(newest));
         assert_eq!(waiting.waiting.len(), MAX_UNIDENTIFIED - 2);
+    }
+
+    #[test]
+    fn a_waiting_connection_whose_line_has_arrived_is_not_shut_down_to_make_room() {
+        let mut waiting = Unidentified::default();
+        let mut peers = Vec::new();
+        let mut ids = Vec::new();
+        for _ in 0..MAX_UNIDENTIFIED {
+            let (ours, theirs) = UnixStream::pair().unwrap();
+            ids.push(waiting.add(&ours).unwrap());
+            peers.push(theirs);
+        }
+        // The oldest has sent its line; its thread has not read it yet.
+        let token = Token::parse("0123456789abcdef0123456789abcdef").unwrap();
+        peers[0]
+            .write_all(identification_line(&token, Kind::Http).as_bytes())
+            .unwrap();
+        let (ours, _theirs) = UnixStream::pair().unwrap();
+        let newest = waiting.add(&ours).unwrap();
+        // The second oldest, still silent, made room instead.
+        let mut byte = [0u8; 1];
+        assert_eq!(peers[1].read(&mut byte).unwrap(), 0);
+        assert!(waiting.remove(ids[0]), "the one with its line stays");
+        assert!(
+            !waiting.remove(ids[1]),
+            "the oldest silent one was shut down"
+        );
+        assert!(waiting.remove(newest));
+
+        // When every one waiting has its line, the oldest goes all the same: the cap holds.
+        let mut full = Unidentified::default();
+        let mut senders = Vec::new();
+        let mut first = None;
+        for _ in 0..MAX_UNIDENTIFIED {
+            let (ours, mut theirs) = UnixStream::pair().unwrap();
+            theirs
+                .write_all(identification_line(&token, Kind::Dns).as_bytes())
+                .unwrap();
+            first.get_or_insert(full.add(&ours).unwrap());
+            senders.push((ours, theirs));
+        }
+        let (ours, _theirs) = UnixStream::pair().unwrap();
+        full.add(&ours).unwrap();
+        assert_eq!(full.waiting.len(), MAX_UNIDENTIFIED);
+        assert!(!full.remove(first.unwrap()));
     }
 }
