@@ -22,6 +22,9 @@ MATURIN_VERSION=1.16.0
 ZIG_VERSION=0.17.1
 TOOLS="$REPO_ROOT/target/wheel-tools"
 OUT="$REPO_ROOT/target/wheels"
+# The cargo profile: `release` for the wheel that is published; the test suite passes
+# `wheel-test` (Cargo.toml), which packs the same binary built with less optimisation.
+PROFILE="${KILNTAINERS_WHEEL_PROFILE:-release}"
 
 {
     if root_on_debian; then
@@ -40,7 +43,7 @@ OUT="$REPO_ROOT/target/wheels"
     start="$(now)"
     # maturin finds zig through the venv's `ziglang` package.
     PATH="$TOOLS/bin:$PATH" KILNTAINERS_REQUIRE_HELPER=1 \
-        maturin build --release --locked --zig --compatibility manylinux2014 --out "$OUT" "$@"
+        maturin build --profile "$PROFILE" --locked --zig --compatibility manylinux2014 --out "$OUT" "$@"
     log "built in $(elapsed "$start")"
 } >&2
 wheels=("$OUT"/mcp_sandbox_computer_vm_for_ai-"$version"-*.whl)
