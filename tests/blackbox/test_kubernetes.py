@@ -9,7 +9,8 @@ missing permissions listed together, a storage size that does not parse, a sandb
 pod mode), two
 principals each with a computer over HTTP, a temporary Pod deleted when its session ends, a
 permanent computer with its home volume and a running job found again after a server restart,
-a port reached through pods/portforward, and egress rules kept as the computer's NetworkPolicy
+a port reached through pods/portforward, idle stop ending a permanent computer's Pod and keeping
+its volume (refused without one), and egress rules kept as the computer's NetworkPolicy
 (made before its Pod, deleted with it and by crash GC; the fake stores it and does not enforce it).
 Every test asserts the fake saw no request outside the published definitions."""
 
@@ -22,6 +23,7 @@ import signal
 import subprocess
 import time
 
+import anyio
 import httpx
 import pytest
 
@@ -233,6 +235,43 @@ async def test_a_permanent_computer_and_its_job_are_found_after_a_server_restart
         (await srv.call({"computer_id": cid}, name="computer_delete")).ok()
     assert pod_of(fake, cid) is None
     assert fake.get("persistentvolumeclaims", "default", cid) is None
+
+
+async def test_idle_stop_ends_the_pod_keeps_the_volume_and_the_next_command_makes_it_again(kbb, fake, tmp_path):
+    # See: issue 37 (what Docker offers, on a cluster); docs/idle-stop.md, docs/kubernetes.md "Idle stop".
+    config = kubeconfig(tmp_path / "kubeconfig", fake.url)
+    cid, scratch = kbb.new_id("idle"), kbb.new_id("idle-tmp")
+    args = k8s_args("--idle-stop", "2s", "--lifecycle-tools", "--egress-deny", "203.0.113.0/24")
+    async with kbb.server(*args, env=env_for(config)) as srv:
+        (await srv.run("echo kept > /root/kept", computer_id=cid, temporary=False)).ok()
+        (await srv.run("true", computer_id=scratch, temporary=True)).ok()
+        first = pod_of(fake, cid)["metadata"]["uid"]
+        deadline = time.monotonic() + 30
+        while pod_of(fake, cid) is not None and time.monotonic() < deadline:
+            (await srv.call({}, name="computer_list")).ok()  # looking is not use
+            await anyio.sleep(0.25)
+        assert pod_of(fake, cid) is None, "the idle permanent computer's Pod was not ended"
+        # What the computer is made of stays: its volume, its NetworkPolicy, and so its place in the list.
+        assert fake.get("persistentvolumeclaims", "default", cid) is not None
+        assert fake.get("networkpolicies", "default", cid) is not None
+        listed = (await srv.call({}, name="computer_list")).ok()
+        states = {row["computer_id"]: row["state"] for row in listed.structured["computers"]}
+        assert states.get(cid) == "stopped", states
+        assert pod_of(fake, scratch) is not None, "a temporary computer was stopped"
+        # The next command makes the Pod again, with the home volume's files.
+        out = (await srv.run("cat /root/kept", computer_id=cid, temporary=False)).ok()
+        assert out.structured["stdout"] == "kept\n" and out.structured["exit_code"] == 0
+        assert pod_of(fake, cid)["metadata"]["uid"] != first, "a new Pod, not the old one"
+        (await srv.call({"computer_id": cid}, name="computer_delete")).ok()
+    assert pod_of(fake, cid) is None
+    assert fake.get("persistentvolumeclaims", "default", cid) is None
+
+
+def test_idle_stop_is_refused_without_a_home_volume(kbb, fake, tmp_path):
+    config = kubeconfig(tmp_path / "kubeconfig", fake.url)
+    message = error_of(run_cli(kbb, config, *k8s_args("--idle-stop", "1h", "--k8s-storage", "0")))
+    assert message.startswith("--idle-stop is not available on the kubernetes backend without a home volume"), message
+    assert "--k8s-storage" in message
 
 
 async def test_a_port_is_reached_through_port_forward(kbb, fake, tmp_path):

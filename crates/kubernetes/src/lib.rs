@@ -51,8 +51,8 @@ use kilntainers_backend::ids::{ComputerId, ExecId, InstanceId, SandboxId};
 use kilntainers_backend::labels::kubernetes as keys;
 use kilntainers_backend::posix::{self, KILL_SWEEP_TIMEOUT, SweepReach, shell_basename};
 use kilntainers_backend::{
-    Backend, BackendError, Common, ComputerInfo, CreateSpec, ExecEnd, ExecSpec, Found, OutputSink,
-    PortRoute, PortStream, Progress, Restarted, SandboxRef,
+    Backend, BackendError, Common, ComputerInfo, CreateSpec, ExecEnd, ExecSpec, Found, IdleStop,
+    IdleStopped, OutputSink, PortRoute, PortStream, Progress, Restarted, SandboxRef,
 };
 
 /// How long a new Pod may take to run, image pull included, before create gives up.
@@ -227,11 +227,18 @@ impl KubernetesBackend {
         if cluster.mode == Mode::Pod {
             return Ok(object_name(id));
         }
-        self.backing(id)
-            .await?
-            .and_then(|b| b.sandbox)
-            .and_then(|s| s.pod_name())
-            .ok_or_else(|| BackendError::Vanished(id.clone()))
+        let Some(backing) = self.backing(id).await? else {
+            return Err(BackendError::Vanished(id.clone()));
+        };
+        // A suspended Sandbox (restart, idle stop) or one whose Pod is not made yet: there,
+        // but not running.
+        backing
+            .sandbox
+            .as_ref()
+            .and_then(Sandbox::pod_name)
+            .ok_or_else(|| {
+                BackendError::NotRunning(SandboxId::new(backing.meta.uid.unwrap_or_default()))
+            })
     }
 
     /// Sandbox mode: the claim (with `--k8s-warm-pool`) or Sandbox named after `id` when it
@@ -1268,10 +1275,12 @@ impl Backend for KubernetesBackend {
         match ran {
             Ok(end) => Ok(end),
             Err(error) => {
-                // Tell a Pod that went away or stopped from a failed stream.
-                match self.pod_of(&sandbox.computer_id).await {
+                // Tell a computer that went away or stopped from a failed stream. One whose
+                // Pod is gone but whose volume or Sandbox is left (idle stop, a lost node) is
+                // stopped, not gone: the registry starts it again.
+                match self.recipe_of(&sandbox.computer_id).await {
                     Ok(None) => Err(BackendError::Vanished(sandbox.computer_id.clone())),
-                    Ok(Some((pod, _))) if !pod_runs(&pod) => {
+                    Ok(Some((_, _, false))) => {
                         if matches!(error, ExecError::Connect(_)) {
                             Err(BackendError::NotRunning(sandbox.sandbox_id.clone()))
                         } else {
@@ -1282,6 +1291,37 @@ impl Backend for KubernetesBackend {
                 }
             }
         }
+    }
+
+    /// A stopped computer keeps only its home volume (docs/kubernetes.md, "Idle stop"), so
+    /// without one (`--k8s-storage 0`) stopping it would lose all of it.
+    fn idle_stop(&self) -> IdleStop {
+        if self.config.storage.is_none() {
+            return IdleStop::Refused(
+                "--idle-stop is not available on the kubernetes backend without a home volume: a stopped computer keeps only its volume, and --k8s-storage 0 gives it none. Give --k8s-storage a size, or leave --idle-stop off."
+                    .to_owned(),
+            );
+        }
+        IdleStop::Stops
+    }
+
+    /// Ends the computer's Pod and keeps its objects: pod mode deletes the Pod (the PVC, the
+    /// NetworkPolicy and their labels stay, and the next start makes the Pod again from them);
+    /// sandbox mode suspends the Sandbox, as a restart does before it runs again.
+    async fn stop_idle(&self, sandbox: &SandboxRef) -> Result<IdleStopped, BackendError> {
+        let id = &sandbox.computer_id;
+        if self.recipe_of(id).await?.is_none() {
+            return Err(BackendError::Vanished(id.clone()));
+        }
+        if self.cluster().await?.mode == Mode::Sandbox {
+            self.set_operating_mode(id, SUSPENDED).await?;
+            self.wait_gone(id, "Pod", || async { Ok(self.pod_of(id).await?.is_some()) })
+                .await?;
+        } else {
+            self.delete_pod(id).await?;
+        }
+        info!(computer_id = %id, "Pod ended by idle stop; the home volume stays");
+        Ok(IdleStopped::Stopped)
     }
 
     async fn kill_exec(&self, sandbox: &SandboxRef, exec_id: &ExecId) -> Result<(), BackendError> {
