@@ -181,7 +181,12 @@ class WebSocket:
             self.closed = True
 
     def _read(self, n: int) -> bytes:
-        data = self.rfile.read(n)
+        try:
+            data = self.rfile.read(n)
+        except ValueError:
+            # The handler closed the connection (its exec ended) while a reader thread still
+            # waited here: the end of the stream, not something the client sent.
+            raise EOFError from None
         if len(data) < n:
             raise EOFError
         return data
@@ -189,12 +194,15 @@ class WebSocket:
     def receive(self) -> tuple[int, bytes] | None:
         """The next whole message (opcode, payload); None once the client closed. A frame that
         breaks the protocol (unmasked, oversized) raises `ValueError`."""
+        try:
+            return self._receive()
+        except (EOFError, OSError):
+            return None
+
+    def _receive(self) -> tuple[int, bytes] | None:
         message, first_opcode = b"", None
         while True:
-            try:
-                b0, b1 = self._read(2)
-            except (EOFError, OSError):
-                return None
+            b0, b1 = self._read(2)
             fin, opcode = b0 & 0x80, b0 & 0x0F
             if not b1 & 0x80:
                 raise ValueError("client frame not masked")
