@@ -426,13 +426,7 @@ mod tests {
     #[test]
     fn a_new_connection_over_the_cap_shuts_the_oldest_waiting_one_down() {
         let mut waiting = Unidentified::default();
-        let mut peers = Vec::new();
-        let mut ids = Vec::new();
-        for _ in 0..MAX_UNIDENTIFIED {
-            let (ours, theirs) = UnixStream::pair().unwrap();
-            ids.push(waiting.add(&ours).unwrap());
-            peers.push(theirs);
-        }
+        let (ids, mut peers) = fill(&mut waiting, None);
         let (ours, _theirs) = UnixStream::pair().unwrap();
         let newest = waiting.add(&ours).unwrap();
         // The oldest sees its end at once; the second oldest is untouched.
@@ -452,13 +446,7 @@ mod tests {
     #[test]
     fn a_waiting_connection_whose_line_has_arrived_is_not_shut_down_to_make_room() {
         let mut waiting = Unidentified::default();
-        let mut peers = Vec::new();
-        let mut ids = Vec::new();
-        for _ in 0..MAX_UNIDENTIFIED {
-            let (ours, theirs) = UnixStream::pair().unwrap();
-            ids.push(waiting.add(&ours).unwrap());
-            peers.push(theirs);
-        }
+        let (ids, mut peers) = fill(&mut waiting, None);
         // The oldest has sent its line; its thread has not read it yet.
         let token = Token::parse("0123456789abcdef0123456789abcdef").unwrap();
         peers[0]
@@ -478,19 +466,25 @@ mod tests {
 
         // When every one waiting has its line, the oldest goes all the same: the cap holds.
         let mut full = Unidentified::default();
-        let mut senders = Vec::new();
-        let mut first = None;
-        for _ in 0..MAX_UNIDENTIFIED {
-            let (ours, mut theirs) = UnixStream::pair().unwrap();
-            theirs
-                .write_all(identification_line(&token, Kind::Dns).as_bytes())
-                .unwrap();
-            first.get_or_insert(full.add(&ours).unwrap());
-            senders.push((ours, theirs));
-        }
+        let line = identification_line(&token, Kind::Dns);
+        let (ids, _peers) = fill(&mut full, Some(line.as_bytes()));
         let (ours, _theirs) = UnixStream::pair().unwrap();
         full.add(&ours).unwrap();
         assert_eq!(full.waiting.len(), MAX_UNIDENTIFIED);
-        assert!(!full.remove(first.unwrap()));
+        assert!(!full.remove(ids[0]));
+    }
+
+    /// Fills `waiting` to the cap; each peer has sent `line` when given. Returns the ids and
+    /// the peers' ends, oldest first.
+    fn fill(waiting: &mut Unidentified, line: Option<&[u8]>) -> (Vec<u64>, Vec<UnixStream>) {
+        (0..MAX_UNIDENTIFIED)
+            .map(|_| {
+                let (ours, mut theirs) = UnixStream::pair().unwrap();
+                if let Some(line) = line {
+                    theirs.write_all(line).unwrap();
+                }
+                (waiting.add(&ours).unwrap(), theirs)
+            })
+            .unzip()
     }
 }
