@@ -23,7 +23,7 @@ ZIG_VERSION=0.17.1
 TOOLS="$REPO_ROOT/target/wheel-tools"
 OUT="$REPO_ROOT/target/wheels"
 # The cargo profile: `release` for the wheel that is published; the test suite passes
-# `wheel-test` (Cargo.toml), which packs the same binary built with less optimisation.
+# `wheel-test` (Cargo.toml), which packs the same binary built without optimisation.
 PROFILE="${KILNTAINERS_WHEEL_PROFILE:-release}"
 
 {

@@ -97,7 +97,7 @@ KILNTAINERS_EXEC_HELPER=off "$KILNTAINERS_TEST_VENV/bin/python" -m pytest -q -p 
 
 step "install paths: the PyPI wheel (built, audited, installed without Rust) and serve.sh as a normal user"
 # The install tests check the packaging and the install paths, not the binary's speed: the
-# wheel is built with the `wheel-test` profile (release at opt-level 1), minutes quicker cold.
+# wheel is built with the `wheel-test` profile (release without optimisation), quicker cold.
 wheel="$(KILNTAINERS_WHEEL_PROFILE=wheel-test bash scripts/build-wheel.sh)"
 KILNTAINERS_WHEEL="$wheel" "$KILNTAINERS_TEST_VENV/bin/python" -m pytest tests/install -q -p no:cacheprovider
 
