@@ -1,7 +1,7 @@
 //! The helper's only foreign calls, `poll`, `kill` and `recv`, behind safe wrappers: std has no
 //! way to wait on several pipes with a timeout, to signal a process group or (on stable) to peek
-//! at a Unix socket, and the helper takes no dependencies (it is compiled with plain `rustc`). This is the crate's only `unsafe`. The tests
-//! add `prctl`, to stand in for a computer's PID 1.
+//! at a Unix socket, and the helper takes no dependencies (it is compiled with plain `rustc`).
+//! This is the crate's only `unsafe`. The tests add `prctl`, to stand in for a computer's PID 1.
 
 use std::ffi::{c_int, c_short, c_ulong, c_void};
 use std::io;

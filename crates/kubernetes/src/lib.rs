@@ -667,6 +667,14 @@ impl KubernetesBackend {
         }
     }
 
+    /// Sandbox mode: suspends the Sandbox of `id` and waits until the controller has ended its
+    /// Pod (its PVCs stay).
+    async fn suspend(&self, id: &ComputerId) -> Result<(), BackendError> {
+        self.set_operating_mode(id, SUSPENDED).await?;
+        self.wait_gone(id, "Pod", || async { Ok(self.pod_of(id).await?.is_some()) })
+            .await
+    }
+
     /// Deletes the Pod of `id` (no grace: the computer's processes are ours to end) and waits
     /// until it is gone, so its name can be used again.
     async fn delete_pod(&self, id: &ComputerId) -> Result<(), BackendError> {
@@ -1229,9 +1237,7 @@ impl Backend for KubernetesBackend {
         };
         let restarted = if self.cluster().await?.mode == Mode::Sandbox {
             // Suspend (the controller ends the Pod, the PVC stays), then run again.
-            self.set_operating_mode(id, SUSPENDED).await?;
-            self.wait_gone(id, "Pod", || async { Ok(self.pod_of(id).await?.is_some()) })
-                .await?;
+            self.suspend(id).await?;
             self.set_operating_mode(id, RUNNING).await?;
             let current = self.wait_running(id).await?;
             self.readiness(&current).await?;
@@ -1314,9 +1320,7 @@ impl Backend for KubernetesBackend {
             return Err(BackendError::Vanished(id.clone()));
         }
         if self.cluster().await?.mode == Mode::Sandbox {
-            self.set_operating_mode(id, SUSPENDED).await?;
-            self.wait_gone(id, "Pod", || async { Ok(self.pod_of(id).await?.is_some()) })
-                .await?;
+            self.suspend(id).await?;
         } else {
             self.delete_pod(id).await?;
         }

@@ -11,9 +11,8 @@
 //! [`IDENTIFY_TIMEOUT`]; at most [`MAX_UNIDENTIFIED`] connections wait for theirs, and a new one
 //! over that shuts the oldest silent one down (one whose line is already in its socket is
 //! passed over), so silent connections cannot lock out the neighbours' relays (which identify
-//! in their first write). A connection that fails to
-//! identify is closed with nothing written and reported on stderr, at most
-//! [`MAX_COMPLAINTS_PER_MINUTE`] lines a minute.
+//! in their first write). A connection that fails to identify is closed with nothing written
+//! and reported on stderr, at most [`MAX_COMPLAINTS_PER_MINUTE`] lines a minute.
 
 use std::collections::VecDeque;
 use std::io::{self, Read, Write};
