@@ -51,6 +51,7 @@ pub fn from_cli(
         cpu: cli.docker.cpu.as_ref().map(|c| c.trim().to_owned()),
         memory_bytes: docker.memory_bytes,
         runtime: docker.runtime.clone(),
+        exec_helper: docker.exec_helper,
         kubeconfig: None,
     })
 }

@@ -446,6 +446,7 @@ impl Config {
                 cpu: None,
                 memory_bytes: None,
                 runtime: None,
+                exec_helper: docker.exec_helper,
                 kubeconfig: None,
             })
         };

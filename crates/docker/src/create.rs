@@ -13,6 +13,7 @@ use bollard::query_parameters::{
 use futures_util::StreamExt;
 use tracing::{info, warn};
 
+use super::helper::DockerTransport;
 use super::{DockerBackend, describe, is_running, status_of};
 use kilntainers_backend::ids::{ComputerId, InstanceId, Principal, SandboxId};
 use kilntainers_backend::labels::{docker as label, format_bool};
@@ -353,9 +354,10 @@ async fn start(
     let docker = backend.client().await?;
     // The exec helper's upload (~1.5 MB) overlaps the start: readiness needs both, and neither
     // needs the other.
+    let transport = DockerTransport(docker);
     let (started, ()) = tokio::join!(
         docker.start_container(sandbox.sandbox_id.as_str(), None::<StartContainerOptions>),
-        backend.helpers.install(docker, sandbox),
+        backend.helpers.install(&transport, sandbox),
     );
     started.map_err(|e| {
         BackendError::Provider(format!(

@@ -14,7 +14,7 @@ use futures_util::StreamExt;
 use tokio::io::AsyncWriteExt;
 use tokio_util::sync::CancellationToken;
 
-use super::helper::{INTERNAL_OUTPUT_CAP, Lost};
+use super::helper::{DockerTransport, INTERNAL_OUTPUT_CAP, Lost};
 use super::{DockerBackend, describe, status_of};
 use kilntainers_backend::{
     BackendError, ExecEnd, ExecSpec, OutputSink, SandboxRef, SinkControl, Stream,
@@ -53,7 +53,7 @@ pub(super) async fn exec(
     let env = backend.command_env(sandbox);
     let exit_code = match backend
         .helpers
-        .run(docker, sandbox, spec, &env, sink, cancel)
+        .run(&DockerTransport(docker), sandbox, spec, &env, sink, cancel)
         .await
     {
         Some(Ok(ExecEnd::Exited(code))) => Some(code),

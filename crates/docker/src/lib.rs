@@ -178,7 +178,7 @@ impl DockerBackend {
             client: OnceCell::new(),
             pulls: create::PullGate::default(),
             starts: tokio::sync::Semaphore::new(create::PARALLEL_STARTS),
-            helpers: helper::Helpers::new(config.exec_helper),
+            helpers: helper::Helpers::new(config.exec_helper, helper::PLAIN),
             pool: pool::WarmPool::new(warm_pool),
         })
     }
@@ -619,7 +619,12 @@ impl DockerBackend {
         // after a create or a start pays for no exec of its own.
         let outcome = match self
             .helpers
-            .run_collected(docker, sandbox, argv.clone(), READINESS_TIMEOUT)
+            .run_collected(
+                &helper::DockerTransport(docker),
+                sandbox,
+                argv.clone(),
+                READINESS_TIMEOUT,
+            )
             .await
         {
             Some(outcome) => outcome,

@@ -16,7 +16,7 @@ use tokio::net::TcpStream;
 use tokio_util::io::StreamReader;
 use tracing::warn;
 
-use super::helper::PORT_CONNECTED;
+use super::helper::{DockerTransport, PORT_CONNECTED};
 use super::{DockerBackend, describe};
 use crate::config::Engine;
 use kilntainers_backend::{BackendError, PortStream, SandboxRef};
@@ -133,7 +133,7 @@ async fn through_helper(
     let docker = backend.client().await?;
     let path = backend
         .helpers
-        .runnable_path(docker, sandbox)
+        .runnable_path(&DockerTransport(docker), sandbox)
         .await
         .map_err(|reason| unreachable(sandbox, port, &reason))?;
     let options = CreateExecOptions {

@@ -413,6 +413,7 @@ mod tests {
             cpu: None,
             memory_bytes: None,
             runtime: None,
+            exec_helper: true,
             kubeconfig: None,
         }
     }

@@ -42,6 +42,9 @@ pub struct KubernetesConfig {
     pub memory_bytes: Option<i64>,
     /// `--runtime` → the pod's `runtimeClassName` (`gvisor`, `kata-fc`, …).
     pub runtime: Option<String>,
+    /// `--exec-helper`: commands through one long-lived exec of the helper per computer
+    /// (docs/kubernetes.md, "Exec"), else one `pods/exec` per command.
+    pub exec_helper: bool,
     /// A kubeconfig file to read instead of kube's discovery (`KUBECONFIG`, `~/.kube/config`,
     /// in-cluster); no flag sets it. Tests point it at the fake API server, since `KUBECONFIG`
     /// is one value for the whole test process.

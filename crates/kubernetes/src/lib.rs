@@ -22,6 +22,7 @@ mod checks;
 pub mod config;
 pub mod egress;
 mod exec;
+mod helper;
 mod objects;
 mod sandbox;
 
@@ -41,6 +42,7 @@ use tracing::{info, warn};
 use crate::checks::Mode;
 use crate::config::KubernetesConfig;
 use crate::exec::{Collected, ExecError, cap};
+use crate::helper::PodTransport;
 use crate::objects::{HOME_VOLUME, Home, Recipe, TEMPORARY_DEADLINE_SECS, home_mount, object_name};
 use crate::sandbox::{
     PodTemplate, RUNNING, SUSPENDED, Sandbox, SandboxClaim, claim_of_template,
@@ -54,6 +56,7 @@ use kilntainers_backend::{
     Backend, BackendError, Common, ComputerInfo, CreateSpec, ExecEnd, ExecSpec, Found, IdleStop,
     IdleStopped, OutputSink, PortRoute, PortStream, Progress, Restarted, SandboxRef,
 };
+use kilntainers_helper_client::{Helpers, Lost};
 
 /// How long a new Pod may take to run, image pull included, before create gives up.
 const POD_START_TIMEOUT: Duration = Duration::from_secs(300);
@@ -111,6 +114,9 @@ pub struct KubernetesBackend {
     answered: std::sync::Mutex<HashSet<(SandboxId, u16)>>,
     /// The server's egress policy: new computers get it unless they narrow it.
     egress_policy: EgressPolicy,
+    /// The resident exec helpers, one `pods/exec` connection per Pod (docs/kubernetes.md,
+    /// "Exec").
+    helpers: Helpers,
 }
 
 impl KubernetesBackend {
@@ -122,6 +128,7 @@ impl KubernetesBackend {
             cluster: OnceCell::new(),
             answered: std::sync::Mutex::new(HashSet::new()),
             egress_policy: common.egress.policy.clone(),
+            helpers: Helpers::new(config.exec_helper, helper::PLAIN),
         })
     }
 
@@ -796,6 +803,20 @@ impl KubernetesBackend {
         .map_err(|e| self.exec_failure(cluster, sandbox, e))
     }
 
+    /// What a helper connection lost during a command means: the computer went away or
+    /// stopped under it, or only the helper ended (the next command starts a new one).
+    async fn helper_lost(&self, sandbox: &SandboxRef, reason: &str) -> BackendError {
+        self.helpers.forget(sandbox.sandbox_id.as_str());
+        match self.recipe_of(&sandbox.computer_id).await {
+            Ok(None) => BackendError::Vanished(sandbox.computer_id.clone()),
+            Ok(Some((_, _, false))) => BackendError::DiedDuringExec(sandbox.sandbox_id.clone()),
+            _ => BackendError::Provider(format!(
+                "The exec helper in the Pod of computer '{}' stopped during the command ({reason}); the command was interrupted. Running it again starts a new helper.",
+                sandbox.computer_id
+            )),
+        }
+    }
+
     fn exec_failure(
         &self,
         cluster: &Cluster,
@@ -1232,6 +1253,8 @@ impl Backend for KubernetesBackend {
 
     async fn restart(&self, sandbox: &SandboxRef) -> Result<Restarted, BackendError> {
         let id = &sandbox.computer_id;
+        // The helper dies with the Pod; the next command connects a new one.
+        self.helpers.forget(sandbox.sandbox_id.as_str());
         let Some((recipe, _, _)) = self.recipe_of(id).await? else {
             return Err(BackendError::Vanished(id.clone()));
         };
@@ -1253,6 +1276,7 @@ impl Backend for KubernetesBackend {
     }
 
     async fn remove(&self, sandbox: &SandboxRef) -> Result<(), BackendError> {
+        self.helpers.forget(sandbox.sandbox_id.as_str());
         self.remove_computer(&sandbox.computer_id).await
     }
 
@@ -1264,6 +1288,15 @@ impl Backend for KubernetesBackend {
         cancel: &CancellationToken,
     ) -> Result<ExecEnd, BackendError> {
         let cluster = self.cluster().await?;
+        match self
+            .helpers
+            .run(&PodTransport(self), sandbox, spec, &[], sink, cancel)
+            .await
+        {
+            Some(Ok(end)) => return Ok(end),
+            Some(Err(Lost(reason))) => return Err(self.helper_lost(sandbox, &reason).await),
+            None => {}
+        }
         let argv = vec![
             self.shell.clone(),
             "-c".to_owned(),
@@ -1319,6 +1352,7 @@ impl Backend for KubernetesBackend {
         if self.recipe_of(id).await?.is_none() {
             return Err(BackendError::Vanished(id.clone()));
         }
+        self.helpers.forget(sandbox.sandbox_id.as_str());
         if self.cluster().await?.mode == Mode::Sandbox {
             self.suspend(id).await?;
         } else {
@@ -1329,6 +1363,14 @@ impl Backend for KubernetesBackend {
     }
 
     async fn kill_exec(&self, sandbox: &SandboxRef, exec_id: &ExecId) -> Result<(), BackendError> {
+        if self
+            .helpers
+            .kill(sandbox, exec_id.env_entry())
+            .await
+            .is_some()
+        {
+            return Ok(());
+        }
         // PID 1 is our keep-alive, so orphans of the command are told apart as on Docker.
         let argv = posix::kill_sweep_argv(&self.shell, exec_id, SweepReach::TaggedAndOrphans);
         match tokio::time::timeout(KILL_SWEEP_TIMEOUT, self.run_own(sandbox, argv)).await {

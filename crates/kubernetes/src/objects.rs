@@ -272,6 +272,7 @@ mod tests {
             cpu: Some("1.5".to_owned()),
             memory_bytes: Some(512 * 1024 * 1024),
             runtime: Some("gvisor".to_owned()),
+            exec_helper: true,
             kubeconfig: None,
         }
     }

@@ -23,7 +23,7 @@ const STDERR_BUDGET: usize = 256 * 1024;
 
 /// `bytes` as one log-safe line: at most `kept` bytes, invalid UTF-8 replaced, control
 /// characters escaped (`\n`, `\u{1b}`), and the full size said when it was cut.
-pub(super) fn printable(bytes: &[u8], kept: usize) -> String {
+pub fn printable(bytes: &[u8], kept: usize) -> String {
     let head = &bytes[..bytes.len().min(kept)];
     let mut out = String::with_capacity(head.len() + 16);
     for c in String::from_utf8_lossy(head).chars() {
@@ -41,7 +41,7 @@ pub(super) fn printable(bytes: &[u8], kept: usize) -> String {
 
 /// One helper connection's stderr, turned into rate-limited log lines.
 pub(super) struct StderrLog {
-    container: String,
+    sandbox: String,
     spent: usize,
     window_start: Instant,
     logged_in_window: u32,
@@ -49,9 +49,9 @@ pub(super) struct StderrLog {
 }
 
 impl StderrLog {
-    pub(super) fn new(container: &str) -> Self {
+    pub(super) fn new(sandbox: &str) -> Self {
         Self {
-            container: container.to_owned(),
+            sandbox: sandbox.to_owned(),
             spent: 0,
             window_start: Instant::now(),
             logged_in_window: 0,
@@ -86,7 +86,7 @@ impl StderrLog {
         }
         if self.logged_in_window < LINES_PER_WINDOW {
             self.logged_in_window += 1;
-            warn!(container = %self.container, "exec helper: {}", printable(line, LINE_KEPT));
+            warn!(sandbox = %self.sandbox, "exec helper: {}", printable(line, LINE_KEPT));
         } else {
             self.suppressed += 1;
         }
@@ -96,7 +96,7 @@ impl StderrLog {
     pub(super) fn flush(&mut self) {
         if self.suppressed > 0 {
             warn!(
-                container = %self.container,
+                sandbox = %self.sandbox,
                 "exec helper: {} more stderr lines suppressed",
                 self.suppressed
             );

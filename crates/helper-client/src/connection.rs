@@ -1,6 +1,6 @@
-//! One live connection to a helper: a single Docker exec of `<helper> serve` whose attached
-//! stdin/stdout carry the frames of [`kilntainers_helper::wire`]. Many commands share it, each
-//! under its own id.
+//! One live connection to a helper: a single attached exec of `<helper> serve` (a Docker exec,
+//! a `pods/exec` stream) whose stdin/stdout carry the frames of [`kilntainers_helper::wire`].
+//! Many commands share it, each under its own id.
 //!
 //! Two tasks own the stream halves: the writer sends whole frames from a bounded queue, so a
 //! command future dropped mid-call (timeout, cancellation) can never leave half a frame behind;
@@ -12,7 +12,7 @@
 //! an event is at most one output chunk, output never exceeds the credit granted, answers
 //! never outnumber questions, stderr is rate-limited and budgeted ([`super::untrusted`]), and
 //! a helper that stops reading its input is given up after [`STALL_TIMEOUT`]. Any breach marks
-//! the connection *broken*: it is dropped and the computer falls back to Docker exec.
+//! the connection *broken*: it is dropped and the computer falls back to the plain exec path.
 
 use std::collections::HashMap;
 use std::pin::Pin;
@@ -20,9 +20,7 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use bollard::Docker;
-use bollard::container::LogOutput;
-use bollard::exec::{CreateExecOptions, StartExecOptions, StartExecResults};
+use bytes::Bytes;
 use futures_util::{Stream as FuturesStream, StreamExt};
 use kilntainers_helper::wire::{self, Event, FrameBuffer, OutputStream, Request, Start};
 use tokio::io::{AsyncWrite, AsyncWriteExt};
@@ -37,7 +35,7 @@ use kilntainers_backend::{ExecEnd, ExecSpec, OutputSink, SinkControl, Stream};
 /// milliseconds of its exec starting (the exec itself is already running when this clock
 /// starts), and one that cannot run fails at once with the runtime's message; a file that
 /// stays silent is not our helper, and every command would otherwise wait for it.
-pub(super) const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+pub const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 /// Credit is returned in batches of this many consumed bytes, so small outputs cost no frames.
 const CREDIT_BATCH: u32 = wire::WINDOW / 4;
 /// Bytes read before the `Hello` at most. The real helper sends a 13-byte frame and nothing
@@ -53,17 +51,30 @@ const QUEUED_FRAMES: usize = 32;
 /// does not finish in this long means the helper stopped reading.
 const STALL_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The engine's attached output of the helper's exec, as bollard gives it.
-type Output = Pin<Box<dyn FuturesStream<Item = Result<LogOutput, bollard::errors::Error>> + Send>>;
-/// The engine's attached stdin of the helper's exec.
-type Input = Pin<Box<dyn AsyncWrite + Send>>;
+/// One piece of what the helper's process wrote, as the backend's stream delivers it.
+#[derive(Debug)]
+pub enum Chunk {
+    Stdout(Bytes),
+    Stderr(Bytes),
+}
+
+/// The helper's attached output; `Err` = the stream broke (the text says how).
+pub type Output = Pin<Box<dyn FuturesStream<Item = Result<Chunk, String>> + Send>>;
+/// The helper's attached stdin.
+pub type Input = Pin<Box<dyn AsyncWrite + Send>>;
+
+/// A process started by a [`crate::Transport`] with its streams attached.
+pub struct Attached {
+    pub output: Output,
+    pub input: Input,
+}
 
 /// Why a helper could not be started on a computer.
 #[derive(Debug)]
 pub(super) enum ConnectError {
-    /// The engine refused the exec itself (computer gone or stopped): not the helper's fault,
+    /// The backend refused the exec itself (computer gone or stopped): not the helper's fault,
     /// and the plain exec path will report it in the usual words.
-    Engine(bollard::errors::Error),
+    Refused(String),
     /// The helper did not come up. `broken` = something answered that is not our helper
     /// (silence, a flood, a wrong frame), rather than a runtime that cannot run it.
     Unusable { reason: String, broken: bool },
@@ -71,7 +82,7 @@ pub(super) enum ConnectError {
 
 /// The connection broke while a command was running; the text says how.
 #[derive(Debug)]
-pub(crate) struct Lost(pub String);
+pub struct Lost(pub String);
 
 /// How a connection ended.
 #[derive(Debug, Clone)]
@@ -124,47 +135,15 @@ pub(super) struct Connection {
 }
 
 impl Connection {
-    /// Starts `<path> serve` in `container` and waits for its `Hello`.
-    pub(super) async fn open(
-        docker: &Docker,
-        container: &str,
-        path: &str,
-    ) -> Result<std::sync::Arc<Connection>, ConnectError> {
-        let options = CreateExecOptions {
-            cmd: Some(vec![path.to_owned(), "serve".to_owned()]),
-            attach_stdin: Some(true),
-            attach_stdout: Some(true),
-            attach_stderr: Some(true),
-            tty: Some(false),
-            ..Default::default()
-        };
-        let created = docker
-            .create_exec(container, options)
-            .await
-            .map_err(ConnectError::Engine)?;
-        let start = StartExecOptions {
-            detach: false,
-            tty: false,
-            // Small on purpose: one connection stays open per computer, and frames larger
-            // than the buffer are simply read in several pieces.
-            output_capacity: Some(16 * 1024),
-        };
-        let started = docker
-            .start_exec(&created.id, Some(start))
-            .await
-            .map_err(ConnectError::Engine)?;
-        let StartExecResults::Attached { output, input } = started else {
-            return Err(unusable("the engine did not attach to the helper's exec"));
-        };
-        Self::over(output, input, container).await
-    }
-
     /// Says `Hello` over an attached exec and, once the helper answers, starts the tasks.
-    async fn over(
-        mut output: Output,
-        mut input: Input,
-        container: &str,
+    pub(super) async fn over(
+        attached: Attached,
+        sandbox: &str,
     ) -> Result<std::sync::Arc<Connection>, ConnectError> {
+        let Attached {
+            mut output,
+            mut input,
+        } = attached;
         let mut hello = Vec::new();
         Request::Hello {
             version: wire::PROTOCOL_VERSION,
@@ -191,7 +170,7 @@ impl Connection {
             let mut garbage = false;
             loop {
                 let message = match output.next().await {
-                    Some(Ok(LogOutput::StdOut { message })) => {
+                    Some(Ok(Chunk::Stdout(message))) => {
                         if !garbage {
                             buffer.extend(&message);
                             match buffer.next_payload() {
@@ -202,8 +181,7 @@ impl Connection {
                         }
                         message
                     }
-                    Some(Ok(LogOutput::StdErr { message })) => message,
-                    Some(Ok(_)) => continue,
+                    Some(Ok(Chunk::Stderr(message))) => message,
                     Some(Err(e)) => {
                         return Handshake::Ended(format!("the helper's stream broke: {e}"));
                     }
@@ -269,7 +247,7 @@ impl Connection {
             // `close` below needs the connection; this marks it closed even if the stream ends
             // before the Arc is complete.
             let tasks_closed = closed.clone();
-            let mut stderr = StderrLog::new(container);
+            let mut stderr = StderrLog::new(sandbox);
             let tasks = async move {
                 let writer = async {
                     while let Some(frame) = queue.recv().await {
@@ -307,13 +285,12 @@ impl Connection {
                             }
                         }
                         match output.next().await {
-                            Some(Ok(LogOutput::StdOut { message })) => buffer.extend(&message),
-                            Some(Ok(LogOutput::StdErr { message })) => {
+                            Some(Ok(Chunk::Stdout(message))) => buffer.extend(&message),
+                            Some(Ok(Chunk::Stderr(message))) => {
                                 if let Err(reason) = stderr.write(&message) {
                                     return Closed::broken(reason);
                                 }
                             }
-                            Some(Ok(_)) => {}
                             Some(Err(e)) => {
                                 return Closed::ended(format!("the helper's stream broke: {e}"));
                             }
@@ -340,7 +317,7 @@ impl Connection {
                 _tasks: tokio_util::task::AbortOnDropHandle::new(tokio::spawn(tasks)),
             }
         });
-        debug!(container, pid, "exec helper connected");
+        debug!(sandbox, pid, "exec helper connected");
         Ok(connection)
     }
 
@@ -349,7 +326,7 @@ impl Connection {
     }
 
     /// Judges the helper broken for `reason` (it stopped answering): the connection ends and
-    /// the computer falls back to Docker exec, saying so once.
+    /// the computer falls back to the plain path, saying so once.
     pub(super) fn give_up(&self, reason: &str) {
         self.close(Closed::broken(reason));
     }

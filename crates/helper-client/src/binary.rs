@@ -1,5 +1,5 @@
 //! The helper binary this server carries (built by `build.rs`, embedded here), the path it
-//! gets inside a computer, and the tar archive the Engine API's upload call takes.
+//! gets inside a computer, and the tar archive Docker's upload call takes.
 //!
 //! The path carries a hash of the bytes, so servers of different versions sharing a permanent
 //! computer each run their own copy and never overwrite a binary another one is running.
@@ -13,11 +13,11 @@ static BINARY: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/kilntainers-hel
 const MISSING_REASON: &str = env!("KILNTAINERS_HELPER_MISSING");
 
 /// Directory in the computer's root filesystem that holds helper copies.
-const DIR: &str = ".kilntainers";
+pub const DIR: &str = ".kilntainers";
 
 /// A hash of the helper's bytes, in hex: names its copies in computers and the egress proxy's
 /// image tag.
-pub(crate) static HASH: LazyLock<String> = LazyLock::new(|| {
+pub static HASH: LazyLock<String> = LazyLock::new(|| {
     // SipHash with fixed keys: stable for the same bytes, which is all a name needs.
     let mut hasher = std::hash::DefaultHasher::new();
     BINARY.hash(&mut hasher);
@@ -25,15 +25,15 @@ pub(crate) static HASH: LazyLock<String> = LazyLock::new(|| {
 });
 
 /// Absolute path of this server's helper inside a computer.
-pub(super) static PATH: LazyLock<String> = LazyLock::new(|| format!("/{DIR}/helper-{}", *HASH));
+pub static PATH: LazyLock<String> = LazyLock::new(|| format!("/{DIR}/helper-{}", *HASH));
 
 /// The helper's bytes; empty when this build has none ([`available`]).
-pub(crate) fn bytes() -> &'static [u8] {
+pub fn bytes() -> &'static [u8] {
     BINARY
 }
 
 /// `Err(reason)` when this build carries no helper.
-pub(crate) fn available() -> Result<(), String> {
+pub fn available() -> Result<(), String> {
     if BINARY.is_empty() {
         Err(format!("this build has no exec helper ({MISSING_REASON})"))
     } else {
@@ -42,7 +42,7 @@ pub(crate) fn available() -> Result<(), String> {
 }
 
 /// A tar archive holding `DIR/` and the helper at [`PATH`], to be extracted at `/`.
-pub(super) fn archive() -> std::io::Result<Vec<u8>> {
+pub fn archive() -> std::io::Result<Vec<u8>> {
     let mut builder = tar::Builder::new(Vec::with_capacity(BINARY.len() + 2048));
     let mut dir = tar::Header::new_gnu();
     dir.set_entry_type(tar::EntryType::Directory);

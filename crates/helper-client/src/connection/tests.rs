@@ -10,10 +10,8 @@ use futures_util::stream;
 use super::*;
 use kilntainers_backend::ids::ExecId;
 
-fn stdout(bytes: Vec<u8>) -> Result<LogOutput, bollard::errors::Error> {
-    Ok(LogOutput::StdOut {
-        message: bytes.into(),
-    })
+fn stdout(bytes: Vec<u8>) -> Result<Chunk, String> {
+    Ok(Chunk::Stdout(bytes.into()))
 }
 
 fn hello() -> Vec<u8> {
@@ -65,7 +63,8 @@ impl OutputSink for Counting {
 }
 
 async fn connect(output: Output) -> Result<Arc<Connection>, ConnectError> {
-    Connection::over(output, Box::pin(tokio::io::sink()), "c").await
+    let input = Box::pin(tokio::io::sink());
+    Connection::over(Attached { output, input }, "c").await
 }
 
 fn broken_reason(result: Result<Arc<Connection>, ConnectError>) -> String {
@@ -125,12 +124,7 @@ async fn issue_15_a_fake_that_prints_100_mb_before_hello_is_broken_and_little_is
 async fn issue_15_a_fake_that_never_answers_is_broken_within_the_hello_timeout() {
     // See: issue 15 (`exec sleep 600` in the helper's place).
     let started = tokio::time::Instant::now();
-    let reason = broken_reason(
-        connect(Box::pin(stream::pending::<
-            Result<LogOutput, bollard::errors::Error>,
-        >()))
-        .await,
-    );
+    let reason = broken_reason(connect(Box::pin(stream::pending::<Result<Chunk, String>>())).await);
     assert!(reason.contains("did not answer"), "{reason}");
     assert!(started.elapsed() < HELLO_TIMEOUT + Duration::from_secs(2));
 }
@@ -193,9 +187,11 @@ async fn issue_15_a_helper_that_stops_reading_its_input_is_broken_after_the_stal
     // See: issue 15. Room for the Hello, then nothing is ever read.
     let (input, _never_read) = tokio::io::duplex(64);
     let output = stream::iter(vec![stdout(hello())]).chain(stream::pending());
-    let connection = Connection::over(Box::pin(output), Box::pin(input), "c")
-        .await
-        .unwrap();
+    let attached = Attached {
+        output: Box::pin(output),
+        input: Box::pin(input),
+    };
+    let connection = Connection::over(attached, "c").await.unwrap();
     let mut spec = spec();
     spec.stdin = Some(vec![b'i'; 2 * 1024 * 1024]);
     let mut sink = Counting {
