@@ -887,6 +887,13 @@ def merge_patch(target, patch):
 class _Handler(QuietHandler):
     fake: FakeKubernetes
 
+    def setup(self):
+        super().setup()
+        # A WebSocket carries many small frames each way (a command, its output, credit); with
+        # Nagle's algorithm on, the second of two small writes waits for the peer's delayed
+        # acknowledgement (40 ms), which a real API server, written in Go, never adds.
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
     def do_PATCH(self):
         self.answer("PATCH")
 

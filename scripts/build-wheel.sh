@@ -5,7 +5,7 @@
 #
 # maturin (pyproject.toml: `bindings = "bin"`) compiles the release binary with zig as the
 # linker against glibc 2.17 symbols, so the wheel is `manylinux2014` (manylinux_2_17) and runs
-# on any x86_64 Linux of the last decade; the static exec helper is embedded (crates/docker/build.rs), and
+# on any x86_64 Linux of the last decade; the static exec helper is embedded (crates/helper-client/build.rs), and
 # the build fails rather than ship a wheel without it. The wheel lands in target/wheels/ and
 # its path is the last line printed on stdout.
 #

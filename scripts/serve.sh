@@ -122,7 +122,7 @@ engine_problem() {
     fi
 
     if command -v cargo >/dev/null 2>&1; then
-        # The exec helper (crates/docker/build.rs) links statically against glibc's libc.a; without it every
+        # The exec helper (crates/helper-client/build.rs) links statically against glibc's libc.a; without it every
         # command falls back to one plain Docker exec each.
         if [[ "$(cc -print-file-name=libc.a 2>/dev/null)" != /* ]]; then
             if root_on_debian; then

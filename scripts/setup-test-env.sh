@@ -83,7 +83,7 @@ step_packages() {
     # runc is listed explicitly and first: podman Depends on "crun | runc", and on a fresh
     # machine apt would pick crun (which fails on this cgroup v1 hybrid host) unless runc
     # is requested in the same transaction.
-    # libc6-dev: the static C library the exec helper links against (crates/docker/build.rs).
+    # libc6-dev: the static C library the exec helper links against (crates/helper-client/build.rs).
     # The lint step of scripts/test.sh needs shellcheck.
     # docker-registry: Debian's build of the CNCF distribution registry, which the image pull
     # tests run on loopback (tests/blackbox/test_image_pull.py, testkit/registry.py).

@@ -580,7 +580,7 @@ pub struct DockerArgs {
         env = "KILNTAINERS_EXEC_HELPER",
         value_enum,
         default_value_t = ExecHelperChoice::On,
-        help = "Run commands through a small helper started once per computer (on) or through one Docker exec per command (off) (default: on)"
+        help = "Run commands through a small helper started once per computer (on) or through one Docker exec, or one Kubernetes pods/exec, per command (off) (default: on)"
     )]
     pub exec_helper: ExecHelperChoice,
     /// Not in the Python reference: spare computers kept started (docs/warm-pool.md).

@@ -9,7 +9,7 @@ use tracing_subscriber::EnvFilter;
 /// information lines, which come from the server crate, the backend crates (their targets are
 /// their crate names) and the audit target (docs/decisions.md, "Environment variables").
 const DEFAULT_LOG: &str = "warn,mcp_sandbox_computer_vm_for_ai=info,kilntainers_backend=info,\
-kilntainers_docker=info,kilntainers_fly=info,kilntainers_e2b=info,kilntainers_modal=info,\
+kilntainers_docker=info,kilntainers_helper_client=info,kilntainers_fly=info,kilntainers_e2b=info,kilntainers_modal=info,\
 kilntainers_wasm=info,kilntainers_kubernetes=info,kilntainers::audit=info";
 
 use mcp_sandbox_computer_vm_for_ai::backends::IdleStop;

@@ -166,6 +166,56 @@ async def test_a_temporary_pod_runs_commands_and_goes_with_its_session(kbb, fake
     assert pod_of(fake, name) is None, "temporary Pod not deleted when the session ended"
 
 
+HELPER_CMDLINE = re.compile(r"/\.kilntainers/helper-[0-9a-f]{16} serve ")
+PARENT = "tr '\\0' ' ' < /proc/$PPID/cmdline"
+
+
+def execs_of(fake: FakeKubernetes, pod: str) -> list[dict]:
+    return fake.requests_matching("GET", f"/api/v1/namespaces/default/pods/{pod}/exec")
+
+
+async def test_commands_share_one_resident_helper_exec_and_a_replaced_helper_is_put_back(kbb, fake, tmp_path):
+    config = kubeconfig(tmp_path / "kubeconfig", fake.url)
+    async with kbb.server(*k8s_args(), env=env_for(config)) as srv:
+        first = (await srv.run(PARENT)).ok()
+        assert HELPER_CMDLINE.fullmatch(first.structured["stdout"]), first.structured
+        name = first.structured["computer_id"]
+        execs = len(execs_of(fake, name))
+        for code in range(4):
+            res = (await srv.call({"command": f"cat; echo err >&2; exit {code}", "computer_id": name,
+                                   "stdin": f"in {code}\n"})).ok()
+            assert res.structured["stdout"] == f"in {code}\n" and res.structured["stderr"] == "err\n"
+            assert res.structured["exit_code"] == code
+        timed = (await srv.call({"command": "sleep 30", "timeout": 1, "computer_id": name})).ok()
+        assert timed.structured["exit_code"] == 124
+        # Commands, stdin and the timeout's kill all went over the helper's stream.
+        assert len(execs_of(fake, name)) == execs, [r["query"] for r in execs_of(fake, name)[execs:]]
+        # A root user replaces the helper and ends it: that command is interrupted, the next
+        # one uploads ours again and runs through it.
+        hostile = await srv.call({"command": "path=$(tr '\\0' '\\n' < /proc/$PPID/cmdline | head -n 1); "
+                                  "printf '#!/bin/sh\\necho hijacked\\n' > \"$path\"; kill -9 $PPID; sleep 5",
+                                  "computer_id": name})
+        assert hostile.is_error or hostile.structured["exit_code"] != 0, hostile
+        again = (await srv.run(PARENT, computer_id=name)).ok()
+        assert HELPER_CMDLINE.fullmatch(again.structured["stdout"]), again.structured
+        elf = (await srv.run("head -c 4 /.kilntainers/helper-*", computer_id=name)).ok()
+        assert elf.structured["stdout"] == "\x7fELF", elf.structured
+        uploads = [r for r in execs_of(fake, name)[execs:] if "cat > " in " ".join(r["query"].get("command", []))]
+        assert len(uploads) == 1, [r["query"] for r in execs_of(fake, name)[execs:]]
+
+
+async def test_with_the_helper_off_every_command_is_its_own_exec(kbb, fake, tmp_path):
+    config = kubeconfig(tmp_path / "kubeconfig", fake.url)
+    async with kbb.server(*k8s_args("--exec-helper", "off"), env=env_for(config)) as srv:
+        first = (await srv.run("echo $PPID")).ok()
+        assert first.structured["stdout"] == "0\n"
+        name = first.structured["computer_id"]
+        execs = len(execs_of(fake, name))
+        (await srv.run("true", computer_id=name)).ok()
+        assert len(execs_of(fake, name)) == execs + 1
+        assert not any("cat > " in " ".join(r["query"].get("command", [])) for r in execs_of(fake, name))
+
+
 async def test_two_principals_each_have_their_own_computer(kbb, fake, tmp_path):
     config = kubeconfig(tmp_path / "kubeconfig", fake.url)
     tokens = tmp_path / "tokens"

@@ -35,7 +35,7 @@ use kilntainers_backend::{ExecEnd, ExecSpec, OutputSink, SinkControl, Stream};
 /// milliseconds of its exec starting (the exec itself is already running when this clock
 /// starts), and one that cannot run fails at once with the runtime's message; a file that
 /// stays silent is not our helper, and every command would otherwise wait for it.
-pub const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
+pub(super) const HELLO_TIMEOUT: Duration = Duration::from_secs(5);
 /// Credit is returned in batches of this many consumed bytes, so small outputs cost no frames.
 const CREDIT_BATCH: u32 = wire::WINDOW / 4;
 /// Bytes read before the `Hello` at most. The real helper sends a 13-byte frame and nothing

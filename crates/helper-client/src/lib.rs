@@ -29,7 +29,7 @@ use async_trait::async_trait;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-pub use connection::{Attached, Chunk, HELLO_TIMEOUT, Lost};
+pub use connection::{Attached, Chunk, Lost};
 use connection::{ConnectError, Connection};
 use kilntainers_backend::ids::ExecId;
 use kilntainers_backend::{ExecEnd, ExecSpec, OutputSink, SandboxRef, SinkControl, Stream};
