@@ -135,15 +135,20 @@ impl Helpers {
             .clone()
     }
 
-    /// Puts the helper into a container this server just created (while it starts), so its
-    /// first command needs no extra round trip. A failure only means this computer uses
-    /// the plain exec path.
+    /// Puts the helper into a computer this server just created or started (while it starts),
+    /// so its first command needs no extra round trip. An impossible upload means this
+    /// computer uses the plain exec path; one that did not reach it is tried again by the
+    /// first command. A computer that already has a connection, or has fallen back, is left
+    /// as it is.
     pub async fn install(&self, transport: &dyn Transport, sandbox: &SandboxRef) {
         if self.enabled.is_err() {
             return;
         }
         let slot = self.slot(sandbox.sandbox_id.as_str());
         let mut state = slot.lock().await;
+        if !matches!(*state, State::Idle { .. }) {
+            return;
+        }
         *state = match transport.upload(sandbox).await {
             Ok(()) => State::Idle {
                 losses: 0,

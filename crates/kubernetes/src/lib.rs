@@ -635,8 +635,19 @@ impl KubernetesBackend {
         }
     }
 
-    /// `<shell> -c 'echo <marker>'` must print the marker.
+    /// The shell answers, and the exec helper is put in meanwhile (as on Docker, where it is
+    /// uploaded during the start), so the first command only connects it.
     async fn readiness(&self, sandbox: &SandboxRef) -> Result<(), BackendError> {
+        let transport = PodTransport(self);
+        let (ready, ()) = tokio::join!(
+            self.shell_answers(sandbox),
+            self.helpers.install(&transport, sandbox)
+        );
+        ready
+    }
+
+    /// `<shell> -c 'echo <marker>'` must print the marker.
+    async fn shell_answers(&self, sandbox: &SandboxRef) -> Result<(), BackendError> {
         let cluster = self.cluster().await?;
         let name = self.pod_name(&sandbox.computer_id).await?;
         let deadline = Instant::now() + READINESS_TIMEOUT;
