@@ -173,11 +173,13 @@ class Definition:
         return found
 
     # -- what the fakes call ------------------------------------------------------------------
-    def check_request(self, method: str, path: str, query: dict, body, extra_query=()) -> list[str]:
+    def check_request(self, method: str, path: str, query: dict, body, extra_query=(),
+                      content_type: str | None = None) -> list[str]:
         """Violations of one request: unknown operation, undeclared or deprecated query
         parameters, a body that does not match the operation's request schema (strictly).
         `extra_query` names parameters the provider's own client sends that its definition
-        does not declare (each one is listed in docs/testing.md)."""
+        does not declare (each one is listed in docs/testing.md). `content_type`, when given,
+        must be one the operation declares (Kubernetes' PATCH takes only its patch types)."""
         found = self.operation(method, path)
         if found is None:
             return [f"{method} {path}: no such operation in {self.name}"]
@@ -193,8 +195,14 @@ class Definition:
             elif _deprecated(declared[name]):
                 problems.append(f"{where}: query parameter {name!r} is deprecated: {declared[name].get('description')}")
         content = (operation.get("requestBody") or {}).get("content") or {}
-        # Kubernetes declares its bodies under `*/*` (it takes JSON, YAML and protobuf).
-        schema = (content.get("application/json") or content.get("*/*") or {}).get("schema")
+        if content_type is not None and body is not None and content and "*/*" not in content:
+            if content_type not in content:
+                problems.append(f"{where}: content type {content_type!r} is not one the official definition declares "
+                                f"({', '.join(sorted(content))})")
+            schema = (content.get(content_type) or {}).get("schema")
+        else:
+            # Kubernetes declares its bodies under `*/*` (it takes JSON, YAML and protobuf).
+            schema = (content.get("application/json") or content.get("*/*") or {}).get("schema")
         if body is not None:
             if schema is None:
                 problems.append(f"{where}: the official definition declares no JSON body")

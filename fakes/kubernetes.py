@@ -410,6 +410,27 @@ class FakeKubernetes:
             raise
         return self.put("pods", namespace, pod, "MODIFIED")
 
+    def patch_pod(self, namespace: str, name: str, patch: dict) -> dict:
+        """A JSON merge patch of a Pod (the warm pool's hand-over). As on a real API server, a
+        running Pod's labels and annotations may change and nothing else of what this backend
+        sets; the result must still be a Pod of the published definition."""
+        obj = self.get("pods", namespace, name)
+        if obj is None:
+            raise Reject(404, "NotFound", f'pods "{name}" not found')
+        merged = merge_patch(obj, patch)
+        kept = ("labels", "annotations")
+        before = {k: v for k, v in obj.items() if k != "metadata"}
+        after = {k: v for k, v in merged.items() if k != "metadata"}
+        meta_before = {k: v for k, v in obj["metadata"].items() if k not in kept}
+        meta_after = {k: v for k, v in merged["metadata"].items() if k not in kept}
+        if before != after or meta_before != meta_after:
+            raise Reject(422, "Invalid", f'Pod "{name}" is invalid: the fake lets a patch change only labels and '
+                                         "annotations")
+        core = definitions.load(CORE)
+        self.note_violations(core.errors(core.document["components"]["schemas"]["io.k8s.api.core.v1.Pod"], merged,
+                                         "PATCH pods result"))
+        return self.put("pods", namespace, merged, "MODIFIED")
+
     def delete_pod(self, namespace: str, name: str) -> dict | None:
         obj = self.remove("pods", namespace, name)
         if obj is not None:
@@ -566,7 +587,9 @@ class FakeKubernetes:
                          "status": {"phase": "Active"}}
         m = re.fullmatch(r"/api/v1/namespaces/([^/]+)/(pods|persistentvolumeclaims)(?:/([^/]+))?", path)
         if m:
-            self.note_violations(definitions.load(CORE).check_request(method, path, query, payload))
+            content_type = (headers.get("content-type") or "").split(";")[0].strip() or None
+            self.note_violations(definitions.load(CORE).check_request(method, path, query, payload,
+                                                                      content_type=content_type))
             return self.core(method, m.group(1), m.group(2), m.group(3), query, payload)
         m = re.fullmatch(r"/apis/networking.k8s.io/v1/namespaces/([^/]+)/(networkpolicies)(?:/([^/]+))?", path)
         if m:
@@ -605,6 +628,8 @@ class FakeKubernetes:
             if obj is None:
                 raise Reject(404, "NotFound", f'{plural} "{name}" not found')
             return 200, obj
+        if method == "PATCH" and plural == "pods":
+            return 200, self.patch_pod(namespace, name, payload or {})
         if method == "DELETE":
             if plural == "pods":
                 obj = self.delete_pod(namespace, name)

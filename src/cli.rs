@@ -590,7 +590,7 @@ pub struct DockerArgs {
         value_name = "N",
         default_value_t = 0,
         value_parser = clap::value_parser!(u16).range(0..=i64::from(MAX_WARM_POOL)),
-        help = "Keep N started spare containers so a session's first command does not wait for a container start; spares are handed out as temporary computers only. Each spare is an idle container: its keep-alive and exec helper (~1-2 MB of memory), its memory and pid limits, and one slot in the engine's container list. 0 = off (default: 0)"
+        help = "Keep N started spare containers (on Kubernetes in pod mode, spare Pods) so a session's first command does not wait for a container start; spares are handed out as temporary computers only. Each spare is an idle container: its keep-alive and exec helper (~1-2 MB of memory), its memory and pid limits, and one slot in the engine's container list. 0 = off (default: 0)"
     )]
     pub warm_pool: u16,
 }

@@ -52,6 +52,7 @@ pub fn from_cli(
         memory_bytes: docker.memory_bytes,
         runtime: docker.runtime.clone(),
         exec_helper: docker.exec_helper,
+        spares: docker.warm_pool,
         kubeconfig: None,
     })
 }

@@ -447,6 +447,7 @@ impl Config {
                 memory_bytes: None,
                 runtime: None,
                 exec_helper: docker.exec_helper,
+                spares: 0,
                 kubeconfig: None,
             })
         };
@@ -713,15 +714,20 @@ fn docker_config(
 /// Rows 17-20 of docs/decisions.md, "Startup validation": value checks of the other backends, applied only when that
 /// backend is selected.
 fn check_other_backend_values(cli: &Cli) -> Result<(), ConfigError> {
-    if cli.backend == BackendKind::Kubernetes && cli.docker.warm_pool > 0 {
-        // The cluster keeps the spares (docs/kubernetes.md, "Options").
+    let k8s_sandbox_mode = cli.kubernetes.k8s_mode == Some(crate::cli::K8sModeChoice::Sandbox)
+        || cli.kubernetes.k8s_warm_pool.is_some();
+    if cli.backend == BackendKind::Kubernetes && cli.docker.warm_pool > 0 && k8s_sandbox_mode {
+        // In sandbox mode the cluster keeps the spares (docs/kubernetes.md, "Warm pool"); in
+        // auto mode the startup check refuses it once the mode is known.
         return fail(
-            "--warm-pool (KILNTAINERS_WARM_POOL) is not available with --backend kubernetes: spare computers on a cluster come from an agent-sandbox SandboxWarmPool; name it with --k8s-warm-pool (sandbox mode), and remove --warm-pool or set it to 0.",
+            "--warm-pool (KILNTAINERS_WARM_POOL) keeps spare Pods in pod mode only: in sandbox mode spare computers come from an agent-sandbox SandboxWarmPool; name it with --k8s-warm-pool, and remove --warm-pool or set it to 0.",
         );
     }
-    if cli.backend != BackendKind::Docker && cli.docker.warm_pool > 0 {
+    if !matches!(cli.backend, BackendKind::Docker | BackendKind::Kubernetes)
+        && cli.docker.warm_pool > 0
+    {
         return fail(format!(
-            "--warm-pool (KILNTAINERS_WARM_POOL) is only available with --backend docker (Docker or Podman); the {} backend starts its computers itself. Remove it or set it to 0.",
+            "--warm-pool (KILNTAINERS_WARM_POOL) is only available with --backend docker (Docker or Podman) and --backend kubernetes (pod mode); the {} backend starts its computers itself. Remove it or set it to 0.",
             cli.backend.name()
         ));
     }

@@ -216,6 +216,92 @@ async def test_with_the_helper_off_every_command_is_its_own_exec(kbb, fake, tmp_
         assert not any("cat > " in " ".join(r["query"].get("command", [])) for r in execs_of(fake, name))
 
 
+def pooled_pods(fake: FakeKubernetes) -> list[dict]:
+    return fake.listed("pods", "default", "kilntainers.pooled=true")
+
+
+async def pool_ready(srv, size: int = 1, timeout: float = 90.0) -> dict:
+    """`computer_list` once the server says `size` spares are ready to be handed out."""
+    deadline = time.monotonic() + timeout
+    while True:
+        listing = (await srv.call({}, name="computer_list")).ok().structured
+        if listing["warm_pool"]["ready"] == size:
+            return listing
+        assert time.monotonic() < deadline, f"the pool did not fill: {listing['warm_pool']}"
+        await anyio.sleep(0.1)
+
+
+async def test_warm_pool_hands_a_started_spare_pod_to_a_session_and_refills(kbb, fake, tmp_path):
+    config = kubeconfig(tmp_path / "kubeconfig", fake.url)
+    permanent = kbb.new_id("pool-perm")
+    async with kbb.server(*k8s_args("--warm-pool", "1", "--lifecycle-tools"), env=env_for(config)) as srv:
+        listing = await pool_ready(srv)
+        assert listing["warm_pool"] == {"ready": 1, "size": 1} and listing["computers"] == [], listing
+        [spare] = pooled_pods(fake)
+        spare_name, spare_uid = spare["metadata"]["name"], spare["metadata"]["uid"]
+        assert spare_name.startswith("kilntainers-spare-")
+        assert spare["metadata"]["labels"]["kilntainers.instance"] == srv.instance_id
+        made = len(fake.requests_matching("POST", "/api/v1/namespaces/default/pods"))
+
+        first = (await srv.run(PARENT)).ok()
+        name = first.structured["computer_id"]
+        # The spare's Pod became the computer: same Pod, relabelled; no Pod made for it.
+        pod = fake.get("pods", "default", spare_name)
+        assert pod["metadata"]["uid"] == spare_uid
+        assert pod["metadata"]["annotations"]["kilntainers.computer-id"] == name
+        assert pod["metadata"]["labels"]["kilntainers.name"] == name
+        assert fake.get("pods", "default", name) is None
+        # Its helper was put in while the spare was checked: the first command only connected.
+        assert HELPER_CMDLINE.fullmatch(first.structured["stdout"]), first.structured
+        uploads = [r for r in execs_of(fake, spare_name) if "cat > " in " ".join(r["query"].get("command", []))]
+        assert len(uploads) == 1, uploads
+
+        # The pool refills with a new spare; the computer is listed under its id.
+        listing = await pool_ready(srv)
+        assert [c["computer_id"] for c in listing["computers"]] == [name], listing
+        refills = [p for p in pooled_pods(fake) if p["metadata"]["name"] != spare_name]
+        assert len(refills) == 1, refills
+        assert len(fake.requests_matching("POST", "/api/v1/namespaces/default/pods")) == made + 1
+
+        # Later commands, a restart and a permanent computer (never from the pool).
+        assert (await srv.run("echo again", computer_id=name)).ok().structured["stdout"] == "again\n"
+        (await srv.call({"computer_id": name}, name="computer_restart")).ok()
+        assert fake.get("pods", "default", spare_name) is None
+        assert (await srv.run("echo restarted", computer_id=name)).ok().structured["stdout"] == "restarted\n"
+        (await srv.run("true", computer_id=permanent, temporary=False)).ok()
+        assert fake.get("pods", "default", permanent) is not None
+        assert len(pooled_pods(fake)) == 1, "the restart and the permanent computer used no spare"
+        (await srv.call({"computer_id": permanent}, name="computer_delete")).ok()
+    # The session's computer and the waiting spare went with the server.
+    left = fake.listed("pods", "default", f"kilntainers.instance={srv.instance_id}")
+    assert left == [], [p["metadata"]["name"] for p in left]
+
+
+async def test_crash_gc_takes_a_dead_servers_spares_handed_out_or_not(kbb, fake, tmp_path):
+    config = kubeconfig(tmp_path / "kubeconfig", fake.url)
+    home = kbb.home()
+    async with kbb.server(*k8s_args("--warm-pool", "1", "--lifecycle-tools"), home=home,
+                          env=env_for(config)) as a:
+        await pool_ready(a)
+        (await a.run("true")).ok()
+        await pool_ready(a)
+        instance = a.instance_id
+        assert len(pooled_pods(fake)) == 2  # one handed out, one waiting
+        os.kill(a.pid, signal.SIGKILL)
+        assert wait_exit(a, 10) == -signal.SIGKILL
+    async with kbb.server(*k8s_args(), home=home, env=env_for(config)) as b:
+        (await b.run("true")).ok()
+        gone = await apoll(lambda: fake.listed("pods", "default", f"kilntainers.instance={instance}") == [], 30, 0.2)
+        assert gone, [p["metadata"]["name"] for p in pooled_pods(fake)]
+
+
+def test_warm_pool_is_refused_in_sandbox_mode(kbb, fake, tmp_path):
+    config = kubeconfig(tmp_path / "kubeconfig", fake.url)
+    message = error_of(run_cli(kbb, config, *k8s_args("--warm-pool", "2", mode="sandbox")))
+    assert message.startswith("--warm-pool (KILNTAINERS_WARM_POOL) keeps spare Pods in pod mode only"), message
+    assert "--k8s-warm-pool" in message
+
+
 async def test_two_principals_each_have_their_own_computer(kbb, fake, tmp_path):
     config = kubeconfig(tmp_path / "kubeconfig", fake.url)
     tokens = tmp_path / "tokens"

@@ -375,7 +375,13 @@ fn modules_import_only_from_layers_below() {
 fn allowed_workspace_dependencies(krate: &str) -> &'static [&'static str] {
     match krate {
         "backend" => &[],
-        "docker" => &["kilntainers-backend", "kilntainers-helper"],
+        "docker" => &[
+            "kilntainers-backend",
+            "kilntainers-helper",
+            "kilntainers-helper-client",
+        ],
+        "helper-client" => &["kilntainers-backend", "kilntainers-helper"],
+        "kubernetes" => &["kilntainers-backend", "kilntainers-helper-client"],
         _ => &["kilntainers-backend"],
     }
 }

@@ -70,7 +70,9 @@ pub mod modal {
 /// name); the computer id, image, owner and egress policy are annotations, since label values
 /// are limited to 63 characters of `[A-Za-z0-9._-]` and those may not fit.
 pub mod kubernetes {
-    pub use super::docker::{COMPUTER_ID, EGRESS, IMAGE, INSTANCE, MANAGED, OWNER, TEMPORARY};
+    pub use super::docker::{
+        COMPUTER_ID, EGRESS, IMAGE, INSTANCE, MANAGED, OWNER, POOLED, TEMPORARY,
+    };
     /// The computer's object name (a DNS-1123 label, so a valid label value), by which its
     /// NetworkPolicy selects its Pods (docs/kubernetes.md, "Egress").
     pub const NAME: &str = "kilntainers.name";

@@ -144,6 +144,10 @@ fn required_for_computers(config: &KubernetesConfig, mode: Mode) -> Vec<Permissi
             if config.storage.is_some() {
                 all.extend(CLAIM_PERMISSIONS);
             }
+            if config.spares > 0 {
+                // A spare becomes a computer by a patch of its labels and annotations.
+                all.push(on("patch", "pods"));
+            }
             all
         }
         Mode::Sandbox => {
@@ -209,6 +213,10 @@ pub enum StartupError {
         "{flag} belongs to sandbox mode, but this cluster does not serve the agent-sandbox CRDs, so computers are plain Pods (pod mode); remove {flag} or install agent-sandbox (docs/kubernetes.md, \"Modes\")."
     )]
     SandboxOnly { flag: &'static str },
+    #[error(
+        "--warm-pool (KILNTAINERS_WARM_POOL) keeps spare Pods in pod mode only, and this cluster serves the agent-sandbox CRDs, so computers are Sandboxes (sandbox mode): spare computers come from an agent-sandbox SandboxWarmPool there; name it with --k8s-warm-pool, or choose --k8s-mode pod, or remove --warm-pool (docs/kubernetes.md, \"Warm pool\")."
+    )]
+    PoolInSandboxMode,
     #[error(
         "The {kind} '{name}' ({flag}) does not exist in Kubernetes namespace '{namespace}'; create it or check the name."
     )]
@@ -346,6 +354,9 @@ pub async fn mode(client: &Client, config: &KubernetesConfig) -> Result<Mode, St
         ModeChoice::Auto if sandbox_crd_served(client).await => Mode::Sandbox,
         ModeChoice::Auto => Mode::Pod,
     };
+    if mode == Mode::Sandbox && config.spares > 0 {
+        return Err(StartupError::PoolInSandboxMode);
+    }
     if mode == Mode::Pod {
         for (flag, given) in [
             ("--k8s-template", &config.template),
@@ -414,6 +425,7 @@ mod tests {
             memory_bytes: None,
             runtime: None,
             exec_helper: true,
+            spares: 0,
             kubeconfig: None,
         }
     }
@@ -433,6 +445,14 @@ mod tests {
             sub("create", "pods", "exec").to_string(),
             "create pods/exec"
         );
+    }
+
+    #[test]
+    fn a_pod_mode_warm_pool_needs_patch_on_pods() {
+        let mut pooled = config(None);
+        pooled.spares = 2;
+        assert!(required(&pooled, Mode::Pod, false).contains(&on("patch", "pods")));
+        assert!(!required(&config(None), Mode::Pod, false).contains(&on("patch", "pods")));
     }
 
     #[test]

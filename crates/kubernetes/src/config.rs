@@ -45,6 +45,8 @@ pub struct KubernetesConfig {
     /// `--exec-helper`: commands through one long-lived exec of the helper per computer
     /// (docs/kubernetes.md, "Exec"), else one `pods/exec` per command.
     pub exec_helper: bool,
+    /// `--warm-pool` (pod mode): started spare Pods kept for temporary computers.
+    pub spares: usize,
     /// A kubeconfig file to read instead of kube's discovery (`KUBECONFIG`, `~/.kube/config`,
     /// in-cluster); no flag sets it. Tests point it at the fake API server, since `KUBECONFIG`
     /// is one value for the whole test process.

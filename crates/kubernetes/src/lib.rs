@@ -24,9 +24,10 @@ pub mod egress;
 mod exec;
 mod helper;
 mod objects;
+mod pool;
 mod sandbox;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
@@ -54,7 +55,7 @@ use kilntainers_backend::labels::kubernetes as keys;
 use kilntainers_backend::posix::{self, KILL_SWEEP_TIMEOUT, SweepReach, shell_basename};
 use kilntainers_backend::{
     Backend, BackendError, Common, ComputerInfo, CreateSpec, ExecEnd, ExecSpec, Found, IdleStop,
-    IdleStopped, OutputSink, PortRoute, PortStream, Progress, Restarted, SandboxRef,
+    IdleStopped, OutputSink, PortRoute, PortStream, Progress, Restarted, SandboxRef, WarmPoolSize,
 };
 use kilntainers_helper_client::{Helpers, Lost};
 
@@ -117,6 +118,11 @@ pub struct KubernetesBackend {
     /// The resident exec helpers, one `pods/exec` connection per Pod (docs/kubernetes.md,
     /// "Exec").
     helpers: Helpers,
+    /// Started spare Pods handed out as temporary computers (`--warm-pool`, pod mode).
+    pool: pool::WarmPool,
+    /// The Pod names of computers this process made from a spare (their Pods keep the spare's
+    /// name), so commands find them without a lookup.
+    adopted: std::sync::Mutex<HashMap<ComputerId, String>>,
 }
 
 impl KubernetesBackend {
@@ -129,7 +135,13 @@ impl KubernetesBackend {
             answered: std::sync::Mutex::new(HashSet::new()),
             egress_policy: common.egress.policy.clone(),
             helpers: Helpers::new(config.exec_helper, helper::PLAIN),
+            pool: pool::WarmPool::new(spares(config, &common.egress.policy)),
+            adopted: std::sync::Mutex::new(HashMap::new()),
         })
+    }
+
+    fn adopted_pods(&self) -> std::sync::MutexGuard<'_, HashMap<ComputerId, String>> {
+        self.adopted.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     fn answered_ports(&self) -> std::sync::MutexGuard<'_, HashSet<(SandboxId, u16)>> {
@@ -217,14 +229,34 @@ impl KubernetesBackend {
             })?;
             return Ok(pod.map(|pod| (pod, backing.recipe)));
         }
-        let pod =
-            cluster.pods.get_opt(&object_name(id)).await.map_err(|e| {
-                api_error(cluster, &format!("Reading the Pod of computer '{id}'"), e)
-            })?;
-        Ok(pod.and_then(|pod| {
+        let reading = |e| api_error(cluster, &format!("Reading the Pod of computer '{id}'"), e);
+        let mine = |pod: Pod| {
             let recipe = Recipe::read(&pod.metadata, &self.config.image)?;
             (recipe.computer_id == *id).then_some((pod, recipe))
-        }))
+        };
+        let adopted = self.adopted_pods().get(id).cloned();
+        for name in adopted.into_iter().chain([object_name(id)]) {
+            if let Some(found) = cluster
+                .pods
+                .get_opt(&name)
+                .await
+                .map_err(reading)?
+                .and_then(mine)
+            {
+                return Ok(Some(found));
+            }
+        }
+        // A computer born a warm-pool spare keeps the spare's Pod name; another server process
+        // (crash GC) finds it by the labels the hand-over gave it.
+        let born_spare = ListParams::default().labels(&format!(
+            "{}=true,{}=true,{}={}",
+            keys::MANAGED,
+            keys::POOLED,
+            keys::NAME,
+            object_name(id)
+        ));
+        let listed = cluster.pods.list(&born_spare).await.map_err(reading)?;
+        Ok(listed.items.into_iter().find_map(mine))
     }
 
     /// The name of the Pod `id` runs in (pod mode: its object name; sandbox mode: the Pod
@@ -232,7 +264,8 @@ impl KubernetesBackend {
     async fn pod_name(&self, id: &ComputerId) -> Result<String, BackendError> {
         let cluster = self.cluster().await?;
         if cluster.mode == Mode::Pod {
-            return Ok(object_name(id));
+            let adopted = self.adopted_pods().get(id).cloned();
+            return Ok(adopted.unwrap_or_else(|| object_name(id)));
         }
         let Some(backing) = self.backing(id).await? else {
             return Err(BackendError::Vanished(id.clone()));
@@ -716,7 +749,9 @@ impl KubernetesBackend {
             }
         }
         self.wait_gone(id, "Pod", || async { Ok(self.pod_of(id).await?.is_some()) })
-            .await
+            .await?;
+        self.adopted_pods().remove(id);
+        Ok(())
     }
 
     async fn delete_claim(&self, id: &ComputerId) -> Result<(), BackendError> {
@@ -986,6 +1021,19 @@ impl KubernetesBackend {
 }
 
 /// Whether a Pod is up for commands: running and not being deleted.
+/// How many spares `--warm-pool` keeps: none when the server's egress policy has rules, since
+/// a spare's NetworkPolicy could not be in place before it runs as the computer
+/// (docs/kubernetes.md, "Warm pool").
+fn spares(config: &KubernetesConfig, egress: &EgressPolicy) -> usize {
+    if config.spares > 0 && !egress.is_unfiltered() {
+        warn!(
+            "--warm-pool is not used on the kubernetes backend with egress rules: a computer's NetworkPolicy must be in place before its Pod runs, and a spare runs before it is handed out; every computer is made when asked for"
+        );
+        return 0;
+    }
+    config.spares
+}
+
 fn pod_runs(pod: &Pod) -> bool {
     pod.metadata.deletion_timestamp.is_none()
         && pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
@@ -1170,6 +1218,9 @@ impl Backend for KubernetesBackend {
                 .filter(|policy| !policy.is_unfiltered())
                 .map(EgressPolicy::to_label),
         };
+        if let Some(spare) = self.pool.take(self, &recipe).await {
+            return Ok(spare);
+        }
         self.make(&recipe, progress).await
     }
 
@@ -1224,6 +1275,9 @@ impl Backend for KubernetesBackend {
             let Some(recipe) = Recipe::read(&pod.metadata, &self.config.image) else {
                 continue;
             };
+            if pool::is_waiting_spare(&recipe, pod.metadata.labels.as_ref()) {
+                continue;
+            }
             seen.insert(recipe.computer_id.clone());
             let phase = pod
                 .status
@@ -1371,6 +1425,18 @@ impl Backend for KubernetesBackend {
         }
         info!(computer_id = %id, "Pod ended by idle stop; the home volume stays");
         Ok(IdleStopped::Stopped)
+    }
+
+    async fn keep_warm(&self, instance: &InstanceId) {
+        self.pool.keep(self, instance).await;
+    }
+
+    fn warm_pool(&self) -> Option<WarmPoolSize> {
+        self.pool.size()
+    }
+
+    async fn release_spares(&self) -> Result<(), BackendError> {
+        self.pool.release(self).await
     }
 
     async fn kill_exec(&self, sandbox: &SandboxRef, exec_id: &ExecId) -> Result<(), BackendError> {

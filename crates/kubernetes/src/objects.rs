@@ -273,6 +273,7 @@ mod tests {
             memory_bytes: Some(512 * 1024 * 1024),
             runtime: Some("gvisor".to_owned()),
             exec_helper: true,
+            spares: 0,
             kubeconfig: None,
         }
     }
