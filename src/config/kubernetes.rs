@@ -89,8 +89,24 @@ mod tests {
             error.starts_with("--k8s-template belongs to sandbox mode"),
             "{error}"
         );
-        let error = config(&["--warm-pool", "2"]).unwrap_err().0;
+        // `--warm-pool` keeps spare Pods in pod mode; sandbox mode is refused (in auto mode at
+        // startup, once the cluster says which mode it is).
+        let error = config(&["--warm-pool", "2", "--k8s-mode", "sandbox"])
+            .unwrap_err()
+            .0;
         assert!(error.contains("--k8s-warm-pool"), "{error}");
+        let error = config(&["--warm-pool", "2", "--k8s-warm-pool", "p"])
+            .unwrap_err()
+            .0;
+        assert!(
+            error.starts_with(
+                "--warm-pool (KILNTAINERS_WARM_POOL) keeps spare Pods in pod mode only"
+            ),
+            "{error}"
+        );
+        let pooled = config(&["--warm-pool", "2", "--k8s-mode", "pod"]).unwrap();
+        assert_eq!(pooled.kubernetes.spares, 2);
+        assert_eq!(config(&["--warm-pool", "2"]).unwrap().kubernetes.spares, 2);
         let error = config(&["--k8s-storage", "10GB"]).unwrap_err().0;
         assert!(error.starts_with("--k8s-storage must be"), "{error}");
         let none = config(&["--k8s-storage", "0", "--k8s-mode", "pod"]).unwrap();
