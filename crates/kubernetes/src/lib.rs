@@ -9,14 +9,17 @@
 //! restart, so the cluster is the ground truth as the engine is on Docker.
 //!
 //! Restart deletes the Pod and makes it again (the home volume stays), in sandbox mode by
-//! suspending and resuming the Sandbox; removal deletes everything.
-//! Commands run as one `pods/exec` each ([`exec`]); ports through `pods/portforward`. Jobs and
-//! the file tools come from the shared POSIX programs over that exec.
+//! suspending and resuming the Sandbox; removal deletes everything. In pod mode `--warm-pool`
+//! keeps spare Pods that become computers by a relabelling ([`pool`]); such a Pod keeps the
+//! spare's name.
+//! Commands run through the exec helper over one long-lived `pods/exec` per Pod ([`helper`]),
+//! else as one `pods/exec` each ([`exec`]); ports through `pods/portforward`. Jobs and the file
+//! tools come from the shared POSIX programs over that exec.
 //!
 //! Split: [`config`] (the section, quantities), [`checks`] (kubeconfig and startup checks),
 //! [`objects`] (names, labels, the Pod and PVC), [`sandbox`] (the agent-sandbox resources),
-//! [`exec`] (the exec stream). kube and
-//! k8s-openapi appear only in this crate.
+//! [`helper`] (the exec helper's way in), [`exec`] (one exec stream per command), [`pool`]
+//! (spare Pods). kube and k8s-openapi appear only in this crate.
 
 mod checks;
 pub mod config;
@@ -1020,7 +1023,6 @@ impl KubernetesBackend {
     }
 }
 
-/// Whether a Pod is up for commands: running and not being deleted.
 /// How many spares `--warm-pool` keeps: none when the server's egress policy has rules, since
 /// a spare's NetworkPolicy could not be in place before it runs as the computer
 /// (docs/kubernetes.md, "Warm pool").
@@ -1034,6 +1036,7 @@ fn spares(config: &KubernetesConfig, egress: &EgressPolicy) -> usize {
     config.spares
 }
 
+/// Whether a Pod is up for commands: running and not being deleted.
 fn pod_runs(pod: &Pod) -> bool {
     pod.metadata.deletion_timestamp.is_none()
         && pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running")
