@@ -12,7 +12,9 @@ sources are in `tests/provider-definitions/kubernetes/`):
   (path, query parameters, body) is checked with `definitions.py` against them, strictly, and
   every JSON answer against the schema its operation documents; what does not match is a
   *violation* (tests require none). Served: `GET /version`, `GET /api/v1/namespaces/{ns}`,
-  Pods and PersistentVolumeClaims (create, get, list with `labelSelector` and `watch`, delete),
+  Pods and PersistentVolumeClaims (create, get, list with `labelSelector` and `watch`, delete;
+  a Pod's JSON merge patch may change only its labels and annotations, as for a running Pod,
+  and its content type must be one the definition declares for PATCH),
   `POST /apis/authorization.k8s.io/v1/selfsubjectaccessreviews`, and networking v1
   NetworkPolicies (create, get, list, delete; stored, never enforced: the fake has no network
   plugin, so a Pod's traffic is not filtered); failures are `Status` objects
@@ -38,6 +40,9 @@ sources are in `tests/provider-definitions/kubernetes/`):
   stream 3 (`Success`, or `Failure`/`NonZeroExitCode` with an `ExitCode` cause) and a close.
   Port-forward: for the i-th port of `ports`, data on stream 2i and errors on 2i+1, each
   opened by the port number (two bytes, little-endian).
+
+The server sets `TCP_NODELAY` on every connection, as Go's network stack does by default: a
+WebSocket's small frames are then not held back by the client's delayed acknowledgement.
 
 Pods are real local Docker containers (`fakek8s-<run>-<namespace>-<pod>`, labelled
 `fakek8s=<run>`), so commands really run; a PVC is a Docker volume. Images can be mapped to
