@@ -95,6 +95,20 @@ pub fn cap(text: &str) -> String {
     format!("{}…", &text[..end])
 }
 
+/// The parameters of an exec in the computer's container: stdout and stderr always, stdin when
+/// asked, and `pipe` bytes of kube's buffer for each stream.
+pub fn attach_params(stdin: bool, pipe: usize) -> AttachParams {
+    let mut params = AttachParams::default()
+        .container(CONTAINER)
+        .stdin(stdin)
+        .stdout(true)
+        .stderr(true);
+    params.max_stdin_buf_size = Some(pipe);
+    params.max_stdout_buf_size = Some(pipe);
+    params.max_stderr_buf_size = Some(pipe);
+    params
+}
+
 /// Runs `argv` in the computer's container of Pod `name`, pushing output into `sink` until it
 /// ends or the sink says stop.
 pub async fn run(
@@ -105,14 +119,7 @@ pub async fn run(
     sink: &mut dyn OutputSink,
     cancel: &CancellationToken,
 ) -> Result<ExecEnd, ExecError> {
-    let mut params = AttachParams::default()
-        .container(CONTAINER)
-        .stdin(stdin.is_some())
-        .stdout(true)
-        .stderr(true);
-    params.max_stdin_buf_size = Some(CHUNK);
-    params.max_stdout_buf_size = Some(CHUNK);
-    params.max_stderr_buf_size = Some(CHUNK);
+    let params = attach_params(stdin.is_some(), CHUNK);
     let mut attached = pods
         .exec(name, argv, &params)
         .await

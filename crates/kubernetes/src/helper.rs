@@ -15,13 +15,12 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures_util::{Stream, StreamExt};
-use kube::api::{AttachParams, AttachedProcess};
+use kube::api::AttachedProcess;
 use tokio_util::io::ReaderStream;
 use tokio_util::sync::CancellationToken;
 
 use crate::KubernetesBackend;
 use crate::exec::{self, ExecError};
-use crate::objects::CONTAINER;
 use kilntainers_backend::posix::quote;
 use kilntainers_backend::{ExecEnd, OutputSink, SandboxRef, SinkControl, Stream as OutputStream};
 use kilntainers_helper_client::{Attached, Chunk, Transport, UploadError, binary, printable};
@@ -103,17 +102,9 @@ impl Transport for PodTransport<'_> {
             .pod_name(&sandbox.computer_id)
             .await
             .map_err(|e| e.to_string())?;
-        let mut params = AttachParams::default()
-            .container(CONTAINER)
-            .stdin(true)
-            .stdout(true)
-            .stderr(true);
-        params.max_stdin_buf_size = Some(PIPE);
-        params.max_stdout_buf_size = Some(PIPE);
-        params.max_stderr_buf_size = Some(PIPE);
         let mut process = cluster
             .pods
-            .exec(&pod, argv, &params)
+            .exec(&pod, argv, &exec::attach_params(true, PIPE))
             .await
             .map_err(|e| exec::cap(&e.to_string()))?;
         let (Some(stdin), Some(stdout), Some(stderr)) =
