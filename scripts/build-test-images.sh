@@ -9,6 +9,10 @@
 #                                    secrets tests: real clients trusting the broker's CA)
 #   podman (if installed): localhost/sandbox-busybox:full and localhost/sandbox-busybox:minimal
 #
+#   scripts/build-test-images.sh [IMAGE...]   only the named ones (e.g. debian:bookworm-slim,
+#                                             which scripts/serve.sh builds on a machine that
+#                                             reaches no registry); all of them without names
+#
 # Idempotent: images that already exist are skipped unless FORCE=1. The debootstrap rootfs
 # is cached as a tarball in .test-env/cache/ (REFRESH_CACHE=1 rebuilds it). Needs a running
 # Docker daemon (scripts/ensure-dockerd.sh). Installs busybox-static / debootstrap if missing.
@@ -279,21 +283,44 @@ podman_import() {
     log "podman $image: imported in $(elapsed "$t0")"
 }
 
+# wanted IMAGE: no names were given, or IMAGE is one of them.
+WANTED=()
+wanted() {
+    local name
+    ((${#WANTED[@]} == 0)) && return 0
+    for name in "${WANTED[@]}"; do
+        [[ "$name" == "$1" ]] && return 0
+    done
+    return 1
+}
+
 main() {
+    WANTED=("$@")
+    local name
+    for name in "${WANTED[@]}"; do
+        case "$name" in
+        "$BUSYBOX_FULL" | "$BUSYBOX_MINIMAL" | "$DEBIAN_IMAGE" | "$DEBIAN_ALIAS" | "$TOOLS_IMAGE") ;;
+        *) die "unknown image '$name'; this script builds $BUSYBOX_FULL, $BUSYBOX_MINIMAL, $DEBIAN_IMAGE, $DEBIAN_ALIAS and $TOOLS_IMAGE" ;;
+        esac
+    done
     WORK="$(mktemp -d "${TMPDIR:-/tmp}/kilntainers-images.XXXXXX")"
     docker info >/dev/null 2>&1 || die "docker is not answering; run scripts/ensure-dockerd.sh first"
-    if ! pkg_installed busybox-static; then
-        apt_ensure busybox-static || die "could not install busybox-static"
+    if wanted "$BUSYBOX_FULL" || wanted "$BUSYBOX_MINIMAL"; then
+        if ! pkg_installed busybox-static; then
+            apt_ensure busybox-static || die "could not install busybox-static"
+        fi
+        [[ -x /bin/busybox ]] || die "/bin/busybox missing after installing busybox-static"
     fi
-    [[ -x /bin/busybox ]] || die "/bin/busybox missing after installing busybox-static"
 
-    build_busybox full "$BUSYBOX_FULL"
-    build_busybox minimal "$BUSYBOX_MINIMAL"
+    if wanted "$BUSYBOX_FULL"; then build_busybox full "$BUSYBOX_FULL"; fi
+    if wanted "$BUSYBOX_MINIMAL"; then build_busybox minimal "$BUSYBOX_MINIMAL"; fi
     if [[ "${SKIP_DEBIAN:-0}" != 1 ]]; then
-        build_debian
-        build_debian_tools
+        if wanted "$DEBIAN_IMAGE" || wanted "$DEBIAN_ALIAS"; then
+            build_debian
+        fi
+        if wanted "$TOOLS_IMAGE"; then build_debian_tools; fi
     fi
-    if [[ "${SKIP_PODMAN:-0}" != 1 ]] && command -v podman >/dev/null 2>&1; then
+    if [[ "${SKIP_PODMAN:-0}" != 1 ]] && ((${#WANTED[@]} == 0)) && command -v podman >/dev/null 2>&1; then
         podman_import full "$BUSYBOX_FULL"
         podman_import minimal "$BUSYBOX_MINIMAL"
     fi
