@@ -9,9 +9,9 @@
 # Steps:
 #   1. Docker, the sandbox-busybox:full image and .test-env/venv (mcp==1.30.0):
 #      scripts/setup-test-env.sh when any is missing (SKIP_PODMAN=1 SKIP_RUNSC=1 unless set)
-#   2. the release build: `cargo build --release --locked --no-default-features` (the Docker
-#      backend alone, the same binary scripts/bench.sh measures), unless SKIP_BUILD=1 or
-#      KILNTAINERS_BIN names a binary
+#   2. the release build: `cargo build --release --locked -p mcp-sandbox-computer-vm-for-ai
+#      --no-default-features` (the Docker backend alone, the same binary scripts/bench.sh
+#      measures), unless SKIP_BUILD=1 or KILNTAINERS_BIN names a binary
 #   3. bench/http_sessions.py: figures on stdout, bench/results/http-<date>.json, and the
 #      "HTTP: 200 sessions" section of docs/benchmarks.md
 #
@@ -47,10 +47,10 @@ if [[ -n "${KILNTAINERS_BIN:-}" ]]; then
     BIN="$KILNTAINERS_BIN"
 else
     BIN="$REPO_ROOT/target/release/mcp-sandbox-computer-vm-for-ai"
-    BUILD_ARGS=(--build "cargo build --release --locked --no-default-features")
+    BUILD_ARGS=(--build "cargo build --release --locked -p mcp-sandbox-computer-vm-for-ai --no-default-features")
     if [[ "${SKIP_BUILD:-0}" != 1 ]]; then
         t0="$(now)"
-        cargo build --release --locked --no-default-features --quiet || die "cargo build --release failed"
+        cargo build --release --locked -p mcp-sandbox-computer-vm-for-ai --no-default-features --quiet || die "cargo build --release failed"
         log "cargo build --release $(elapsed "$t0")"
     fi
 fi

@@ -13,9 +13,11 @@
 #      Debian 12, so --ignore-requires-python; it runs on 3.11)
 #   5. .bench-env/client: mcp + matplotlib from PyPI (a separate venv, so the client pin never
 #      changes the reference's own dependencies)
-#   6. cargo build --release --locked --no-default-features: the Docker backend alone, which is
-#      what is measured; the cloud and WASM backends would only add compile time (steps 4 and
-#      5 run in the background meanwhile)
+#   6. cargo build --release --locked -p mcp-sandbox-computer-vm-for-ai --no-default-features:
+#      the server with the Docker backend alone, which is what is measured; the cloud and WASM
+#      backends (and their crates, which a bare `cargo build` in the workspace root builds as
+#      default members) would only add compile time (steps 4 and 5 run in the background
+#      meanwhile)
 #   7. python -m bench: table on stdout, bench/results/<date>.json, docs/benchmarks.{md,png}
 #
 # Environment: PYTHON (interpreter for the venvs, default /usr/bin/python3),
@@ -155,7 +157,7 @@ main() {
     if [[ "${SKIP_BUILD:-0}" == 1 && -x "$BIN" ]]; then
         step_end "skipped (SKIP_BUILD=1)"
     else
-        out="$(cd "$REPO_ROOT" && cargo build --release --locked --no-default-features 2>&1)" || build_rc=$?
+        out="$(cd "$REPO_ROOT" && cargo build --release --locked -p mcp-sandbox-computer-vm-for-ai --no-default-features 2>&1)" || build_rc=$?
         if [[ "$build_rc" == 0 ]]; then
             step_end "$(printf '%s\n' "$out" | tail -n 1 | sed 's/^ *//')"
         else
@@ -167,7 +169,7 @@ main() {
     local failed=0
     wait_install ref "$ref_pid" "$ref_t0" || failed=1
     wait_install client "$client_pid" "$client_t0" || failed=1
-    [[ "$build_rc" == 0 ]] || die "cargo build --release --locked --no-default-features failed"
+    [[ "$build_rc" == 0 ]] || die "cargo build --release --locked -p mcp-sandbox-computer-vm-for-ai --no-default-features failed"
     [[ "$failed" == 0 ]] || die "installing the Python side failed (see above)"
 
     log "harness: python -m bench $*"

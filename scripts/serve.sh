@@ -150,7 +150,8 @@ start_build() {
     [[ -x "target/release/$BINARY_NAME" ]] || log "building the release binary (first run only; several minutes)"
     # Its own process group (setsid without a fork: a background job is no group leader), so
     # that leaving early stops the compilers too.
-    setsid cargo build --release --locked --quiet --no-default-features --features "${features[*]}" &
+    # `-p`: a bare `cargo build` here would also build every provider crate (default members).
+    setsid cargo build --release --locked --quiet -p "$BINARY_NAME" --no-default-features --features "${features[*]}" &
     build_pid=$!
 }
 stop_build() {
