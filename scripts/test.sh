@@ -11,14 +11,20 @@
 # This is the full run: every integration environment must be there. A test that would skip
 # for want of one (Podman, gVisor, a venv) fails instead (KILNTAINERS_REQUIRE_ALL=1).
 #
-# Each step prints its wall time, and a summary of all of them closes the run; a cold run on
-# 2 cores is meant to stay under an hour (docs/testing.md, "Time budget").
+# Each step prints its wall time and how many tests it ran, and a summary of all of them closes
+# the run (docs/testing.md, "Time budget"). Compiles go through the machine's compiler cache
+# (scripts/setup-test-env.sh). Environment: KILNTAINERS_TEST_WORKERS, the black-box tests'
+# workers (default 4).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+RESULTS=.test-env/results
+WORKERS="${KILNTAINERS_TEST_WORKERS:-4}"
 STEP_NAMES=()
 STEP_SECONDS=()
+STEP_COUNTS=()
 STEP_NAME=""
+STEP_COUNT=""
 STEP_START=0
 RUN_START=$SECONDS
 
@@ -27,9 +33,11 @@ finish_step() {
         local took=$((SECONDS - STEP_START))
         STEP_NAMES+=("$STEP_NAME")
         STEP_SECONDS+=("$took")
-        printf -- '-- %s: %dm%02ds\n' "$STEP_NAME" $((took / 60)) $((took % 60))
+        STEP_COUNTS+=("$STEP_COUNT")
+        printf -- '-- %s: %dm%02ds%s\n' "$STEP_NAME" $((took / 60)) $((took % 60)) "${STEP_COUNT:+, $STEP_COUNT}"
     fi
     STEP_NAME=""
+    STEP_COUNT=""
 }
 
 step() {
@@ -39,56 +47,108 @@ step() {
     printf '\n== %s ==\n' "$*"
 }
 
+# counted WHAT: adds to the current step's count of tests ("498 tests; 2 ignored").
+counted() {
+    STEP_COUNT="${STEP_COUNT:+$STEP_COUNT + }$*"
+}
+
 summary() {
     local status=$?
     finish_step
     printf '\n== step times ==\n'
     local i
     for i in "${!STEP_NAMES[@]}"; do
-        printf '%5dm%02ds  %s\n' $((STEP_SECONDS[i] / 60)) $((STEP_SECONDS[i] % 60)) "${STEP_NAMES[i]}"
+        printf '%5dm%02ds  %-28s %s\n' $((STEP_SECONDS[i] / 60)) $((STEP_SECONDS[i] % 60)) \
+            "${STEP_COUNTS[i]:--}" "${STEP_NAMES[i]}"
     done
     local total=$((SECONDS - RUN_START))
     printf '%5dm%02ds  total (%s)\n' $((total / 60)) $((total % 60)) "$([[ $status == 0 ]] && echo passed || echo "FAILED, exit $status")"
 }
 trap summary EXIT
 
+# junit_count FILE: "N tests" (and ", M skipped") from a JUnit report, or nothing without one.
+junit_count() {
+    [[ -f "$1" ]] || return 0
+    python3 - "$1" <<'PY'
+import sys
+import xml.etree.ElementTree as ET
+cases = list(ET.parse(sys.argv[1]).getroot().iter("testcase"))
+skipped = sum(1 for c in cases if c.find("skipped") is not None)
+print(f"{len(cases) - skipped} tests" + (f", {skipped} skipped" if skipped else ""))
+PY
+}
+
+# pytest_run NAME PYTHON ARGS...: pytest with a JUnit report under .test-env/results, whose
+# count goes to the step's; the exit status is pytest's.
+pytest_run() {
+    local name="$1" python="$2" rc=0
+    shift 2
+    local report="$RESULTS/$name.xml"
+    rm -f "$report"
+    "$python" -m pytest -q -p no:cacheprovider --junitxml="$report" "$@" || rc=$?
+    counted "$(junit_count "$report")"
+    return "$rc"
+}
+
+# pytest_workers: the options that spread a black-box run over the workers (pytest-xdist):
+# tests one at a time, each to the next free worker, except that a group marked
+# `xdist_group` runs on one worker, one test after another (tests/blackbox/conftest.py).
+pytest_workers() {
+    printf '%s\n' -n "$WORKERS" --dist loadgroup
+}
+
+# cargo_test ARGS...: cargo test, with the sum of its binaries' results as the step's count.
+cargo_test() {
+    local log="$RESULTS/cargo-test.log" rc=0
+    cargo test "$@" 2>&1 | tee "$log" || rc=$?
+    counted "$(awk '/^test result:/ { p += $4; f += $6; i += $8 } END { printf "%d tests, %d ignored", p + f, i }' "$log")"
+    return "$rc"
+}
+
 step "test environment"
 bash scripts/setup-test-env.sh
 # shellcheck disable=SC1091
 source .test-env/env
 export KILNTAINERS_REQUIRE_ALL=1
+mkdir -p "$RESULTS"
 
-step "format and lints"
+step "format and lints (rustfmt, shellcheck, ruff)"
 cargo fmt --all -- --check
-cargo clippy --workspace --all-targets --all-features --locked -- -D warnings
-# Each optional feature on its own and none at all: what a user's `--features` choice builds
-# must build without warnings too (the library and binaries; the tests need every feature).
+shellcheck --severity=style scripts/*.sh .ci/run
+"$KILNTAINERS_TEST_VENV/bin/ruff" check --quiet tests bench testkit fakes
+
+step "build and clippy: every binary and test target with every feature, linted as it compiles"
+# One compile does both: clippy-driver, as `cargo clippy` runs it, compiles each crate of the
+# workspace and lints it on the way (its arguments are `cargo clippy -- -D warnings`'s), and
+# the dependencies compile once, for the build. Binaries (the server, the `fake-modal` test
+# fake) and every test target in one invocation: one feature set (dev-dependencies add
+# tokio's test clock), so the tests below reuse all of it.
+export RUSTC_WORKSPACE_WRAPPER=clippy-driver CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__"
+cargo build --workspace --all-targets --all-features --locked
+
+step "clippy, each optional feature on its own and none"
+# What a user's `--features` choice builds must build without warnings too (the library and
+# binaries; the tests need every feature).
 for features in "" fly e2b modal wasm kubernetes oauth; do
     printf -- '-- clippy --no-default-features --features "%s"\n' "$features"
     cargo clippy -p mcp-sandbox-computer-vm-for-ai --no-default-features --features "$features" --locked -- -D warnings
 done
-shellcheck --severity=style scripts/*.sh .ci/run
-"$KILNTAINERS_TEST_VENV/bin/ruff" check --quiet tests bench testkit fakes
-
-step "build"
-# Binaries (the server, the `fake-modal` test fake) and every test target in one invocation:
-# one feature set (dev-dependencies add tokio's test clock), so the dependencies compile once
-# and the tests below reuse all of it.
-cargo build --workspace --all-targets --all-features --locked
 
 step "rust tests"
-cargo test --workspace --all-features --locked
+cargo_test --workspace --all-features --locked
+unset RUSTC_WORKSPACE_WRAPPER CLIPPY_ARGS
 
 export KILNTAINERS_BIN="$PWD/target/debug/mcp-sandbox-computer-vm-for-ai"
+mapfile -t workers < <(pytest_workers)
 
 step "black-box MCP tests (Python MCP client 1.x)"
-"$KILNTAINERS_TEST_VENV/bin/python" -m pytest tests/blackbox -q -p no:cacheprovider
+pytest_run blackbox-mcp1 "$KILNTAINERS_TEST_VENV/bin/python" "${workers[@]}" tests/blackbox
 
 step "black-box MCP tests (Python MCP client 2.x; what does not depend on the client ran once, above)"
-"$KILNTAINERS_TEST_VENV_MCP2/bin/python" -m pytest tests/blackbox -q -p no:cacheprovider -m "not client_independent"
+pytest_run blackbox-mcp2 "$KILNTAINERS_TEST_VENV_MCP2/bin/python" "${workers[@]}" tests/blackbox -m "not client_independent"
 
 step "black-box core tests again, with the exec helper off (one Docker exec per command)"
-KILNTAINERS_EXEC_HELPER=off "$KILNTAINERS_TEST_VENV/bin/python" -m pytest -q -p no:cacheprovider \
+KILNTAINERS_EXEC_HELPER=off pytest_run blackbox-helper-off "$KILNTAINERS_TEST_VENV/bin/python" "${workers[@]}" \
     tests/blackbox/test_cli.py tests/blackbox/test_surface.py tests/blackbox/test_exec.py \
     tests/blackbox/test_limits.py tests/blackbox/test_lifecycle_docker.py \
     tests/blackbox/test_crash_gc.py tests/blackbox/test_jobs.py tests/blackbox/test_files.py \
@@ -99,13 +159,18 @@ step "install paths: the PyPI wheel (built, audited, installed without Rust) and
 # The install tests check the packaging and the install paths, not the binary's speed: the
 # wheel is built with the `wheel-test` profile (release without optimisation), quicker cold.
 wheel="$(KILNTAINERS_WHEEL_PROFILE=wheel-test bash scripts/build-wheel.sh)"
-KILNTAINERS_WHEEL="$wheel" "$KILNTAINERS_TEST_VENV/bin/python" -m pytest tests/install -q -p no:cacheprovider
+KILNTAINERS_WHEEL="$wheel" pytest_run install "$KILNTAINERS_TEST_VENV/bin/python" tests/install
 
 step "MCP conformance suite (server scenarios over Streamable HTTP)"
-bash scripts/conformance-test.sh
+bash scripts/conformance-test.sh 2>&1 | tee "$RESULTS/conformance.log"
+counted "$(sed -n 's/^\[conformance\] passed: \([0-9]*\).*/\1 scenarios/p' "$RESULTS/conformance.log")"
 
 step "dashboard in headless Chromium and the MCP Inspector CLI"
-bash scripts/browser-test.sh
+bash scripts/browser-test.sh 2>&1 | tee "$RESULTS/browser.log"
+counted "$(sed -n 's/^ℹ tests \([0-9]*\)$/\1 tests/p' "$RESULTS/browser.log")"
 
 step "fault suite (restarts dockerd; figures into tests/faults/results/)"
-bash scripts/fault-test.sh
+rc=0
+PYTEST_ADDOPTS="--junitxml=$RESULTS/faults.xml" bash scripts/fault-test.sh || rc=$?
+counted "$(junit_count "$RESULTS/faults.xml")"
+exit "$rc"

@@ -3,7 +3,7 @@
 //! `cargo build --release --locked -p kilntainers-broker`, static (`+crt-static`), in a target
 //! directory of its own beside the outer one (`<target>/kilntainers-broker`, shared by debug,
 //! test and clippy builds, so only the first one pays for it), with the outer build's flags,
-//! wrappers and jobserver kept out. This crate embeds the result with `include_bytes!`.
+//! wrappers (but a compiler cache) and jobserver kept out. This crate embeds the result with `include_bytes!`.
 //! `KILNTAINERS_BROKER_BINARY` embeds one built elsewhere; `KILNTAINERS_REQUIRE_BROKER=1` makes
 //! "no broker" a build failure. Without one the proxy's image carries the helper and secrets
 //! cannot be brokered, which the server says at startup (`broker_available`). Nothing generated
@@ -82,7 +82,8 @@ fn outer_target_dir(out_dir: &Path, target: &str) -> Option<PathBuf> {
 }
 
 /// What of the outer build's environment must not reach the nested one: its flags (for the
-/// server, not a static binary), wrappers (`cargo clippy` sets one), target and target
+/// server, not a static binary), wrappers (`cargo clippy` sets one; a compiler cache is let
+/// through, [`is_compiler_cache`]), target and target
 /// directory, jobserver, and what cargo tells a build script about the outer package.
 fn leaks_in(name: &str) -> bool {
     const EXACT: [&str; 22] = [
@@ -124,6 +125,18 @@ fn leaks_in(name: &str) -> bool {
         || (name.starts_with("CARGO_TARGET_") && name.ends_with("_RUSTFLAGS"))
 }
 
+/// Whether `name` is a `RUSTC_WRAPPER` that is the sccache compiler cache: it changes no
+/// output, so it may reach the nested build, whose dependencies a fresh checkout then finds
+/// in the cache as the outer build's (docs/testing.md, "Time budget").
+fn is_compiler_cache(name: &str) -> bool {
+    name == "RUSTC_WRAPPER"
+        && std::env::var_os(name).is_some_and(|wrapper| {
+            Path::new(&wrapper)
+                .file_stem()
+                .is_some_and(|s| s == "sccache")
+        })
+}
+
 fn build_static_broker(target: &str, out_dir: &Path, binary: &Path) -> Result<(), String> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let target_dir = outer_target_dir(out_dir, target)
@@ -134,6 +147,7 @@ fn build_static_broker(target: &str, out_dir: &Path, binary: &Path) -> Result<()
     for (name, _) in std::env::vars_os() {
         if let Some(name) = name.to_str()
             && leaks_in(name)
+            && !is_compiler_cache(name)
         {
             cmd.env_remove(name);
         }

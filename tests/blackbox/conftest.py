@@ -92,20 +92,43 @@ def environment_ready():
     return True
 
 
-@pytest.fixture(scope="session", autouse=True)
-def suite_leak_check():
-    """Session-level check: nothing made by the tests is left behind."""
-    base = Path(tempfile.mkdtemp(prefix=f"kbb-{RUN_PREFIX}-"))
-    _SESSION["base"] = base
-    networks_before = server_networks()
-    yield
-    problems = []
-    # Networks of principals (docs/auth.md, "Network") go with their last computer.
-    if poll(lambda: not server_networks() - networks_before, 10, 0.2) is False:
-        left = sorted(server_networks() - networks_before)
-        problems.append(f"networks left behind: {left}")
+def _is_xdist_worker(config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+# Networks of principals (docs/auth.md, "Network") go with their last computer. A network has
+# no mark of the test that made it, so this check is the whole run's: it runs in the process
+# that started the run (the xdist controller, or the only process), once every test is done.
+_NETWORKS_BEFORE: set[str] = set()
+
+
+def pytest_sessionstart(session):
+    if not _is_xdist_worker(session.config):
+        _NETWORKS_BEFORE.update(server_networks())
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _is_xdist_worker(session.config):
+        return
+    if poll(lambda: not server_networks() - _NETWORKS_BEFORE, 10, 0.2) is False:
+        left = sorted(server_networks() - _NETWORKS_BEFORE)
         for network in left:
             docker("network", "rm", network, check=False)
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is not None:
+            reporter.write_line(f"suite leak check failed: networks left behind: {left}", red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+@pytest.fixture(scope="session", autouse=True)
+def suite_leak_check():
+    """Session-level check (each xdist worker's own): nothing made by its tests is left
+    behind. What a worker's tests made is told apart by the run prefix and the records in
+    `harness.MADE`, which are the worker's own."""
+    base = Path(tempfile.mkdtemp(prefix=f"kbb-{RUN_PREFIX}-"))
+    _SESSION["base"] = base
+    yield
+    problems = []
     try:
         poll(lambda: not containers_made_by_tests(), 10, 0.2)  # async --rm removal on Docker 20.10
         leftovers = containers_made_by_tests()

@@ -8,6 +8,15 @@ from __future__ import annotations
 
 import subprocess
 
+import pytest
+
+# The tests whose servers run the single user's egress proxy on Docker, Podman or gVisor: every
+# server process of one principal on one engine shares that principal's egress network and
+# proxy and takes turns with it (docs/egress.md, "The proxy"), and over stdio every server is
+# the one principal `default`. So these run on one xdist worker, one after another
+# (scripts/test.sh runs the black-box tests on several), beside the tests of other files.
+SHARED_EGRESS = pytest.mark.xdist_group("egress-of-the-default-principal")
+
 ALLOW_REFUSAL = "not in this computer's allow-list"
 
 

@@ -686,6 +686,12 @@ class KBB:
         to_remove = set(self.docker_created)
         for cid in self.tracked:
             to_remove.update(containers_for(cid))
+        # The networks this test's containers are on: the only ones its cleanup may remove,
+        # since tests on other workers make networks of their own meanwhile.
+        own_networks: set[str] = set()
+        for container in to_remove:
+            info = inspect(container)
+            own_networks.update(((info or {}).get("NetworkSettings") or {}).get("Networks") or {})
         force_remove(sorted(to_remove))
         # Checkpoint images of the test's computers (docs/checkpoints.md), once no container
         # runs from them; the suite's leak check fails on any left after that.
@@ -693,7 +699,7 @@ class KBB:
         # The networks of principals (docs/auth.md, "Network") stay with permanent computers,
         # which tests remove behind the server's back: the networks left empty then are the
         # harness's to remove. That the server removes them itself is test_network_isolation.py's.
-        made = server_networks() - self.networks_before
+        made = (server_networks() & own_networks) - self.networks_before
         for network in made:
             if not docker("ps", "-aq", "--filter", f"network={network}", check=False).stdout.strip():
                 docker("network", "rm", network, check=False)

@@ -22,7 +22,9 @@ from harness import BIN, BUSYBOX_ARGS, RUN_PREFIX, apoll, containers_for
 from testkit import procfs
 from testkit.tls_engine import TlsEngine, make_certificates
 
-pytestmark = [pytest.mark.anyio, pytest.mark.client_independent]
+# One worker runs the whole file: its module fixture (a second engine, or a registry) is made
+# once rather than on every worker that takes one of its tests.
+pytestmark = [pytest.mark.anyio, pytest.mark.client_independent, pytest.mark.xdist_group("docker-tls-engine")]
 
 
 @pytest.fixture(scope="module")

@@ -13,11 +13,11 @@ import time
 import anyio
 import pytest
 
-from egress_net import ALLOW_REFUSAL, RAW, VIA_PROXY, proxy_args
+from egress_net import ALLOW_REFUSAL, RAW, SHARED_EGRESS, VIA_PROXY, proxy_args
 from harness import BUSYBOX_ARGS
 from test_principals import bearer, remove_owned, tag, write_tokens
 
-pytestmark = pytest.mark.anyio
+pytestmark = [pytest.mark.anyio, SHARED_EGRESS]
 
 PERSON_TOOLS = ["computer_network_allow", "computer_network_remove", "computer_network_questions",
                 "computer_network_answer"]

@@ -22,7 +22,9 @@ import pytest
 from harness import BIN, BUSYBOX_ARGS, RUN_PREFIX, containers_with_label, docker, dump, free_port
 from testkit.registry import PodmanService, Registry, SilentRegistry
 
-pytestmark = [pytest.mark.anyio, pytest.mark.client_independent]
+# One worker runs the whole file: its module fixture (a second engine, or a registry) is made
+# once rather than on every worker that takes one of its tests.
+pytestmark = [pytest.mark.anyio, pytest.mark.client_independent, pytest.mark.xdist_group("image-pull-registry")]
 
 FRESH_LAYER = 4 << 20
 PULL_FAILED = "Failed to pull image '{}'. Check that the image name is correct and the registry is reachable."

@@ -20,12 +20,12 @@ import tarfile
 
 import pytest
 
-from egress_net import proxy_args
+from egress_net import SHARED_EGRESS, proxy_args
 from harness import container_for, docker
 from testkit.fake_internet import HeaderHost, gateway_of
 
 # Run with both client generations (issue 34 asks for 1.x and 2.x), unlike the other egress files.
-pytestmark = [pytest.mark.anyio]
+pytestmark = [pytest.mark.anyio, SHARED_EGRESS]
 
 TOOLS_IMAGE = "kilntainers-test/debian-tools:bookworm"
 REFUSAL = "carries the secret API_TOKEN to a host it is not bound to"

@@ -24,6 +24,9 @@ environment_ready = blackbox_plumbing.environment_ready
 suite_leak_check = blackbox_plumbing.suite_leak_check
 kbb = blackbox_plumbing.kbb
 pytest_runtest_makereport = blackbox_plumbing.pytest_runtest_makereport
+# The whole run's check that no network of a principal is left behind.
+pytest_sessionstart = blackbox_plumbing.pytest_sessionstart
+pytest_sessionfinish = blackbox_plumbing.pytest_sessionfinish
 
 
 def pytest_configure(config):

@@ -276,6 +276,16 @@ enum Refused {
     Failed(BackendError),
 }
 
+/// The engine's refusal `e`, told as `error`: [`Refused::NetworkMissing`] when the network it
+/// names is not there (another server removed it meanwhile), so the computer is placed again.
+fn refused(e: &bollard::errors::Error, error: BackendError) -> Refused {
+    if status_of(e) == Some(404) && describe(e).contains("network") {
+        Refused::NetworkMissing(error)
+    } else {
+        Refused::Failed(error)
+    }
+}
+
 /// Creates and starts one container; any failure after it exists removes it.
 async fn new_container(backend: &DockerBackend, wanted: Wanted<'_>) -> Result<Made, Refused> {
     let docker = backend.client().await.map_err(Refused::Failed)?;
@@ -293,12 +303,7 @@ async fn new_container(backend: &DockerBackend, wanted: Wanted<'_>) -> Result<Ma
                 wanted.computer_id,
                 describe(&e)
             ));
-            let network_missing = status_of(&e) == Some(404) && describe(&e).contains("network");
-            return Err(if network_missing {
-                Refused::NetworkMissing(error)
-            } else {
-                Refused::Failed(error)
-            });
+            return Err(refused(&e, error));
         }
     };
     if let Some(network) = &wanted.also_join {
@@ -318,11 +323,7 @@ async fn new_container(backend: &DockerBackend, wanted: Wanted<'_>) -> Result<Ma
                 wanted.computer_id,
                 describe(&e)
             ));
-            return Err(if status_of(&e) == Some(404) {
-                Refused::NetworkMissing(error)
-            } else {
-                Refused::Failed(error)
-            });
+            return Err(refused(&e, error));
         }
     }
     let sandbox = SandboxRef {
@@ -337,21 +338,20 @@ async fn new_container(backend: &DockerBackend, wanted: Wanted<'_>) -> Result<Ma
             name: wanted.name.to_owned(),
             started_at,
         }),
-        Err(error) => {
+        Err(refused) => {
             // Never leave a half-made computer behind, permanent ones included.
             backend.helpers.forget(sandbox.sandbox_id.as_str());
             let _ = backend.remove_container(&created.id).await;
-            Err(Refused::Failed(error))
+            Err(refused)
         }
     }
 }
 
-/// Starts a created container and checks readiness; returns its `State.StartedAt`.
-async fn start(
-    backend: &DockerBackend,
-    sandbox: &SandboxRef,
-) -> Result<Option<String>, BackendError> {
-    let docker = backend.client().await?;
+/// Starts a created container and checks readiness; returns its `State.StartedAt`. The
+/// engine starts a container on the networks it names only then, so another server's removal
+/// of the owner's network after the creation shows here, as [`Refused::NetworkMissing`].
+async fn start(backend: &DockerBackend, sandbox: &SandboxRef) -> Result<Option<String>, Refused> {
+    let docker = backend.client().await.map_err(Refused::Failed)?;
     // The exec helper's upload (~1.5 MB) overlaps the start: readiness needs both, and neither
     // needs the other.
     let transport = DockerTransport(docker);
@@ -359,21 +359,25 @@ async fn start(
         docker.start_container(sandbox.sandbox_id.as_str(), None::<StartContainerOptions>),
         backend.helpers.install(&transport, sandbox),
     );
-    started.map_err(|e| {
-        BackendError::Provider(format!(
+    if let Err(e) = started {
+        let error = BackendError::Provider(format!(
             "Docker start of container {} failed: {}",
             sandbox.sandbox_id,
             describe(&e)
-        ))
-    })?;
-    match backend.inspect(sandbox.sandbox_id.as_str()).await? {
-        Some(inspect) if is_running(&inspect) => {
-            backend.egress_attach(&inspect).await?;
-            backend.readiness(sandbox).await?;
-            Ok(inspect.state.and_then(|s| s.started_at))
-        }
-        _ => Err(backend.exited_immediately(sandbox.sandbox_id.as_str())),
+        ));
+        return Err(refused(&e, error));
     }
+    let ready = async {
+        match backend.inspect(sandbox.sandbox_id.as_str()).await? {
+            Some(inspect) if is_running(&inspect) => {
+                backend.egress_attach(&inspect).await?;
+                backend.readiness(sandbox).await?;
+                Ok(inspect.state.and_then(|s| s.started_at))
+            }
+            _ => Err(backend.exited_immediately(sandbox.sandbox_id.as_str())),
+        }
+    };
+    ready.await.map_err(Refused::Failed)
 }
 
 fn container_body(backend: &DockerBackend, wanted: &Wanted<'_>) -> ContainerCreateBody {

@@ -738,7 +738,9 @@ impl Networks {
     /// Removes every network of this server's that has no container left: at startup (after
     /// crash GC) and at shutdown (after the spares). On Podman only those this process used:
     /// listing networks through the compatible API would turn their isolation off (see
-    /// [`Networks::ensure`]).
+    /// [`Networks::ensure`]). On Docker every server's, but none younger than
+    /// [`YOUNG_NETWORK`]: another server on the engine may have just made it for a computer it
+    /// is about to create.
     pub(super) async fn release_all_unused(&self, docker: &Docker) {
         let names: Vec<String> = match self.engine {
             Engine::Docker => {
@@ -747,8 +749,13 @@ impl Networks {
                 let options = ListNetworksOptionsBuilder::default()
                     .filters(&filters)
                     .build();
+                let now = chrono::Utc::now();
                 match docker.list_networks(Some(options)).await {
-                    Ok(networks) => networks.into_iter().filter_map(|n| n.name).collect(),
+                    Ok(networks) => networks
+                        .into_iter()
+                        .filter(|n| !is_young(n.created.as_deref(), now))
+                        .filter_map(|n| n.name)
+                        .collect(),
                     Err(error) => {
                         warn!(error = %describe(&error), "could not list this server's networks");
                         return;
@@ -899,6 +906,18 @@ async fn egress_volumes(docker: &Docker) -> Vec<String> {
 }
 
 /// `kilntainers-net-<the principal's digest tag>` ([`Principal::digest_tag`]).
+/// How long a new network is left alone by the sweeps of other servers: longer than any
+/// server takes from making a network to creating and starting its computer on it.
+const YOUNG_NETWORK: chrono::TimeDelta = chrono::TimeDelta::seconds(120);
+
+/// Whether a network created at `created` (the engine's RFC 3339 time) is younger than
+/// [`YOUNG_NETWORK`]; a time that does not parse counts as old.
+fn is_young(created: Option<&str>, now: chrono::DateTime<chrono::Utc>) -> bool {
+    created
+        .and_then(|c| chrono::DateTime::parse_from_rfc3339(c).ok())
+        .is_some_and(|c| now.signed_duration_since(c) < YOUNG_NETWORK)
+}
+
 pub(super) fn principal_network(owner: &Principal) -> String {
     format!("{PRINCIPAL_NETWORK_PREFIX}{}", owner.digest_tag())
 }
@@ -1059,6 +1078,19 @@ fn create_failed(name: &str, detail: &str) -> BackendError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_network_is_young_for_two_minutes_after_its_creation() {
+        let now = chrono::DateTime::parse_from_rfc3339("2026-12-07T21:10:28Z")
+            .unwrap()
+            .to_utc();
+        // Docker's form (nanoseconds, UTC) and an offset, as other engines write it.
+        assert!(is_young(Some("2026-12-07T21:09:00.123456789Z"), now));
+        assert!(is_young(Some("2026-12-07T22:09:00+01:00"), now));
+        assert!(!is_young(Some("2026-12-07T21:08:27Z"), now));
+        assert!(!is_young(Some("yesterday"), now));
+        assert!(!is_young(None, now));
+    }
 
     #[test]
     fn a_principal_network_is_named_by_a_hash_of_the_principal() {
