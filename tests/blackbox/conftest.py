@@ -62,6 +62,20 @@ def pytest_configure(config):
     )
 
 
+def pytest_collection_finish(session):
+    """Under `--dist loadgroup` (scripts/test.sh), a test marked `xdist_group` must carry its
+    group in its id, which is how pytest-xdist keeps a group on one worker: a pytest that
+    ignores the renaming would let the group's tests run at once, and fail them by chance."""
+    if not session.config.getoption("loadgroup", default=False):
+        return
+    for item in session.items:
+        if item.get_closest_marker("xdist_group") is not None and "@" not in item.nodeid:
+            raise pytest.UsageError(
+                f"{item.nodeid} is in an xdist group but runs outside it: pytest-xdist cannot rename "
+                "tests under this pytest (scripts/setup-test-env.sh pins the versions that work)"
+            )
+
+
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)
 def pytest_runtest_makereport(item, call):
     outcome = yield

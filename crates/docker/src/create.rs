@@ -125,7 +125,10 @@ pub(super) async fn create_from(
     let mut attempts = 0;
     let made = loop {
         attempts += 1;
-        let placement = backend.networks.place(docker, &owner).await?;
+        let placement = backend
+            .networks
+            .place(docker, &owner, &spec.instance)
+            .await?;
         let proxy = match (&placement.proxy, &placement.socket_volume) {
             (Some(_), Some(volume)) => Some(ProxyAt::Socket(volume.clone())),
             (Some(proxy), None) if placement.also_join.is_some() => {
@@ -203,7 +206,7 @@ pub(super) async fn spare(
         labels.insert(label::EGRESS.to_owned(), backend.egress_policy.to_label());
     }
     let docker = backend.client().await?;
-    let placement = backend.networks.place_spare(docker).await?;
+    let placement = backend.networks.place_spare(docker, instance).await?;
     let wanted = Wanted {
         name: &name,
         computer_id: &placeholder,

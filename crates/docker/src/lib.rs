@@ -741,7 +741,9 @@ impl Backend for DockerBackend {
         if self.networks.per_principal()
             && let Ok(docker) = self.client().await
         {
-            self.networks.release_all_unused(docker).await;
+            self.networks
+                .release_all_unused(docker, &HashSet::new())
+                .await;
         }
         released
     }
@@ -1203,7 +1205,7 @@ impl Backend for DockerBackend {
         }
         // Networks whose computers are all gone: a temporary computer the engine removed
         // when it stopped, or a server that died before removing them.
-        self.networks.release_all_unused(docker).await;
+        self.networks.release_all_unused(docker, dead).await;
         // Checkpoints of computers that are gone (docs/checkpoints.md).
         self.collect_orphan_checkpoints(dead).await;
         Ok(removed)

@@ -10,9 +10,9 @@
 //! Computers made before principals existed are moved from the default network to their
 //! owner's the first time they are started or attached.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use bollard::Docker;
 use bollard::models::{
@@ -32,7 +32,7 @@ use crate::egress::{self, Asking, Attached, Proxy};
 use kilntainers_backend::BackendError;
 use kilntainers_backend::brokering::SecretBook;
 use kilntainers_backend::egress::{EgressPolicy, EgressSettings};
-use kilntainers_backend::ids::{ComputerId, Principal};
+use kilntainers_backend::ids::{ComputerId, InstanceId, Principal};
 use kilntainers_backend::labels::docker as label;
 
 /// Names of the networks this server makes; the rest of the name is the principal's hash.
@@ -113,6 +113,10 @@ pub(super) struct Networks {
     egress: Option<EgressSettings>,
     /// The proxies this process started or took over, by network name.
     proxies: Mutex<HashMap<String, Arc<Proxy>>>,
+    /// This server process (docs/decisions.md, "Crash recovery"), known from its first
+    /// placement: the networks it makes carry it, so that a sweep tells one another live
+    /// server is still setting up from one left behind ([`Networks::release_all_unused`]).
+    instance: OnceLock<InstanceId>,
     /// Where the proxies' questions go (with `--egress-ask`).
     asking: Option<Asking>,
     /// The hosts people allowed per computer, whenever computers run behind the proxy
@@ -169,6 +173,7 @@ impl Networks {
             engine,
             gates: Mutex::new(HashMap::new()),
             proxies: Mutex::new(HashMap::new()),
+            instance: OnceLock::new(),
             grants: egress.is_some().then_some(grants),
             egress,
             asking,
@@ -241,8 +246,20 @@ impl Networks {
         gates.entry(name.to_owned()).or_default().clone()
     }
 
-    /// Where a new computer of `owner` goes.
+    /// Where a new computer of `owner`, made by server process `instance`, goes.
     pub(super) async fn place(
+        &self,
+        docker: &Docker,
+        owner: &Principal,
+        instance: &InstanceId,
+    ) -> Result<Placement, BackendError> {
+        let _ = self.instance.set(instance.clone());
+        self.place_for(docker, owner).await
+    }
+
+    /// Where a computer of `owner` goes: [`Networks::place`], and where a spare handed out or a
+    /// computer from before principals moves to.
+    async fn place_for(
         &self,
         docker: &Docker,
         owner: &Principal,
@@ -273,12 +290,20 @@ impl Networks {
         }
     }
 
-    /// Where a new warm-pool spare waits.
-    pub(super) async fn place_spare(&self, docker: &Docker) -> Result<Placement, BackendError> {
+    /// Where a new warm-pool spare of server process `instance` waits.
+    pub(super) async fn place_spare(
+        &self,
+        docker: &Docker,
+        instance: &InstanceId,
+    ) -> Result<Placement, BackendError> {
+        let _ = self.instance.set(instance.clone());
         match self.mode {
             ComputerNetwork::PerPrincipal => self.hold(docker, POOL_NETWORK, None, false).await,
             // Spares are made exactly like the computers they become.
-            _ => self.place(docker, &Principal::default_principal()).await,
+            _ => {
+                self.place_for(docker, &Principal::default_principal())
+                    .await
+            }
         }
     }
 
@@ -536,6 +561,9 @@ impl Networks {
         if let Some(owner) = owner {
             labels.insert(label::OWNER.to_owned(), owner.to_string());
         }
+        if let Some(instance) = self.instance.get() {
+            labels.insert(label::INSTANCE.to_owned(), instance.to_string());
+        }
         // Podman keeps bridge networks apart only when asked to; Docker always does.
         let options = (self.engine == Engine::Podman)
             .then(|| HashMap::from([("isolate".to_owned(), "true".to_owned())]));
@@ -615,7 +643,7 @@ impl Networks {
         if !self.per_principal() {
             return Ok(());
         }
-        let placement = self.place(docker, owner).await?;
+        let placement = self.place_for(docker, owner).await?;
         let target = placement.network_mode.unwrap_or_default();
         self.move_container(docker, container, &target, POOL_NETWORK)
             .await
@@ -660,7 +688,7 @@ impl Networks {
             .get(label::OWNER)
             .and_then(|o| Principal::parse(o))
             .unwrap_or_else(Principal::default_principal);
-        let placement = self.place(docker, &owner).await?;
+        let placement = self.place_for(docker, &owner).await?;
         let target = placement.network_mode.unwrap_or_default();
         info!(container, %owner, "moving a computer from the default network to its owner's");
         self.move_container(docker, container, &target, default_network)
@@ -738,10 +766,11 @@ impl Networks {
     /// Removes every network of this server's that has no container left: at startup (after
     /// crash GC) and at shutdown (after the spares). On Podman only those this process used:
     /// listing networks through the compatible API would turn their isolation off (see
-    /// [`Networks::ensure`]). On Docker every server's, but none younger than
-    /// [`YOUNG_NETWORK`]: another server on the engine may have just made it for a computer it
-    /// is about to create.
-    pub(super) async fn release_all_unused(&self, docker: &Docker) {
+    /// [`Networks::ensure`]). On Docker every server's, but not one younger than
+    /// [`YOUNG_NETWORK`] made by a server that may be alive: it may have just made it for a
+    /// computer it is about to create. Those of this process and of the `finished` ones (crash
+    /// GC's dead instances) go whatever their age.
+    pub(super) async fn release_all_unused(&self, docker: &Docker, finished: &HashSet<InstanceId>) {
         let names: Vec<String> = match self.engine {
             Engine::Docker => {
                 let filters =
@@ -753,7 +782,14 @@ impl Networks {
                 match docker.list_networks(Some(options)).await {
                     Ok(networks) => networks
                         .into_iter()
-                        .filter(|n| !is_young(n.created.as_deref(), now))
+                        .filter(|n| {
+                            let maker = n.labels.as_ref().and_then(|l| l.get(label::INSTANCE));
+                            let maker_done = maker.is_some_and(|m| {
+                                finished.iter().any(|i| i.as_str() == m)
+                                    || self.instance.get().is_some_and(|own| own.as_str() == m)
+                            });
+                            maker_done || !is_young(n.created.as_deref(), now)
+                        })
                         .filter_map(|n| n.name)
                         .collect(),
                     Err(error) => {

@@ -339,11 +339,8 @@ impl Helpers {
             let mut collected = Collected::default();
             let cancel = CancellationToken::new();
             match connection.run(&spec, &[], &mut collected, &cancel).await {
-                Ok(ExecEnd::Exited(code)) => {
-                    self.finished(sandbox.sandbox_id.as_str(), &connection)
-                        .await;
-                    Some(Ok((code, collected.stdout)))
-                }
+                // First: a flood that also ended by itself (its exit raced the stop; on a busy
+                // machine it can win) is still a flood.
                 Ok(_) if collected.overflowed => {
                     let tag = spec.exec_id.env_entry();
                     let _ = tokio::time::timeout(KILL_TIMEOUT, connection.kill(tag)).await;
@@ -351,6 +348,11 @@ impl Helpers {
                         "it printed more than {} KiB",
                         INTERNAL_OUTPUT_CAP / 1024
                     )))
+                }
+                Ok(ExecEnd::Exited(code)) => {
+                    self.finished(sandbox.sandbox_id.as_str(), &connection)
+                        .await;
+                    Some(Ok((code, collected.stdout)))
                 }
                 Ok(_) | Err(_) => None,
             }
