@@ -55,6 +55,7 @@ counted() {
 summary() {
     local status=$?
     finish_step
+    stop_beside
     printf '\n== step times ==\n'
     local i
     for i in "${!STEP_NAMES[@]}"; do
@@ -65,6 +66,74 @@ summary() {
     printf '%5dm%02ds  total (%s)\n' $((total / 60)) $((total % 60)) "$([[ $status == 0 ]] && echo passed || echo "FAILED, exit $status")"
 }
 trap summary EXIT
+
+# The steps that only compile (the lints of each feature set, the wheel) run beside the tests,
+# in the background at low priority: the tests mostly wait on the engine, and the compiles take
+# the processor time they leave. Their output goes to .test-env/results/beside.log, their times
+# to beside.times; join_beside waits for them and adds their lines to the summary.
+BESIDE_PID=""
+start_beside() {
+    set -m # a process group of its own, so that stop_beside stops the compilers too
+    (
+        renice -n 15 -p "$BASHPID" >/dev/null
+        beside
+    ) >"$RESULTS/beside.log" 2>&1 &
+    BESIDE_PID=$!
+    set +m
+}
+stop_beside() {
+    if [[ -n "$BESIDE_PID" ]]; then
+        kill -TERM -- "-$BESIDE_PID" 2>/dev/null || true
+        wait "$BESIDE_PID" 2>/dev/null || true
+        BESIDE_PID=""
+    fi
+}
+join_beside() {
+    local rc=0 name took
+    wait "$BESIDE_PID" || rc=$?
+    BESIDE_PID=""
+    while IFS=$'\t' read -r took name; do
+        STEP_NAMES+=("$name (beside the tests)")
+        STEP_SECONDS+=("$took")
+        STEP_COUNTS+=("")
+    done <"$RESULTS/beside.times"
+    if ((rc != 0)); then
+        printf -- '-- a step beside the tests failed; its output (.test-env/results/beside.log) ends:\n'
+        tail -n 60 "$RESULTS/beside.log"
+        return "$rc"
+    fi
+}
+# beside_step NAME: times what follows in the background lane (a line of beside.times each).
+BESIDE_STEP="" BESIDE_START=0
+beside_step() {
+    if [[ -n "$BESIDE_STEP" ]]; then
+        printf '%s\t%s\n' $((SECONDS - BESIDE_START)) "$BESIDE_STEP" >>"$RESULTS/beside.times"
+    fi
+    BESIDE_STEP="$*" BESIDE_START=$SECONDS
+    if [[ -n "$BESIDE_STEP" ]]; then printf '\n== %s ==\n' "$BESIDE_STEP"; fi
+}
+beside() {
+    set -euo pipefail
+    : >"$RESULTS/beside.times"
+    beside_step "clippy, each optional feature on its own and none"
+    # What a user's `--features` choice builds must build without warnings too (the library
+    # and binaries; the tests need every feature). In a target directory of its own, so as not
+    # to wait on the build's lock; the helper and the broker it embeds are only data to a
+    # lint, so an empty file stands in for each instead of building them again.
+    : >"$RESULTS/empty-binary"
+    local features
+    for features in "" fly e2b modal wasm kubernetes oauth; do
+        printf -- '-- clippy --no-default-features --features "%s"\n' "$features"
+        CARGO_TARGET_DIR=target/feature-lints KILNTAINERS_HELPER_BINARY="$PWD/$RESULTS/empty-binary" \
+            KILNTAINERS_BROKER_BINARY="$PWD/$RESULTS/empty-binary" \
+            cargo clippy -p mcp-sandbox-computer-vm-for-ai --no-default-features --features "$features" --locked -- -D warnings
+    done
+    beside_step "the wheel for the install tests"
+    # The install tests check the packaging and the install paths, not the binary's speed: the
+    # wheel is built with the `wheel-test` profile (release without optimisation), quicker cold.
+    KILNTAINERS_WHEEL_PROFILE=wheel-test bash scripts/build-wheel.sh >"$RESULTS/wheel.path"
+    beside_step ""
+}
 
 # junit_count FILE: "N tests" (and ", M skipped") from a JUnit report, or nothing without one.
 junit_count() {
@@ -117,6 +186,8 @@ cargo fmt --all -- --check
 shellcheck --severity=style scripts/*.sh .ci/run
 "$KILNTAINERS_TEST_VENV/bin/ruff" check --quiet tests bench testkit fakes
 
+start_beside
+
 step "build and clippy: every binary and test target with every feature, linted as it compiles"
 # One compile does both: clippy-driver, as `cargo clippy` runs it, compiles each crate of the
 # workspace and lints it on the way (its arguments are `cargo clippy -- -D warnings`'s), and
@@ -125,14 +196,6 @@ step "build and clippy: every binary and test target with every feature, linted 
 # tokio's test clock), so the tests below reuse all of it.
 export RUSTC_WORKSPACE_WRAPPER=clippy-driver CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__"
 cargo build --workspace --all-targets --all-features --locked
-
-step "clippy, each optional feature on its own and none"
-# What a user's `--features` choice builds must build without warnings too (the library and
-# binaries; the tests need every feature).
-for features in "" fly e2b modal wasm kubernetes oauth; do
-    printf -- '-- clippy --no-default-features --features "%s"\n' "$features"
-    cargo clippy -p mcp-sandbox-computer-vm-for-ai --no-default-features --features "$features" --locked -- -D warnings
-done
 
 step "rust tests"
 cargo_test --workspace --all-features --locked
@@ -155,11 +218,11 @@ KILNTAINERS_EXEC_HELPER=off pytest_run blackbox-helper-off "$KILNTAINERS_TEST_VE
     tests/blackbox/test_ports.py tests/blackbox/test_warm_pool.py \
     tests/blackbox/test_checkpoints.py tests/blackbox/test_tasks.py
 
+step "waiting for the lints and the wheel beside the tests"
+join_beside
+
 step "install paths: the PyPI wheel (built, audited, installed without Rust) and serve.sh as a normal user"
-# The install tests check the packaging and the install paths, not the binary's speed: the
-# wheel is built with the `wheel-test` profile (release without optimisation), quicker cold.
-wheel="$(KILNTAINERS_WHEEL_PROFILE=wheel-test bash scripts/build-wheel.sh)"
-KILNTAINERS_WHEEL="$wheel" pytest_run install "$KILNTAINERS_TEST_VENV/bin/python" tests/install
+KILNTAINERS_WHEEL="$(cat "$RESULTS/wheel.path")" pytest_run install "$KILNTAINERS_TEST_VENV/bin/python" tests/install
 
 step "MCP conformance suite (server scenarios over Streamable HTTP)"
 bash scripts/conformance-test.sh 2>&1 | tee "$RESULTS/conformance.log"
@@ -173,4 +236,4 @@ step "fault suite (restarts dockerd; figures into tests/faults/results/)"
 rc=0
 PYTEST_ADDOPTS="--junitxml=$RESULTS/faults.xml" bash scripts/fault-test.sh || rc=$?
 counted "$(junit_count "$RESULTS/faults.xml")"
-exit "$rc"
+[[ "$rc" == 0 ]] || exit "$rc"
