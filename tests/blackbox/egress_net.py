@@ -10,12 +10,13 @@ import subprocess
 
 import pytest
 
-# The tests whose servers run the single user's egress proxy on Docker, Podman or gVisor: every
-# server process of one principal on one engine shares that principal's egress network and
-# proxy and takes turns with it (docs/egress.md, "The proxy"), and over stdio every server is
-# the one principal `default`. So these run on one xdist worker, one after another
-# (scripts/test.sh runs the black-box tests on several), beside the tests of other files.
-SHARED_EGRESS = pytest.mark.xdist_group("egress-of-the-default-principal")
+# The tests whose servers use a network that every server process on the engine shares, and
+# take turns with: the egress network and proxy of the single user (over stdio every server is
+# the one principal `default`, and a principal's egress network is one per engine; docs/egress.md,
+# "The proxy"), on Docker, Podman or gVisor, and `kilntainers-pool`, where every server's warm-pool
+# spares wait with several principals (docs/warm-pool.md). These run on one xdist worker, one
+# after another (scripts/test.sh runs the black-box tests on several), beside the others.
+SHARED_NETWORKS = pytest.mark.xdist_group("networks-every-server-shares")
 
 ALLOW_REFUSAL = "not in this computer's allow-list"
 

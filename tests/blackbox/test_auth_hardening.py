@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from harness import BIN, BUSYBOX_ARGS, free_port, poll
+from test_principals import principal
 
 pytestmark = pytest.mark.anyio
 
@@ -48,11 +49,12 @@ async def test_issue_30_a_failed_reload_still_revokes_removed_lines(kbb, tmp_pat
     be read (gone, or opened to others) stops every token of the file; a good edit restores."""
     # See: issue 30
     tokens = tmp_path / "tokens"
-    write_tokens(tokens, [f"alice {ALICE}", f"bob {BOB}"])
+    alice, bob, carol = principal("alice"), principal("bob"), principal("carol")
+    write_tokens(tokens, [f"{alice} {ALICE}", f"{bob} {BOB}"])
     async with kbb.http_server("--auth-tokens-file", str(tokens), *BUSYBOX_ARGS) as srv:
         assert status(srv, ALICE) != 401 and status(srv, BOB) != 401
         # alice's line removed, and a line that breaks the file (one field).
-        write_tokens(tokens, [f"bob {BOB}", "carol"])
+        write_tokens(tokens, [f"{bob} {BOB}", carol])
         reload(srv, 0)
         assert status(srv, ALICE) == 401, "a token removed from the file still works after a failed reload"
         assert status(srv, BOB) != 401, "a token still in the file stopped working"
@@ -68,7 +70,7 @@ async def test_issue_30_a_failed_reload_still_revokes_removed_lines(kbb, tmp_pat
         reload(srv, 1)
         assert status(srv, BOB) == 401
         # Fixed: the file's set again.
-        write_tokens(tokens, [f"bob {BOB}", f"carol {CAROL}"])
+        write_tokens(tokens, [f"{bob} {BOB}", f"{carol} {CAROL}"])
         srv.signal(signal.SIGHUP)
         assert poll(lambda: status(srv, CAROL) != 401, 10, 0.05)
         assert status(srv, BOB) != 401
@@ -84,7 +86,8 @@ async def test_issue_30_tokens_shorter_than_16_bytes_are_refused(kbb, tmp_path):
     tokens = tmp_path / "tokens"
     short = "fifteen-bytes-x"
     assert len(short) == 15
-    write_tokens(tokens, [f"alice {ALICE}", f"bob {short}"])
+    alice, bob, carol = principal("alice"), principal("bob"), principal("carol")
+    write_tokens(tokens, [f"{alice} {ALICE}", f"{bob} {short}"])
     proc = subprocess.run(
         [BIN, "--transport", "http", "--port", str(free_port()), "--auth-tokens-file", str(tokens), *BUSYBOX_ARGS],
         stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60, env=kbb.env(kbb.home()),
@@ -93,11 +96,11 @@ async def test_issue_30_tokens_shorter_than_16_bytes_are_refused(kbb, tmp_path):
     assert "line 2" in proc.stderr and "at least 16 bytes" in proc.stderr, proc.stderr
     assert short not in proc.stderr
     # Sixteen bytes are enough.
-    write_tokens(tokens, [f"alice {ALICE}", f"bob {short}y"])
+    write_tokens(tokens, [f"{alice} {ALICE}", f"{bob} {short}y"])
     async with kbb.http_server("--auth-tokens-file", str(tokens), *BUSYBOX_ARGS) as srv:
         assert status(srv, short + "y") != 401
         # A reload that brings a short token keeps the others and not that one.
-        write_tokens(tokens, [f"alice {ALICE}", f"bob {short}y", f"carol {short}"])
+        write_tokens(tokens, [f"{alice} {ALICE}", f"{bob} {short}y", f"{carol} {short}"])
         reload(srv, 0)
         assert status(srv, short) == 401
         assert status(srv, ALICE) != 401

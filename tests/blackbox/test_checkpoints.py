@@ -20,6 +20,7 @@ import anyio
 import pytest
 
 from harness import BUSYBOX, BUSYBOX_ARGS, RUN_PREFIX, apoll, checkpoint_images, container_for, docker, wait_exit
+from test_principals import ALICE, BOB
 
 pytestmark = [pytest.mark.anyio, pytest.mark.client_independent]
 
@@ -297,7 +298,7 @@ def owner_tag(principal: str) -> str:
 async def test_another_principal_gets_the_unknown_name_answer(kbb, tmp_path):
     """Checkpoints belong to the computer's principal: with the same computer_id, another
     principal reaches its own computer, where the checkpoint is unknown (docs/auth.md)."""
-    tokens = {"alice": "alice-" + "a" * 40, "bob": "bob-" + "b" * 40}
+    tokens = {ALICE: "alice-" + "a" * 40, BOB: "bob-" + "b" * 40}
     path = tmp_path / "tokens"
     path.write_text("".join(f"{p}  {t}\n" for p, t in tokens.items()))
     path.chmod(0o600)
@@ -305,8 +306,8 @@ async def test_another_principal_gets_the_unknown_name_answer(kbb, tmp_path):
     for principal in tokens:
         kbb.track(f"{box}.{owner_tag(principal)}", temporary=False)
     async with kbb.http_server("--auth-tokens-file", str(path), *CHECKPOINT_ARGS) as srv:
-        async with kbb.http_session(srv, headers={"Authorization": f"Bearer {tokens['alice']}"}) as alice, \
-                kbb.http_session(srv, headers={"Authorization": f"Bearer {tokens['bob']}"}) as bob:
+        async with kbb.http_session(srv, headers={"Authorization": f"Bearer {tokens[ALICE]}"}) as alice, \
+                kbb.http_session(srv, headers={"Authorization": f"Bearer {tokens[BOB]}"}) as bob:
             await alice.run("echo alice > /who", computer_id=box, temporary=False)
             await call_ok(alice, "computer_checkpoint", {"computer_id": box, "name": "mine"})
             unknown = f"No checkpoint mine on {box}; checkpoint_list shows them."

@@ -16,10 +16,10 @@ import time
 import anyio
 import pytest
 
-from egress_net import ALLOW_REFUSAL, RAW, SHARED_EGRESS, VIA_PROXY, egress_networks, egress_proxies, proxy_args
+from egress_net import ALLOW_REFUSAL, RAW, SHARED_NETWORKS, VIA_PROXY, egress_networks, egress_proxies, proxy_args
 from harness import BIN, BUSYBOX_ARGS, container_for, inspect
 
-pytestmark = [pytest.mark.anyio, pytest.mark.client_independent, SHARED_EGRESS]
+pytestmark = [pytest.mark.anyio, pytest.mark.client_independent, SHARED_NETWORKS]
 
 FLY_REFUSAL = "Fly Machines have no outbound filtering; use --egress open or another backend"
 

@@ -14,10 +14,10 @@ import httpx
 import mcp.types as types
 import pytest
 
-from egress_net import RAW, SHARED_EGRESS, VIA_PROXY, proxy_args
+from egress_net import RAW, SHARED_NETWORKS, VIA_PROXY, proxy_args
 from harness import BUSYBOX_ARGS, container_for, dump
 
-pytestmark = [pytest.mark.anyio, SHARED_EGRESS]
+pytestmark = [pytest.mark.anyio, SHARED_NETWORKS]
 
 CHOICES = ["allow once", "allow for this computer", "deny"]
 DECLINED = "the user declined"

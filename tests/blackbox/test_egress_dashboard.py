@@ -13,11 +13,11 @@ import time
 import anyio
 import pytest
 
-from egress_net import ALLOW_REFUSAL, RAW, SHARED_EGRESS, VIA_PROXY, proxy_args
+from egress_net import ALLOW_REFUSAL, RAW, SHARED_NETWORKS, VIA_PROXY, proxy_args
 from harness import BUSYBOX_ARGS
-from test_principals import bearer, remove_owned, tag, write_tokens
+from test_principals import ALICE, BOB, bearer, remove_owned, tag, write_tokens
 
-pytestmark = [pytest.mark.anyio, SHARED_EGRESS]
+pytestmark = [pytest.mark.anyio, SHARED_NETWORKS]
 
 PERSON_TOOLS = ["computer_network_allow", "computer_network_remove", "computer_network_questions",
                 "computer_network_answer"]
@@ -154,16 +154,16 @@ async def test_issue_33_a_question_waits_for_a_watching_dashboard_and_is_answere
 async def test_issue_33_another_principals_computer_is_refused_like_an_unknown_one(kbb, tmp_path):
     # See: issue 33
     tokens_file = tmp_path / "tokens"
-    tokens = {"alice": "alice-token-" + "a" * 32, "bob": "bob-token-" + "b" * 32}
+    tokens = {ALICE: "alice-token-" + "a" * 32, BOB: "bob-token-" + "b" * 32}
     write_tokens(tokens_file, tokens)
     theirs = kbb.new_id("net-alice")
     unknown = kbb.new_id("net-never")
-    kbb.track(f"{theirs}.{tag('alice')}", temporary=False)
+    kbb.track(f"{theirs}.{tag(ALICE)}", temporary=False)
     try:
         async with kbb.http_server("--auth-tokens-file", str(tokens_file), "--lifecycle-tools", *BUSYBOX_ARGS,
                                    "--egress", "allowlist", "--egress-allow", "allowed.test", "--egress-ask") as srv:
-            async with kbb.http_session(srv, headers=bearer(tokens["alice"])) as alice, \
-                    kbb.http_session(srv, headers=bearer(tokens["bob"])) as bob:
+            async with kbb.http_session(srv, headers=bearer(tokens[ALICE])) as alice, \
+                    kbb.http_session(srv, headers=bearer(tokens[BOB])) as bob:
                 (await alice.call({"computer_id": theirs, "temporary": False}, name="computer_create")).ok()
                 mine = await alice.call({"computer_id": theirs, "pattern": "other.test"},
                                         name="computer_network_allow")
@@ -184,4 +184,4 @@ async def test_issue_33_another_principals_computer_is_refused_like_an_unknown_o
                 assert shown["added"] == ["other.test"], shown
                 await alice.call({"computer_id": theirs}, name="computer_delete")
     finally:
-        remove_owned("alice", "bob")
+        remove_owned(ALICE, BOB)

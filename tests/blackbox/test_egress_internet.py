@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import pytest
 
-from egress_net import ALLOW_REFUSAL, SHARED_EGRESS
+from egress_net import ALLOW_REFUSAL, SHARED_NETWORKS
 from harness import BUSYBOX_ARGS
 from testkit.fake_internet import CA_NAME, DnsLogger, client_hello, gateway_of, printf_octal, tls_host
 
-pytestmark = [pytest.mark.anyio, pytest.mark.client_independent, SHARED_EGRESS]
+pytestmark = [pytest.mark.anyio, pytest.mark.client_independent, SHARED_NETWORKS]
 
 # Names a computer might use to smuggle data out in the query itself.
 EXFIL = ["other.test", "c2VjcmV0.other.test", "c2VjcmV0.allowed.test", "x.c2VjcmV0.tls.test"]

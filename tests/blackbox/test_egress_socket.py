@@ -19,12 +19,12 @@ import subprocess
 import anyio
 import pytest
 
-from egress_net import ALLOW_REFUSAL, RAW, SHARED_EGRESS, VIA_PROXY, proxy_args
+from egress_net import ALLOW_REFUSAL, RAW, SHARED_NETWORKS, VIA_PROXY, proxy_args
 from harness import BIN, BUSYBOX_ARGS
 from test_egress_ask import Person
 from testkit.fake_internet import fake_internet_on
 
-pytestmark = [pytest.mark.anyio, pytest.mark.client_independent, SHARED_EGRESS]
+pytestmark = [pytest.mark.anyio, pytest.mark.client_independent, SHARED_NETWORKS]
 
 PODMAN_SOCKET = os.environ.get("KILNTAINERS_PODMAN_SOCKET", "unix:///run/podman/podman.sock")
 PODMAN_IMAGE = "localhost/sandbox-busybox:full"

@@ -32,6 +32,7 @@ import httpx
 import pytest
 
 from harness import BIN, BUSYBOX_ARGS, apoll, containers_for, docker, free_port
+from test_principals import ALICE, BOB
 from testkit import mcp_http, procfs
 
 pytestmark = pytest.mark.anyio
@@ -393,7 +394,7 @@ async def test_issue_15_timeout_above_one_week_is_refused(kbb):
 # ---------------------------------------------------------------------------------------------
 # issue 30: session ids, TCP_NODELAY, the budget of buffered bodies, answers kept for a reconnect
 
-NAMED = {"alice": "alice-" + "n" * 40, "bob": "bob-" + "m" * 40}
+NAMED = {ALICE: "alice-" + "n" * 40, BOB: "bob-" + "m" * 40}
 SESSION_NOT_FOUND = "Not Found: Session not found"
 
 
@@ -421,7 +422,7 @@ async def test_issue_30_delete_of_an_unknown_or_foreign_session_is_404(kbb, tmp_
     tokens.write_text("".join(f"{p} {t}\n" for p, t in NAMED.items()))
     tokens.chmod(0o600)
     async with kbb.http_server("--auth-tokens-file", str(tokens), *BUSYBOX_ARGS) as srv:
-        alice, bob = NAMED["alice"], NAMED["bob"]
+        alice, bob = NAMED[ALICE], NAMED[BOB]
         session = raw_session(srv.mcp_url, alice)
         never = "0" * len(session)
         unknown = delete(srv.mcp_url, never, alice)

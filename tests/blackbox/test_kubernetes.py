@@ -29,11 +29,12 @@ import pytest
 
 from fakes.kubernetes import FakeKubernetes
 from harness import BIN, BUSYBOX, apoll, free_port, wait_exit
+from test_principals import ALICE, BOB
 
 pytestmark = [pytest.mark.anyio, pytest.mark.client_independent]
 
 TOKEN = "k8s-blackbox-token"
-TOKENS = {"alice": "alice-" + "a" * 40, "bob": "bob-" + "b" * 40}
+TOKENS = {ALICE: "alice-" + "a" * 40, BOB: "bob-" + "b" * 40}
 
 
 @pytest.fixture
@@ -310,8 +311,8 @@ async def test_two_principals_each_have_their_own_computer(kbb, fake, tmp_path):
     box = kbb.new_id("box")
     async with kbb.http_server("--auth-tokens-file", str(tokens), "--lifecycle-tools", *k8s_args(),
                                env=env_for(config)) as srv:
-        async with kbb.http_session(srv, headers={"Authorization": f"Bearer {TOKENS['alice']}"}) as alice, \
-                kbb.http_session(srv, headers={"Authorization": f"Bearer {TOKENS['bob']}"}) as bob:
+        async with kbb.http_session(srv, headers={"Authorization": f"Bearer {TOKENS[ALICE]}"}) as alice, \
+                kbb.http_session(srv, headers={"Authorization": f"Bearer {TOKENS[BOB]}"}) as bob:
             for who, sess in (("alice", alice), ("bob", bob)):
                 out = (await sess.run(f"echo {who} > /root/owner; cat /root/owner; hostname",
                                       computer_id=box, temporary=False)).ok()

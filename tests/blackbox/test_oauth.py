@@ -36,6 +36,7 @@ from harness import (
     BIN,
     BUSYBOX,
     BUSYBOX_ARGS,
+    RUN_PREFIX,
     HttpRefused,
     HttpSession,
     apoll,
@@ -48,6 +49,7 @@ from harness import (
 )
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
+from test_principals import ALICE, BOB
 from testkit import mcp_http
 from testkit import oauth
 from testkit.oauth import alg_none, async_issuer, decode, hs256_key_confusion, tampered, with_claims
@@ -660,23 +662,24 @@ async def test_issue_30_oauth_subject_does_not_own_the_tokens_file_principals_co
     # See: issue 30
     bob_secret = "bob-" + "b" * 40
     tokens = tmp_path / "tokens"
-    write_tokens_file(tokens, {"bob": bob_secret})
+    write_tokens_file(tokens, {BOB: bob_secret})
     dev = kbb.new_id("dev-box")
-    track_scoped(kbb, dev, "bob")
+    track_scoped(kbb, dev, BOB)
     async with async_issuer() as iss:
-        oauth_bob = oauth_principal(iss, "bob")
+        # The OAuth subject is the tokens-file name, exactly.
+        oauth_bob = oauth_principal(iss, BOB)
         track_scoped(kbb, dev, oauth_bob, temporary=True)
         args = ["--lifecycle-tools", "--oauth-issuer", iss.issuer, "--auth-tokens-file", str(tokens)]
         async with kbb.http_server(*BUSYBOX_ARGS, *args) as srv:
-            oauth_token = await token(iss, "token", "bob", srv.mcp_url)
-            assert decode(oauth_token)[1]["sub"] == "bob"
+            oauth_token = await token(iss, "token", BOB, srv.mcp_url)
+            assert decode(oauth_token)[1]["sub"] == BOB
             async with kbb.http_session(srv, headers=bearer(bob_secret)) as file_bob, \
                     kbb.http_session(srv, headers=bearer(oauth_token)) as token_bob:
                 made = await file_bob.call({"computer_id": dev, "temporary": False}, name="computer_create")
                 assert not made.is_error, made.text
                 await file_bob.run("echo file-bob > /root/who", computer_id=dev, temporary=False)
-                file_container = owned_container(dev, "bob")
-                assert file_container and inspect(file_container)["Config"]["Labels"]["kilntainers.owner"] == "bob"
+                file_container = owned_container(dev, BOB)
+                assert file_container and inspect(file_container)["Config"]["Labels"]["kilntainers.owner"] == BOB
 
                 listed = (await token_bob.call({}, name="computer_list")).structured["computers"]
                 assert dev not in [row["computer_id"] for row in listed], listed
@@ -731,7 +734,7 @@ async def test_issue_30_invisible_format_characters_are_refused_in_principal_nam
     # See: issue 30
     tokens = tmp_path / "tokens"
     for invisible in ("\u200b", "\u202e", "\u2060", "\ufeff"):
-        tokens.write_text(f"alice {'a' * 40}\nbo{invisible}b {'b' * 40}\n")
+        tokens.write_text(f"{ALICE} {'a' * 40}\nbo{invisible}b-{RUN_PREFIX} {'b' * 40}\n")
         tokens.chmod(0o600)
         proc = subprocess.run(
             [BIN, "--transport", "http", "--port", str(free_port()), "--auth-tokens-file", str(tokens), *BUSYBOX_ARGS],

@@ -27,6 +27,7 @@ import httpx
 import pytest
 
 from harness import BUSYBOX_ARGS, apoll
+from test_principals import ALICE, BOB
 
 pytestmark = [pytest.mark.anyio, pytest.mark.client_independent]
 
@@ -401,7 +402,7 @@ async def test_issue_30_without_authentication_pages_cannot_reach_the_proxy_rout
 
 MAX_CONNECTIONS = 512
 TUNNELS_PER_PRINCIPAL = 64
-TUNNEL_TOKENS = {"alice": "alice-" + "t" * 40, "bob": "bob-" + "u" * 40}
+TUNNEL_TOKENS = {ALICE: "alice-" + "t" * 40, BOB: "bob-" + "u" * 40}
 
 
 def open_tunnel(port: int, path: str, token: str) -> tuple[int, socket.socket | None, bytes]:
@@ -460,7 +461,7 @@ async def test_issue_30_websocket_tunnels_are_counted_and_capped_per_principal(k
                     assert job["running"] is True, job
                     await port_url(srv, computer, 8009)
             path = f"/computers/{computer}/ports/8009/socket"
-            alice, bob = TUNNEL_TOKENS["alice"], TUNNEL_TOKENS["bob"]
+            alice, bob = TUNNEL_TOKENS[ALICE], TUNNEL_TOKENS[BOB]
             refusal = None
             for _ in range(TUNNELS_PER_PRINCIPAL + 36):
                 status, sock, head = open_tunnel(server.port, path, alice)

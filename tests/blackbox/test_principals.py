@@ -15,11 +15,19 @@ import anyio
 import httpx
 import pytest
 
-from harness import BIN, BUSYBOX_ARGS, HttpRefused, containers_with_label, docker, inspect, poll
+from harness import BIN, BUSYBOX_ARGS, RUN_PREFIX, HttpRefused, containers_with_label, docker, inspect, poll
 
 pytestmark = pytest.mark.anyio
 
-TOKENS = {"alice": "alice-" + "a" * 40, "bob": "bob-" + "b" * 40}
+
+def principal(name: str) -> str:
+    """`name`, unique to this test process: a principal's network, computers and quotas are
+    shared by every server on the engine, so tests running in parallel must not share one."""
+    return f"{name}-{RUN_PREFIX}"
+
+
+ALICE, BOB, CAROL = principal("alice"), principal("bob"), principal("carol")
+TOKENS = {ALICE: "alice-" + "a" * 40, BOB: "bob-" + "b" * 40}
 SINGLE = "single-" + "s" * 40
 
 
@@ -36,10 +44,26 @@ def bearer(token: str) -> dict:
     return {"Authorization": f"Bearer {token}"}
 
 
+def only_defaults(listed: list[str]) -> list[str]:
+    """The computers of `default` among `listed` ids (all of them, for the test to assert). The
+    single user's computers of tests on other workers are `default`'s too and show in its list,
+    so a test checks what it made is there or not, and that nothing listed is anyone else's."""
+    for computer_id in listed:
+        info = inspect(f"kilntainer-{computer_id}") or {}  # gone meanwhile: nobody's
+        owner = (info.get("Config") or {}).get("Labels", {}).get("kilntainers.owner", "default")
+        assert owner == "default", f"default lists {computer_id} of {owner}"
+    return listed
+
+
 def remove_owned(*principals: str) -> None:
     for principal in principals:
         for container in containers_with_label(f"kilntainers.owner={principal}"):
             docker("rm", "-f", container, check=False)
+        # A principal's networks stay while its computers exist: removed behind the server's
+        # back, they leave them to us (else the next test of this process finds them).
+        networks = docker("network", "ls", "-q", "--filter", f"label=kilntainers.owner={principal}", check=False)
+        for network in networks.stdout.split():
+            docker("network", "rm", network, check=False)
 
 
 async def test_tokens_file_readable_by_others_is_refused(kbb, tmp_path):
@@ -52,7 +76,7 @@ async def test_tokens_file_readable_by_others_is_refused(kbb, tmp_path):
     )
     assert proc.returncode == 1, proc.stderr
     assert f"chmod 600 {tokens}" in proc.stderr
-    assert TOKENS["alice"] not in proc.stderr
+    assert TOKENS[ALICE] not in proc.stderr
 
 
 async def test_two_principals_each_have_their_own_computers(kbb, tmp_path):
@@ -68,8 +92,8 @@ async def test_two_principals_each_have_their_own_computers(kbb, tmp_path):
         async with kbb.http_server(
             "--auth-tokens-file", str(tokens), "--auth-token", SINGLE, "--lifecycle-tools", *BUSYBOX_ARGS
         ) as srv:
-            async with kbb.http_session(srv, headers=bearer(TOKENS["alice"])) as alice, \
-                    kbb.http_session(srv, headers=bearer(TOKENS["bob"])) as bob, \
+            async with kbb.http_session(srv, headers=bearer(TOKENS[ALICE])) as alice, \
+                    kbb.http_session(srv, headers=bearer(TOKENS[BOB])) as bob, \
                     kbb.http_session(srv, headers=bearer(SINGLE)) as default:
                 for who, sess in (("alice", alice), ("bob", bob)):
                     made = await sess.call({"computer_id": dev_box, "temporary": False}, name="computer_create")
@@ -96,7 +120,8 @@ async def test_two_principals_each_have_their_own_computers(kbb, tmp_path):
 
                 assert sorted(ids(await alice.call({}, name="computer_list"))) == sorted([dev_box, only_alice])
                 assert ids(await bob.call({}, name="computer_list")) == [dev_box]
-                assert ids(await default.call({}, name="computer_list")) == []
+                listed = only_defaults(ids(await default.call({}, name="computer_list")))
+                assert dev_box not in listed and only_alice not in listed, listed
 
                 # Bob's own dev-box is his, with his file.
                 out = await bob.run("cat /owner", computer_id=dev_box, temporary=False)
@@ -117,14 +142,14 @@ async def test_two_principals_each_have_their_own_computers(kbb, tmp_path):
                 assert out.structured["stdout"].strip() == "fresh"
                 out = await alice.run("cat /owner 2>/dev/null || echo none", computer_id=only_alice, temporary=False)
                 assert out.structured["stdout"].strip() == "none"
-                assert inspect(f"kilntainer-{only_alice}.{tag('alice')}")["State"]["Running"]
+                assert inspect(f"kilntainer-{only_alice}.{tag(ALICE)}")["State"]["Running"]
 
                 # A session belongs to its principal: bob's token on alice's session is refused
                 # as an unknown session.
                 assert alice.session_id
                 foreign = httpx.post(
                     srv.mcp_url,
-                    headers={**bearer(TOKENS["bob"]), "Mcp-Session-Id": alice.session_id,
+                    headers={**bearer(TOKENS[BOB]), "Mcp-Session-Id": alice.session_id,
                              "Accept": "application/json, text/event-stream", "Content-Type": "application/json",
                              "MCP-Protocol-Version": "2025-06-18"},
                     json={"jsonrpc": "2.0", "id": 99, "method": "tools/list"},
@@ -133,7 +158,7 @@ async def test_two_principals_each_have_their_own_computers(kbb, tmp_path):
                 assert foreign.status_code == 404, foreign.text
                 gone = httpx.post(
                     srv.mcp_url,
-                    headers={**bearer(TOKENS["bob"]), "Mcp-Session-Id": "no-such-session",
+                    headers={**bearer(TOKENS[BOB]), "Mcp-Session-Id": "no-such-session",
                              "Accept": "application/json, text/event-stream", "Content-Type": "application/json",
                              "MCP-Protocol-Version": "2025-06-18"},
                     json={"jsonrpc": "2.0", "id": 99, "method": "tools/list"},
@@ -147,12 +172,12 @@ async def test_two_principals_each_have_their_own_computers(kbb, tmp_path):
                 assert not (await alice.call({"computer_id": only_alice}, name="computer_delete")).is_error
             log = srv.stderr()
         assert "kilntainers::audit" in log
-        assert 'principal=alice' in log and 'principal=bob' in log
+        assert f"principal={ALICE}" in log and f"principal={BOB}" in log
         assert 'action="delete"' in log
         for secret in (*TOKENS.values(), SINGLE):
             assert secret not in log
     finally:
-        remove_owned("alice", "bob")
+        remove_owned(ALICE, BOB)
 
 
 async def test_quota_holds_under_twenty_concurrent_creates(kbb, tmp_path):
@@ -162,8 +187,8 @@ async def test_quota_holds_under_twenty_concurrent_creates(kbb, tmp_path):
         async with kbb.http_server(
             "--auth-tokens-file", str(tokens), "--lifecycle-tools", "--max-computers-per-user", "3", *BUSYBOX_ARGS
         ) as srv:
-            async with kbb.http_session(srv, headers=bearer(TOKENS["alice"])) as alice, \
-                    kbb.http_session(srv, headers=bearer(TOKENS["bob"])) as bob:
+            async with kbb.http_session(srv, headers=bearer(TOKENS[ALICE])) as alice, \
+                    kbb.http_session(srv, headers=bearer(TOKENS[BOB])) as bob:
                 results: list = []
 
                 async def create() -> None:
@@ -178,7 +203,7 @@ async def test_quota_holds_under_twenty_concurrent_creates(kbb, tmp_path):
                 assert len(refused) == 17
                 for r in refused:
                     assert "Computer limit reached: you have 3 of 3 computers (--max-computers-per-user)" in r.text
-                assert len(containers_with_label("kilntainers.owner=alice")) == 3
+                assert len(containers_with_label(f"kilntainers.owner={ALICE}")) == 3
                 # The limit is per principal: bob still gets his.
                 out = await bob.run("echo ok")
                 assert out.structured["stdout"].strip() == "ok"
@@ -188,8 +213,8 @@ async def test_quota_holds_under_twenty_concurrent_creates(kbb, tmp_path):
                 again = await alice.call({"temporary": True}, name="computer_create")
                 assert not again.is_error, again.text
     finally:
-        remove_owned("alice", "bob")
-    assert containers_with_label("kilntainers.owner=alice") == []
+        remove_owned(ALICE, BOB)
+    assert containers_with_label(f"kilntainers.owner={ALICE}") == []
 
 
 async def test_running_limit_holds_for_every_way_a_stopped_computer_starts(kbb, tmp_path):
@@ -199,12 +224,12 @@ async def test_running_limit_holds_for_every_way_a_stopped_computer_starts(kbb, 
     tokens = tmp_path / "tokens"
     write_tokens(tokens, TOKENS)
     first, second = kbb.new_id("run-a"), kbb.new_id("run-b")
-    first_container = f"kilntainer-{first}.{tag('alice')}"
+    first_container = f"kilntainer-{first}.{tag(ALICE)}"
     try:
         async with kbb.http_server(
             "--auth-tokens-file", str(tokens), "--lifecycle-tools", "--max-running-per-user", "1", *BUSYBOX_ARGS
         ) as srv:
-            async with kbb.http_session(srv, headers=bearer(TOKENS["alice"])) as alice:
+            async with kbb.http_session(srv, headers=bearer(TOKENS[ALICE])) as alice:
                 await alice.run("echo a", computer_id=first, temporary=False)
                 docker("stop", "-t", "1", first_container)
                 await alice.run("echo b", computer_id=second, temporary=False)
@@ -221,7 +246,7 @@ async def test_running_limit_holds_for_every_way_a_stopped_computer_starts(kbb, 
                 out = await alice.run("echo back", computer_id=first, temporary=False)
                 assert out.structured["stdout"].strip() == "back"
     finally:
-        remove_owned("alice")
+        remove_owned(ALICE)
 
 
 async def test_sighup_reloads_the_tokens_file(kbb, tmp_path):
@@ -231,22 +256,22 @@ async def test_sighup_reloads_the_tokens_file(kbb, tmp_path):
         def status(token: str) -> int:
             return httpx.get(srv.mcp_url, headers=bearer(token), timeout=10).status_code
 
-        assert status(TOKENS["alice"]) != 401
+        assert status(TOKENS[ALICE]) != 401
         assert status("carol-" + "c" * 40) == 401
-        write_tokens(tokens, {"bob": TOKENS["bob"], "carol": "carol-" + "c" * 40})
+        write_tokens(tokens, {BOB: TOKENS[BOB], CAROL: "carol-" + "c" * 40})
         srv.signal(signal.SIGHUP)
         assert poll(lambda: status("carol-" + "c" * 40) != 401, 10, 0.05)
-        assert status(TOKENS["alice"]) == 401
+        assert status(TOKENS[ALICE]) == 401
         # A broken edit keeps only the tokens of lines still in the file (issue 30: carol's is
         # gone), and the server keeps running.
-        tokens.write_text(f"bob  {TOKENS['bob']}\ncarol\n")
+        tokens.write_text(f"{BOB}  {TOKENS[BOB]}\n{CAROL}\n")
         srv.signal(signal.SIGHUP)
         assert poll(lambda: "cannot reload --auth-tokens-file" in srv.stderr(), 10, 0.05)
         assert status("carol-" + "c" * 40) == 401
-        assert status(TOKENS["bob"]) != 401
+        assert status(TOKENS[BOB]) != 401
         assert srv.healthy()
         with pytest.raises(HttpRefused) as refused:
-            async with kbb.http_session(srv, headers=bearer(TOKENS["alice"]), init_timeout=30):
+            async with kbb.http_session(srv, headers=bearer(TOKENS[ALICE]), init_timeout=30):
                 pass
         assert refused.value.status_code == 401
 
@@ -275,16 +300,16 @@ async def test_computers_made_before_principals_belong_to_default(kbb, tmp_path)
     tokens = tmp_path / "tokens"
     write_tokens(tokens, TOKENS)
     old = kbb.new_id("old-box")
-    kbb.track(f"{old}.{tag('alice')}", temporary=True)
+    kbb.track(f"{old}.{tag(ALICE)}", temporary=True)
     kbb.python_style_container(old, BUSYBOX_ARGS[1])
     docker("exec", f"kilntainer-{old}", "sh", "-c", "echo legacy > /marker")
     async with kbb.http_server(
         "--auth-tokens-file", str(tokens), "--auth-token", SINGLE, "--lifecycle-tools", *BUSYBOX_ARGS
     ) as srv:
         async with kbb.http_session(srv, headers=bearer(SINGLE)) as default, \
-                kbb.http_session(srv, headers=bearer(TOKENS["alice"])) as alice:
+                kbb.http_session(srv, headers=bearer(TOKENS[ALICE])) as alice:
             listed = (await default.call({}, name="computer_list")).structured["computers"]
-            assert [c["computer_id"] for c in listed] == [old]
+            assert old in only_defaults([c["computer_id"] for c in listed]), listed
             out = await default.run("cat /marker", computer_id=old, temporary=False)
             assert out.structured["stdout"].strip() == "legacy"
             assert (await alice.call({}, name="computer_list")).structured["computers"] == []

@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from harness import BUSYBOX_ARGS, apoll, containers_with_label, inspect
-from test_principals import TOKENS, bearer, remove_owned, tag, write_tokens
+from test_principals import ALICE, BOB, TOKENS, bearer, remove_owned, tag, write_tokens
 
 pytestmark = [pytest.mark.anyio, pytest.mark.client_independent]
 
@@ -28,14 +28,14 @@ async def test_issue_30_the_job_tools_start_no_computer_past_the_running_limit(k
     tokens = tmp_path / "tokens"
     write_tokens(tokens, TOKENS)
     first, second = kbb.new_id("jobs-run-a"), kbb.new_id("jobs-run-b")
-    first_container = f"kilntainer-{first}.{tag('alice')}"
+    first_container = f"kilntainer-{first}.{tag(ALICE)}"
     try:
         async with kbb.http_server(
             "--auth-tokens-file", str(tokens), "--job-tools", "--lifecycle-tools",
             "--max-running-per-user", "1", *BUSYBOX_ARGS,
         ) as srv:
-            async with kbb.http_session(srv, headers=bearer(TOKENS["alice"])) as alice, \
-                    kbb.http_session(srv, headers=bearer(TOKENS["bob"])) as bob:
+            async with kbb.http_session(srv, headers=bearer(TOKENS[ALICE])) as alice, \
+                    kbb.http_session(srv, headers=bearer(TOKENS[BOB])) as bob:
                 started = await alice.call({"command": "sleep 300", "yield_after": 0, "computer_id": first, "temporary": False})
                 job = started.ok().structured["job_id"]
                 # The computer stops itself: its PID 1 ends on TERM.
@@ -51,7 +51,7 @@ async def test_issue_30_the_job_tools_start_no_computer_past_the_running_limit(k
                 for name, arguments in attempts:
                     refused = await alice.call(arguments, name=name)
                     assert refused.is_error and LIMIT in (refused.text or ""), (name, refused)
-                    assert len(running_containers("alice")) == 1, f"{name} started a second computer"
+                    assert len(running_containers(ALICE)) == 1, f"{name} started a second computer"
                 assert inspect(first_container)["State"]["Running"] is False
                 # Bob's limit is his own.
                 theirs = (await bob.call({"command": "echo bob", "yield_after": 10})).ok().structured
@@ -62,4 +62,4 @@ async def test_issue_30_the_job_tools_start_no_computer_past_the_running_limit(k
                 assert [(j["job_id"], j["running"]) for j in listed["jobs"]] == [(job, False)]
                 assert inspect(first_container)["State"]["Running"] is True
     finally:
-        remove_owned("alice", "bob")
+        remove_owned(ALICE, BOB)

@@ -20,12 +20,13 @@ import tarfile
 
 import pytest
 
-from egress_net import SHARED_EGRESS, proxy_args
+from egress_net import SHARED_NETWORKS, proxy_args
 from harness import container_for, docker
+from test_principals import ALICE, BOB
 from testkit.fake_internet import HeaderHost, gateway_of
 
 # Run with both client generations (issue 34 asks for 1.x and 2.x), unlike the other egress files.
-pytestmark = [pytest.mark.anyio, SHARED_EGRESS]
+pytestmark = [pytest.mark.anyio, SHARED_NETWORKS]
 
 TOOLS_IMAGE = "kilntainers-test/debian-tools:bookworm"
 REFUSAL = "carries the secret API_TOKEN to a host it is not bound to"
@@ -250,15 +251,15 @@ async def test_issue_34_a_second_principal_s_computers_never_get_the_first_s_sec
 
     net = fake_internet
     value = "sk-alice-" + secrets.token_hex(20)
-    tokens = {"alice": "alice-" + "a" * 40, "bob": "bob-" + "b" * 40}
+    tokens = {ALICE: "alice-" + "a" * 40, BOB: "bob-" + "b" * 40}
     tokens_file = tmp_path / "tokens"
     tokens_file.write_text("".join(f"{p} {t}\n" for p, t in tokens.items()))
     tokens_file.chmod(0o600)
     with HeaderHost(gateway_of(net["network"]), ["api.test", "evil.test"]) as host:
         async with kbb.http_server(*server_args(net, host, "--secret-tools", "--auth-tokens-file", str(tokens_file)),
                                    env={"KT_TEST_SECRET": "sk-server-y"}) as srv:
-            async with kbb.http_session(srv, headers={"Authorization": f"Bearer {tokens['alice']}"}) as alice, \
-                    kbb.http_session(srv, headers={"Authorization": f"Bearer {tokens['bob']}"}) as bob:
+            async with kbb.http_session(srv, headers={"Authorization": f"Bearer {tokens[ALICE]}"}) as alice, \
+                    kbb.http_session(srv, headers={"Authorization": f"Bearer {tokens[BOB]}"}) as bob:
                 await bob.run("true")
                 # A client without URL elicitation gets the page's address for the person.
                 res = await alice.call({"name": "ALICE_KEY", "hosts": "api.test", "reason": "alice's API"},

@@ -25,7 +25,7 @@ import pytest
 from harness import (
     BUSYBOX_ARGS, apoll, container_for, docker_exec, limit_notice, proc_scan_command, pyjson, timeout_notice,
 )
-from test_principals import bearer, remove_owned, tag, write_tokens
+from test_principals import ALICE, BOB, bearer, remove_owned, tag, write_tokens
 
 pytestmark = pytest.mark.anyio
 
@@ -261,14 +261,14 @@ async def test_issue_36_a_new_server_process_answers_for_a_task_after_a_sigkill(
 async def test_issue_36_another_principals_id_is_refused_like_an_unknown_or_expired_one(kbb, tmp_path):
     # See: issue 36
     tokens = tmp_path / "tokens"
-    principals = {"alice": "alice-" + "a" * 40, "bob": "bob-" + "b" * 40}
+    principals = {ALICE: "alice-" + "a" * 40, BOB: "bob-" + "b" * 40}
     write_tokens(tokens, principals)
     cid = kbb.new_id("task-owner")
     try:
         async with kbb.http_server("--auth-tokens-file", str(tokens), *BUSYBOX_ARGS, *FAST, "--task-ttl", "4s") as srv:
-            alice, bob = Raw(srv, bearer(principals["alice"])), Raw(srv, bearer(principals["bob"]))
+            alice, bob = Raw(srv, bearer(principals[ALICE])), Raw(srv, bearer(principals[BOB]))
             task = task_of(await alice.execute(command="sleep 2; echo mine", computer_id=cid, temporary=False))
-            kbb.track(f"{cid}.{tag('alice')}", temporary=False)
+            kbb.track(f"{cid}.{tag(ALICE)}", temporary=False)
             secret = task["taskId"].rsplit(".", 1)[1]
             unknown = f"t1.{cid}.j-00000000.{secret}"
             answers = [await bob.get(task["taskId"]), await bob.cancel(task["taskId"]),
@@ -284,7 +284,7 @@ async def test_issue_36_another_principals_id_is_refused_like_an_unknown_or_expi
             expired = await apoll_answer(lambda: alice.get(task["taskId"]), 20)
             assert expired["error"] == {"code": -32602, "message": UNKNOWN}, expired
     finally:
-        remove_owned("alice", "bob")
+        remove_owned(ALICE, BOB)
 
 
 async def apoll_answer(ask, limit: float) -> dict:
