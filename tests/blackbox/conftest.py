@@ -18,6 +18,7 @@ from harness import (
     BUSYBOX,
     DEBIAN,
     KBB,
+    MADE,
     MINIMAL,
     RUN_PREFIX,
     checkpoint_images,
@@ -110,10 +111,13 @@ def _is_xdist_worker(config) -> bool:
     return hasattr(config, "workerinput")
 
 
-# Networks of principals (docs/auth.md, "Network") go with their last computer. A network has
-# no mark of the test that made it, so this check is the whole run's: it runs in the process
-# that started the run (the xdist controller, or the only process), once every test is done.
+# Networks of principals (docs/auth.md, "Network") go with their last computer. A network is
+# shared by the servers of its principal, so this check is the whole run's: it runs in the
+# process that started the run (the xdist controller, or the only process) once every test is
+# done, over the networks made meanwhile by this run's servers (a network names the server
+# process that made it; the workers report theirs) or by a server that did not say.
 _NETWORKS_BEFORE: set[str] = set()
+_RUN_INSTANCES: set[str] = set()
 
 
 def pytest_sessionstart(session):
@@ -121,16 +125,34 @@ def pytest_sessionstart(session):
         _NETWORKS_BEFORE.update(server_networks())
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node, error):
+    """xdist, in the controller: a worker's servers, as its `pytest_sessionfinish` sent them."""
+    _RUN_INSTANCES.update(getattr(node, "workeroutput", {}).get("instances", []))
+
+
+def _made_by_this_run(network: str) -> bool:
+    out = docker("network", "inspect", "--format", '{{index .Labels "kilntainers.instance"}}', network, check=False)
+    maker = out.stdout.strip()
+    return out.returncode == 0 and (maker in ("", "<no value>") or maker in _RUN_INSTANCES)
+
+
 def pytest_sessionfinish(session, exitstatus):
     if _is_xdist_worker(session.config):
+        session.config.workeroutput["instances"] = sorted(MADE["instances"])
         return
-    if poll(lambda: not server_networks() - _NETWORKS_BEFORE, 10, 0.2) is False:
-        left = sorted(server_networks() - _NETWORKS_BEFORE)
-        for network in left:
+    _RUN_INSTANCES.update(MADE["instances"])
+
+    def left() -> list[str]:
+        return sorted(n for n in server_networks() - _NETWORKS_BEFORE if _made_by_this_run(n))
+
+    if poll(lambda: not left(), 10, 0.2) is False:
+        networks = left()
+        for network in networks:
             docker("network", "rm", network, check=False)
         reporter = session.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is not None:
-            reporter.write_line(f"suite leak check failed: networks left behind: {left}", red=True)
+            reporter.write_line(f"suite leak check failed: networks left behind: {networks}", red=True)
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
