@@ -11,10 +11,12 @@
 # This is the full run: every integration environment must be there. A test that would skip
 # for want of one (Podman, gVisor, a venv) fails instead (KILNTAINERS_REQUIRE_ALL=1).
 #
-# Each step prints its wall time and how many tests it ran, and a summary of all of them closes
-# the run (docs/testing.md, "Time budget"). Compiles go through the machine's compiler cache
-# (scripts/setup-test-env.sh). Environment: KILNTAINERS_TEST_WORKERS, the black-box tests'
-# workers (default 4).
+# Some steps run beside others, in lanes of their own (docs/testing.md, "Time budget"): the
+# compiles that only lint or package (at low priority) beside the tests, the Rust tests beside
+# the first black-box run, the black-box run with the exec helper off beside the second. Each
+# step prints its wall time and how many tests it ran, and a summary of all of them closes the
+# run. Compiles go through the machine's compiler cache (scripts/setup-test-env.sh).
+# Environment: KILNTAINERS_TEST_WORKERS, the workers of a black-box run (default 4).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -47,7 +49,7 @@ step() {
     printf '\n== %s ==\n' "$*"
 }
 
-# counted WHAT: adds to the current step's count of tests ("498 tests; 2 ignored").
+# counted WHAT: adds to the current step's count of tests ("498 tests").
 counted() {
     STEP_COUNT="${STEP_COUNT:+$STEP_COUNT + }$*"
 }
@@ -55,85 +57,90 @@ counted() {
 summary() {
     local status=$?
     finish_step
-    stop_beside
+    stop_lanes
     printf '\n== step times ==\n'
     local i
     for i in "${!STEP_NAMES[@]}"; do
-        printf '%5dm%02ds  %-28s %s\n' $((STEP_SECONDS[i] / 60)) $((STEP_SECONDS[i] % 60)) \
+        printf '%5dm%02ds  %-24s %s\n' $((STEP_SECONDS[i] / 60)) $((STEP_SECONDS[i] % 60)) \
             "${STEP_COUNTS[i]:--}" "${STEP_NAMES[i]}"
     done
     local total=$((SECONDS - RUN_START))
     printf '%5dm%02ds  total (%s)\n' $((total / 60)) $((total % 60)) "$([[ $status == 0 ]] && echo passed || echo "FAILED, exit $status")"
 }
 trap summary EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
-# The steps that only compile (the lints of each feature set, the wheel) run beside the tests,
-# in the background at low priority: the tests mostly wait on the engine, and the compiles take
-# the processor time they leave. Their output goes to .test-env/results/beside.log, their times
-# to beside.times; join_beside waits for them and adds their lines to the summary.
-BESIDE_PID=""
-start_beside() {
-    set -m # a process group of its own, so that stop_beside stops the compilers too
+# ---------------------------------------------------------------------------------------------
+# Lanes: a function run in the background, in a process group of its own (so that stopping
+# it stops what it started), its output in .test-env/results/<lane>.log and the times and
+# counts of its steps in <lane>.steps; lane_join waits for it and adds its steps to the
+# summary, marked with the step they ran beside.
+
+declare -A LANE_PIDS=() LANE_BESIDE=()
+
+# lane_start LANE NICENESS BESIDE FUNCTION: runs FUNCTION as lane LANE; BESIDE says what it
+# runs beside, for the summary.
+lane_start() {
+    local lane="$1" niceness="$2" beside="$3" function="$4"
+    : >"$RESULTS/$lane.steps"
+    set -m
     (
-        renice -n 15 -p "$BASHPID" >/dev/null
-        beside
-    ) >"$RESULTS/beside.log" 2>&1 &
-    BESIDE_PID=$!
+        renice -n "$niceness" -p "$BASHPID" >/dev/null
+        LANE="$lane"
+        "$function"
+        lane_step ""
+    ) >"$RESULTS/$lane.log" 2>&1 &
+    LANE_PIDS[$lane]=$!
+    LANE_BESIDE[$lane]="$beside"
     set +m
+    printf -- '-- beside: lane %s started (its output: %s)\n' "$lane" "$RESULTS/$lane.log"
 }
-stop_beside() {
-    if [[ -n "$BESIDE_PID" ]]; then
-        kill -TERM -- "-$BESIDE_PID" 2>/dev/null || true
-        wait "$BESIDE_PID" 2>/dev/null || true
-        BESIDE_PID=""
+
+# In a lane: lane_step NAME starts timing a step (an empty NAME ends the last one);
+# lane_count WHAT is the step's count of tests.
+LANE="" LANE_STEP="" LANE_STEP_START=0 LANE_COUNT=""
+lane_step() {
+    if [[ -n "$LANE_STEP" ]]; then
+        printf '%s\t%s\t%s\n' $((SECONDS - LANE_STEP_START)) "$LANE_COUNT" "$LANE_STEP" >>"$RESULTS/$LANE.steps"
     fi
+    LANE_STEP="$*" LANE_STEP_START=$SECONDS LANE_COUNT=""
+    if [[ -n "$LANE_STEP" ]]; then printf '\n== %s ==\n' "$LANE_STEP"; fi
 }
-join_beside() {
-    local rc=0 name took
-    wait "$BESIDE_PID" || rc=$?
-    BESIDE_PID=""
-    while IFS=$'\t' read -r took name; do
-        STEP_NAMES+=("$name (beside the tests)")
+lane_count() {
+    LANE_COUNT="${LANE_COUNT:+$LANE_COUNT + }$*"
+}
+
+lane_join() {
+    local lane="$1" rc=0 took count name
+    [[ -n "${LANE_PIDS[$lane]:-}" ]] || return 0
+    wait "${LANE_PIDS[$lane]}" || rc=$?
+    unset "LANE_PIDS[$lane]"
+    while IFS=$'\t' read -r took count name; do
+        STEP_NAMES+=("$name (beside ${LANE_BESIDE[$lane]})")
         STEP_SECONDS+=("$took")
-        STEP_COUNTS+=("")
-    done <"$RESULTS/beside.times"
+        STEP_COUNTS+=("$count")
+        printf -- '-- %s: %dm%02ds%s (beside %s)\n' "$name" $((took / 60)) $((took % 60)) "${count:+, $count}" \
+            "${LANE_BESIDE[$lane]}"
+    done <"$RESULTS/$lane.steps"
     if ((rc != 0)); then
-        printf -- '-- a step beside the tests failed; its output (.test-env/results/beside.log) ends:\n'
-        tail -n 60 "$RESULTS/beside.log"
+        printf -- '-- lane %s failed (exit %s); its output (%s) ends:\n' "$lane" "$rc" "$RESULTS/$lane.log"
+        tail -n 80 "$RESULTS/$lane.log"
         return "$rc"
     fi
 }
-# beside_step NAME: times what follows in the background lane (a line of beside.times each).
-BESIDE_STEP="" BESIDE_START=0
-beside_step() {
-    if [[ -n "$BESIDE_STEP" ]]; then
-        printf '%s\t%s\n' $((SECONDS - BESIDE_START)) "$BESIDE_STEP" >>"$RESULTS/beside.times"
-    fi
-    BESIDE_STEP="$*" BESIDE_START=$SECONDS
-    if [[ -n "$BESIDE_STEP" ]]; then printf '\n== %s ==\n' "$BESIDE_STEP"; fi
-}
-beside() {
-    set -euo pipefail
-    : >"$RESULTS/beside.times"
-    beside_step "clippy, each optional feature on its own and none"
-    # What a user's `--features` choice builds must build without warnings too (the library
-    # and binaries; the tests need every feature). In a target directory of its own, so as not
-    # to wait on the build's lock; the helper and the broker it embeds are only data to a
-    # lint, so an empty file stands in for each instead of building them again.
-    : >"$RESULTS/empty-binary"
-    local features
-    for features in "" fly e2b modal wasm kubernetes oauth; do
-        printf -- '-- clippy --no-default-features --features "%s"\n' "$features"
-        CARGO_TARGET_DIR=target/feature-lints KILNTAINERS_HELPER_BINARY="$PWD/$RESULTS/empty-binary" \
-            KILNTAINERS_BROKER_BINARY="$PWD/$RESULTS/empty-binary" \
-            cargo clippy -p mcp-sandbox-computer-vm-for-ai --no-default-features --features "$features" --locked -- -D warnings
+
+stop_lanes() {
+    local lane
+    for lane in "${!LANE_PIDS[@]}"; do
+        kill -TERM -- "-${LANE_PIDS[$lane]}" 2>/dev/null || true
+        wait "${LANE_PIDS[$lane]}" 2>/dev/null || true
     done
-    beside_step "the wheel for the install tests"
-    # The install tests check the packaging and the install paths, not the binary's speed: the
-    # wheel is built with the `wheel-test` profile (release without optimisation), quicker cold.
-    KILNTAINERS_WHEEL_PROFILE=wheel-test bash scripts/build-wheel.sh >"$RESULTS/wheel.path"
-    beside_step ""
+    LANE_PIDS=()
 }
+
+# ---------------------------------------------------------------------------------------------
+# Counting tests
 
 # junit_count FILE: "N tests" (and ", M skipped") from a JUnit report, or nothing without one.
 junit_count() {
@@ -147,32 +154,84 @@ print(f"{len(cases) - skipped} tests" + (f", {skipped} skipped" if skipped else 
 PY
 }
 
-# pytest_run NAME PYTHON ARGS...: pytest with a JUnit report under .test-env/results, whose
-# count goes to the step's; the exit status is pytest's.
+# pytest_run NAME PYTHON ARGS...: pytest with a JUnit report under .test-env/results; prints
+# its count of tests last. The exit status is pytest's.
 pytest_run() {
     local name="$1" python="$2" rc=0
     shift 2
     local report="$RESULTS/$name.xml"
     rm -f "$report"
     "$python" -m pytest -q -p no:cacheprovider --junitxml="$report" "$@" || rc=$?
-    counted "$(junit_count "$report")"
+    junit_count "$report" >"$RESULTS/$name.count"
     return "$rc"
 }
 
-# pytest_workers: the options that spread a black-box run over the workers (pytest-xdist):
-# tests one at a time, each to the next free worker, except that a group marked
-# `xdist_group` runs on one worker, one test after another (tests/blackbox/conftest.py).
-pytest_workers() {
-    printf '%s\n' -n "$WORKERS" --dist loadgroup
+# The options that spread a black-box run over WORKERS processes (pytest-xdist): each test to
+# the next free worker, except that a group marked `xdist_group` runs on one worker, one test
+# after another (tests/blackbox/conftest.py, docs/testing.md "Parallel black-box tests").
+workers() {
+    printf '%s\n' -n "$1" --dist loadgroup
 }
 
-# cargo_test ARGS...: cargo test, with the sum of its binaries' results as the step's count.
-cargo_test() {
-    local log="$RESULTS/cargo-test.log" rc=0
-    cargo test "$@" 2>&1 | tee "$log" || rc=$?
-    counted "$(awk '/^test result:/ { p += $4; f += $6; i += $8 } END { printf "%d tests, %d ignored", p + f, i }' "$log")"
+# ---------------------------------------------------------------------------------------------
+# The lanes' work
+
+# Compiles that only lint or package, at low priority beside the tests: they take the
+# processor time the tests leave while they wait on the engine.
+compile_lane() {
+    set -euo pipefail
+    unset RUSTC_WORKSPACE_WRAPPER CLIPPY_ARGS
+    lane_step "clippy, each optional feature on its own and none"
+    # What a user's `--features` choice builds must build without warnings too (the library
+    # and binaries; the tests need every feature). In a target directory of its own, so as not
+    # to wait on the build's lock; the helper and the broker it embeds are only data to a
+    # lint, so an empty file stands in for each instead of building them again.
+    : >"$RESULTS/empty-binary"
+    local features
+    for features in "" fly e2b modal wasm kubernetes oauth; do
+        printf -- '-- clippy --no-default-features --features "%s"\n' "$features"
+        CARGO_TARGET_DIR=target/feature-lints KILNTAINERS_HELPER_BINARY="$PWD/$RESULTS/empty-binary" \
+            KILNTAINERS_BROKER_BINARY="$PWD/$RESULTS/empty-binary" \
+            cargo clippy -p mcp-sandbox-computer-vm-for-ai --no-default-features --features "$features" --locked -- -D warnings
+    done
+    lane_count "7 feature sets"
+    lane_step "the wheel for the install tests"
+    # The install tests check the packaging and the install paths, not the binary's speed: the
+    # wheel is built with the `wheel-test` profile (release without optimisation), quicker cold.
+    KILNTAINERS_WHEEL_PROFILE=wheel-test bash scripts/build-wheel.sh >"$RESULTS/wheel.path"
+}
+
+# The Rust tests (unit, contract suite, provider suites): the sum of their binaries' results.
+rust_lane() {
+    set -euo pipefail
+    lane_step "rust tests"
+    local rc=0
+    cargo test --workspace --all-features --locked || rc=$?
+    lane_count "$(awk '/^test result:/ { p += $4; f += $6; i += $8 } END { printf "%d tests, %d ignored", p + f, i }' \
+        "$RESULTS/rust.log")"
     return "$rc"
 }
+
+# The core black-box files again with the exec helper off (one Docker exec per command); none
+# of them is in an xdist group, so they run beside another black-box run.
+helper_off_lane() {
+    set -euo pipefail
+    lane_step "black-box core tests again, with the exec helper off (one Docker exec per command)"
+    local rc=0
+    # shellcheck disable=SC2046 # the options are words
+    KILNTAINERS_EXEC_HELPER=off pytest_run blackbox-helper-off "$KILNTAINERS_TEST_VENV/bin/python" \
+        $(workers 2) \
+        tests/blackbox/test_cli.py tests/blackbox/test_surface.py tests/blackbox/test_exec.py \
+        tests/blackbox/test_limits.py tests/blackbox/test_lifecycle_docker.py \
+        tests/blackbox/test_crash_gc.py tests/blackbox/test_jobs.py tests/blackbox/test_files.py \
+        tests/blackbox/test_ports.py tests/blackbox/test_warm_pool.py \
+        tests/blackbox/test_checkpoints.py tests/blackbox/test_tasks.py || rc=$?
+    lane_count "$(cat "$RESULTS/blackbox-helper-off.count")"
+    return "$rc"
+}
+
+# ---------------------------------------------------------------------------------------------
+# The run
 
 step "test environment"
 bash scripts/setup-test-env.sh
@@ -186,43 +245,45 @@ cargo fmt --all -- --check
 shellcheck --severity=style scripts/*.sh .ci/run
 "$KILNTAINERS_TEST_VENV/bin/ruff" check --quiet tests bench testkit fakes
 
-start_beside
-
 step "build and clippy: every binary and test target with every feature, linted as it compiles"
 # One compile does both: clippy-driver, as `cargo clippy` runs it, compiles each crate of the
 # workspace and lints it on the way (its arguments are `cargo clippy -- -D warnings`'s), and
 # the dependencies compile once, for the build. Binaries (the server, the `fake-modal` test
 # fake) and every test target in one invocation: one feature set (dev-dependencies add
-# tokio's test clock), so the tests below reuse all of it.
+# tokio's test clock), so the tests below reuse all of it. The Rust tests keep the wrapper:
+# cargo counts it in what is up to date.
 export RUSTC_WORKSPACE_WRAPPER=clippy-driver CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__"
 cargo build --workspace --all-targets --all-features --locked
 
-step "rust tests"
-cargo_test --workspace --all-features --locked
+export KILNTAINERS_BIN="$PWD/target/debug/mcp-sandbox-computer-vm-for-ai"
+lane_start compile 15 "the tests" compile_lane
+lane_start rust 0 "the first black-box run" rust_lane
 unset RUSTC_WORKSPACE_WRAPPER CLIPPY_ARGS
 
-export KILNTAINERS_BIN="$PWD/target/debug/mcp-sandbox-computer-vm-for-ai"
-mapfile -t workers < <(pytest_workers)
-
 step "black-box MCP tests (Python MCP client 1.x)"
-pytest_run blackbox-mcp1 "$KILNTAINERS_TEST_VENV/bin/python" "${workers[@]}" tests/blackbox
+# shellcheck disable=SC2046 # the options are words
+pytest_run blackbox-mcp1 "$KILNTAINERS_TEST_VENV/bin/python" $(workers "$WORKERS") tests/blackbox
+counted "$(cat "$RESULTS/blackbox-mcp1.count")"
 
+step "waiting for the Rust tests"
+lane_join rust
+
+lane_start helper-off 0 "the second black-box run" helper_off_lane
 step "black-box MCP tests (Python MCP client 2.x; what does not depend on the client ran once, above)"
-pytest_run blackbox-mcp2 "$KILNTAINERS_TEST_VENV_MCP2/bin/python" "${workers[@]}" tests/blackbox -m "not client_independent"
+# shellcheck disable=SC2046
+pytest_run blackbox-mcp2 "$KILNTAINERS_TEST_VENV_MCP2/bin/python" $(workers "$WORKERS") tests/blackbox \
+    -m "not client_independent"
+counted "$(cat "$RESULTS/blackbox-mcp2.count")"
 
-step "black-box core tests again, with the exec helper off (one Docker exec per command)"
-KILNTAINERS_EXEC_HELPER=off pytest_run blackbox-helper-off "$KILNTAINERS_TEST_VENV/bin/python" "${workers[@]}" \
-    tests/blackbox/test_cli.py tests/blackbox/test_surface.py tests/blackbox/test_exec.py \
-    tests/blackbox/test_limits.py tests/blackbox/test_lifecycle_docker.py \
-    tests/blackbox/test_crash_gc.py tests/blackbox/test_jobs.py tests/blackbox/test_files.py \
-    tests/blackbox/test_ports.py tests/blackbox/test_warm_pool.py \
-    tests/blackbox/test_checkpoints.py tests/blackbox/test_tasks.py
+step "waiting for the black-box run with the exec helper off"
+lane_join helper-off
 
-step "waiting for the lints and the wheel beside the tests"
-join_beside
+step "waiting for the compiles beside the tests (feature lints, the wheel)"
+lane_join compile
 
 step "install paths: the PyPI wheel (built, audited, installed without Rust) and serve.sh as a normal user"
 KILNTAINERS_WHEEL="$(cat "$RESULTS/wheel.path")" pytest_run install "$KILNTAINERS_TEST_VENV/bin/python" tests/install
+counted "$(cat "$RESULTS/install.count")"
 
 step "MCP conformance suite (server scenarios over Streamable HTTP)"
 bash scripts/conformance-test.sh 2>&1 | tee "$RESULTS/conformance.log"

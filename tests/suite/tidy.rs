@@ -1,7 +1,7 @@
 //! Keeps the code map true (after rust-analyzer's tidy): every source file opens with a `//!`
 //! paragraph, every top-level module and every crate is in ARCHITECTURE.md, the crates depend
-//! only downwards, and inside the server each third-party crate stays in the module that owns
-//! it. The import checks read code only (comments may name anything) and
+//! only downwards, inside the server each third-party crate stays in the module that owns it,
+//! and `scripts/serve.sh` reads the server's flags as the server does. The import checks read code only (comments may name anything) and
 //! see through grouped imports (`use crate::{mcp, registry::Registry};`).
 
 use std::path::{Path, PathBuf};
@@ -435,4 +435,69 @@ fn crates_depend_only_downwards() {
         }
     }
     assert!(offences.is_empty(), "{offences:#?}");
+}
+
+/// The flags `scripts/serve.sh` reads before the server does, as `name:shortest` entries.
+fn serve_script_flags(script: &str) -> Vec<(String, String)> {
+    let line = script
+        .lines()
+        .find(|l| l.trim_start().starts_with("for entry in "))
+        .expect("serve.sh's `for entry in …` list of flags");
+    let list = line.trim().trim_start_matches("for entry in ");
+    let list = list.split(';').next().unwrap_or_default();
+    list.split_whitespace()
+        .map(|entry| {
+            let (name, shortest) = entry.split_once(':').expect("name:shortest");
+            (name.to_owned(), shortest.to_owned())
+        })
+        .collect()
+}
+
+#[test]
+fn serve_sh_reads_the_flags_as_the_server_does() {
+    use clap::CommandFactory;
+    use mcp_sandbox_computer_vm_for_ai::cli::{BackendKind, Cli};
+    let script =
+        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/serve.sh"))
+            .expect("serve.sh");
+    let command = Cli::command();
+    let longs: Vec<String> = command
+        .get_arguments()
+        .flat_map(|a| a.get_long_and_visible_aliases().unwrap_or_default())
+        .map(str::to_owned)
+        .collect();
+    let flags = serve_script_flags(&script);
+    assert!(!flags.is_empty());
+    for (name, shortest) in flags {
+        assert!(
+            longs.contains(&name),
+            "serve.sh reads --{name}, which the server does not have"
+        );
+        // clap (infer_long_args) takes any prefix that names one flag only: the shortest one
+        // must be what serve.sh starts to recognise at.
+        let unambiguous = (1..=name.len())
+            .map(|n| &name[..n])
+            .find(|prefix| longs.iter().filter(|l| l.starts_with(prefix)).count() == 1)
+            .expect("a prefix");
+        assert_eq!(
+            shortest, unambiguous,
+            "serve.sh's shortest prefix of --{name}"
+        );
+    }
+    // Every backend but Docker needs its cargo feature built in (`BackendKind::not_built`):
+    // serve.sh's `case` maps each name to it.
+    for backend in BackendKind::ALL
+        .into_iter()
+        .filter(|b| *b != BackendKind::Docker)
+    {
+        let label = backend.name();
+        assert!(
+            script.lines().any(|l| {
+                let l = l.trim_start();
+                l.contains(')')
+                    && (l.starts_with(&format!("{label} ")) || l.contains(&format!("| {label}")))
+            }),
+            "serve.sh does not map --backend {label} to its cargo feature"
+        );
+    }
 }
