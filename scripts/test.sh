@@ -20,7 +20,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-RESULTS=.test-env/results
+RESULTS="$PWD/.test-env/results"
 WORKERS="${KILNTAINERS_TEST_WORKERS:-4}"
 STEP_NAMES=()
 STEP_SECONDS=()
@@ -102,7 +102,7 @@ lane_start() {
 LANE="" LANE_STEP="" LANE_STEP_START=0 LANE_COUNT=""
 lane_step() {
     if [[ -n "$LANE_STEP" ]]; then
-        printf '%s\t%s\t%s\n' $((SECONDS - LANE_STEP_START)) "$LANE_COUNT" "$LANE_STEP" >>"$RESULTS/$LANE.steps"
+        printf '%s|%s|%s\n' $((SECONDS - LANE_STEP_START)) "$LANE_COUNT" "$LANE_STEP" >>"$RESULTS/$LANE.steps"
     fi
     LANE_STEP="$*" LANE_STEP_START=$SECONDS LANE_COUNT=""
     if [[ -n "$LANE_STEP" ]]; then printf '\n== %s ==\n' "$LANE_STEP"; fi
@@ -116,7 +116,7 @@ lane_join() {
     [[ -n "${LANE_PIDS[$lane]:-}" ]] || return 0
     wait "${LANE_PIDS[$lane]}" || rc=$?
     unset "LANE_PIDS[$lane]"
-    while IFS=$'\t' read -r took count name; do
+    while IFS='|' read -r took count name; do
         STEP_NAMES+=("$name (beside ${LANE_BESIDE[$lane]})")
         STEP_SECONDS+=("$took")
         STEP_COUNTS+=("$count")
@@ -180,6 +180,7 @@ workers() {
 # processor time the tests leave while they wait on the engine.
 compile_lane() {
     set -euo pipefail
+    cd "$BUILD"
     unset RUSTC_WORKSPACE_WRAPPER CLIPPY_ARGS
     lane_step "clippy, each optional feature on its own and none"
     # What a user's `--features` choice builds must build without warnings too (the library
@@ -190,8 +191,8 @@ compile_lane() {
     local features
     for features in "" fly e2b modal wasm kubernetes oauth; do
         printf -- '-- clippy --no-default-features --features "%s"\n' "$features"
-        CARGO_TARGET_DIR=target/feature-lints KILNTAINERS_HELPER_BINARY="$PWD/$RESULTS/empty-binary" \
-            KILNTAINERS_BROKER_BINARY="$PWD/$RESULTS/empty-binary" \
+        CARGO_TARGET_DIR=target/feature-lints KILNTAINERS_HELPER_BINARY="$RESULTS/empty-binary" \
+            KILNTAINERS_BROKER_BINARY="$RESULTS/empty-binary" \
             cargo clippy -p mcp-sandbox-computer-vm-for-ai --no-default-features --features "$features" --locked -- -D warnings
     done
     lane_count "7 feature sets"
@@ -204,6 +205,7 @@ compile_lane() {
 # The Rust tests (unit, contract suite, provider suites): the sum of their binaries' results.
 rust_lane() {
     set -euo pipefail
+    cd "$BUILD"
     lane_step "rust tests"
     local rc=0
     cargo test --workspace --all-features --locked || rc=$?
@@ -246,6 +248,20 @@ shellcheck --severity=style scripts/*.sh .ci/run
 "$KILNTAINERS_TEST_VENV/bin/ruff" check --quiet tests bench testkit fakes
 
 step "build and clippy: every binary and test target with every feature, linted as it compiles"
+# Where cargo builds: a mirror of this checkout at a fixed path outside it (BUILD), whose target
+# directory stays from run to run and from clone to clone, so that a fresh clone rebuilds only
+# what differs from the last build on this machine (docs/testing.md, "Time budget"). One run
+# at a time uses it; a second meanwhile builds in its own checkout.
+BUILD="${KILNTAINERS_BUILD_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kilntainers/build}"
+mkdir -p "$BUILD"
+exec 8>"$BUILD.lock"
+if flock -n 8; then
+    python3 scripts/mirror-checkout.py "$BUILD"
+else
+    printf -- '-- %s is in use by another run: building in this checkout\n' "$BUILD"
+    exec 8>&-
+    BUILD="$PWD"
+fi
 # One compile does both: clippy-driver, as `cargo clippy` runs it, compiles each crate of the
 # workspace and lints it on the way (its arguments are `cargo clippy -- -D warnings`'s), and
 # the dependencies compile once, for the build. Binaries (the server, the `fake-modal` test
@@ -253,9 +269,9 @@ step "build and clippy: every binary and test target with every feature, linted 
 # tokio's test clock), so the tests below reuse all of it. The Rust tests keep the wrapper:
 # cargo counts it in what is up to date.
 export RUSTC_WORKSPACE_WRAPPER=clippy-driver CLIPPY_ARGS="-D__CLIPPY_HACKERY__warnings__CLIPPY_HACKERY__"
-cargo build --workspace --all-targets --all-features --locked
+(cd "$BUILD" && cargo build --workspace --all-targets --all-features --locked)
 
-export KILNTAINERS_BIN="$PWD/target/debug/mcp-sandbox-computer-vm-for-ai"
+export KILNTAINERS_BIN="$BUILD/target/debug/mcp-sandbox-computer-vm-for-ai"
 lane_start compile 15 "the tests" compile_lane
 lane_start rust 0 "the first black-box run" rust_lane
 unset RUSTC_WORKSPACE_WRAPPER CLIPPY_ARGS
@@ -280,6 +296,7 @@ lane_join helper-off
 
 step "waiting for the compiles beside the tests (feature lints, the wheel)"
 lane_join compile
+exec 8>&- # the build directory is free for another run
 
 step "install paths: the PyPI wheel (built, audited, installed without Rust) and serve.sh as a normal user"
 KILNTAINERS_WHEEL="$(cat "$RESULTS/wheel.path")" pytest_run install "$KILNTAINERS_TEST_VENV/bin/python" tests/install
