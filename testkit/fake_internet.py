@@ -111,6 +111,7 @@ class DnsLogger:
         self._lock = threading.Lock()
         self._sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self._sock.bind((address, 53))
+        self._stopping = False
         self._thread = threading.Thread(target=self._serve, daemon=True)
 
     def seen(self) -> list[tuple[str, str]]:
@@ -122,6 +123,8 @@ class DnsLogger:
             try:
                 packet, peer = self._sock.recvfrom(4096)
             except OSError:
+                return
+            if self._stopping:
                 return
             parsed = _question(packet)
             if parsed is None:
@@ -147,8 +150,17 @@ class DnsLogger:
         return self
 
     def __exit__(self, *exc) -> None:
-        self._sock.close()
+        # close() alone would leave the port bound while the thread sits in recvfrom (the
+        # kernel keeps the socket for that call), and a later logger of the same process on an
+        # address of the same number could not bind it. shutdown() wakes the thread (Linux
+        # says ENOTCONN for an unconnected UDP socket, and wakes it all the same).
+        self._stopping = True
+        try:
+            self._sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self._thread.join(timeout=5)
+        self._sock.close()
 
 
 def _test_pki(names: list[str]) -> tuple[bytes, bytes, bytes]:
@@ -244,6 +256,11 @@ class TlsHost:
         return self
 
     def __exit__(self, *exc) -> None:
+        # As HeaderHost's: shutdown() first, or the port stays bound for the rest of the process.
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self._listener.close()
         self._thread.join(timeout=5)
         for name in os.listdir(self._dir):
