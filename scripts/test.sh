@@ -150,7 +150,8 @@ import sys
 import xml.etree.ElementTree as ET
 cases = list(ET.parse(sys.argv[1]).getroot().iter("testcase"))
 skipped = sum(1 for c in cases if c.find("skipped") is not None)
-print(f"{len(cases) - skipped} tests" + (f", {skipped} skipped" if skipped else ""))
+failed = sum(1 for c in cases if c.find("failure") is not None or c.find("error") is not None)
+print(f"{len(cases) - skipped} tests" + (f", {failed} failed" if failed else "") + (f", {skipped} skipped" if skipped else ""))
 PY
 }
 
@@ -163,6 +164,15 @@ pytest_run() {
     rm -f "$report"
     "$python" -m pytest -q -p no:cacheprovider --junitxml="$report" "$@" || rc=$?
     junit_count "$report" >"$RESULTS/$name.count"
+    return "$rc"
+}
+
+# pytest_step NAME PYTHON ARGS...: pytest_run as a step of the main run, counted in the step
+# whether it passes or not.
+pytest_step() {
+    local rc=0
+    pytest_run "$@" || rc=$?
+    counted "$(cat "$RESULTS/$1.count")"
     return "$rc"
 }
 
@@ -278,8 +288,7 @@ unset RUSTC_WORKSPACE_WRAPPER CLIPPY_ARGS
 
 step "black-box MCP tests (Python MCP client 1.x)"
 # shellcheck disable=SC2046 # the options are words
-pytest_run blackbox-mcp1 "$KILNTAINERS_TEST_VENV/bin/python" $(workers "$WORKERS") tests/blackbox
-counted "$(cat "$RESULTS/blackbox-mcp1.count")"
+pytest_step blackbox-mcp1 "$KILNTAINERS_TEST_VENV/bin/python" $(workers "$WORKERS") tests/blackbox
 
 step "waiting for the Rust tests"
 lane_join rust
@@ -287,9 +296,8 @@ lane_join rust
 lane_start helper-off 0 "the second black-box run" helper_off_lane
 step "black-box MCP tests (Python MCP client 2.x; what does not depend on the client ran once, above)"
 # shellcheck disable=SC2046
-pytest_run blackbox-mcp2 "$KILNTAINERS_TEST_VENV_MCP2/bin/python" $(workers "$WORKERS") tests/blackbox \
+pytest_step blackbox-mcp2 "$KILNTAINERS_TEST_VENV_MCP2/bin/python" $(workers "$WORKERS") tests/blackbox \
     -m "not client_independent"
-counted "$(cat "$RESULTS/blackbox-mcp2.count")"
 
 step "waiting for the black-box run with the exec helper off"
 lane_join helper-off
@@ -299,8 +307,7 @@ lane_join compile
 exec 8>&- # the build directory is free for another run
 
 step "install paths: the PyPI wheel (built, audited, installed without Rust) and serve.sh as a normal user"
-KILNTAINERS_WHEEL="$(cat "$RESULTS/wheel.path")" pytest_run install "$KILNTAINERS_TEST_VENV/bin/python" tests/install
-counted "$(cat "$RESULTS/install.count")"
+KILNTAINERS_WHEEL="$(cat "$RESULTS/wheel.path")" pytest_step install "$KILNTAINERS_TEST_VENV/bin/python" tests/install
 
 step "MCP conformance suite (server scenarios over Streamable HTTP)"
 bash scripts/conformance-test.sh 2>&1 | tee "$RESULTS/conformance.log"

@@ -626,6 +626,11 @@ class CuttingProxy:
     side and keeps reading the server's, as a middlebox that drops a connection silently does:
     the server's writes still succeed, so it cannot tell that nobody receives them. While
     `admit` is clear, new connections wait before they reach the server.
+
+    A test cuts only once `resumable(marker)` holds: the relay runs on the test's event loop,
+    which a blocking poll holds, so the server's first event can still be on its way to the
+    client when the command is seen running; a stream cut before the client has an event id
+    cannot be resumed, by any server.
     """
 
     def __init__(self, upstream_port: int):
@@ -635,6 +640,10 @@ class CuttingProxy:
         self.vanished: list[asyncio.StreamWriter] = []
         self.from_client = bytearray()
         self.into_void = bytearray()
+        # For each connection: what its client sent, what reached its client, and how much
+        # had reached it each time the client's bytes grew (a kept-alive connection carries
+        # several requests; what answers one comes after it).
+        self.exchanges: list[tuple[bytearray, bytearray, list[tuple[int, int]]]] = []
         self.admit = asyncio.Event()
         self.admit.set()
         self.server: asyncio.base_events.Server | None = None
@@ -648,11 +657,15 @@ class CuttingProxy:
         up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.upstream_port)
         self.clients.append(writer)
         self.upstreams.append(up_writer)
+        sent, relayed, points = bytearray(), bytearray(), []
+        self.exchanges.append((sent, relayed, points))
 
         async def to_server() -> None:
             try:
                 while data := await reader.read(65536):
                     self.from_client += data
+                    sent.extend(data)
+                    points.append((len(sent), len(relayed)))
                     up_writer.write(data)
                     await up_writer.drain()
             except (ConnectionError, OSError):
@@ -669,12 +682,24 @@ class CuttingProxy:
                     elif not writer.is_closing():
                         writer.write(data)
                         await writer.drain()
+                        relayed.extend(data)
             except (ConnectionError, OSError):
                 pass
             finally:
                 writer.close()
 
         await asyncio.gather(to_server(), to_client())
+
+    def resumable(self, marker: bytes) -> bool:
+        """Whether the connection that carried `marker` has since relayed an SSE event id to its client."""
+        for sent, relayed, points in self.exchanges:
+            at = sent.find(marker)
+            if at < 0:
+                continue
+            answer_from = next(relayed_then for sent_then, relayed_then in points if sent_then >= at + len(marker))
+            if b"\nid:" in relayed[answer_from:]:
+                return True
+        return False
 
     def cut(self) -> None:
         for writer in self.clients + self.upstreams + self.vanished:
@@ -722,6 +747,8 @@ async def test_issue_30_the_sdk_client_gets_its_answer_after_its_own_reconnect(k
                     # The command is running when the connections are cut.
                     running = await apoll(lambda: "sleep" in docker("exec", container, "ps", check=False).stdout, 20, 0.05)
                     assert running
+                    resumable = await apoll(lambda: proxy.resumable(WAIT_FOR_GO.encode()), 20, 0.02)
+                    assert resumable, "the call's stream never carried an event id to resume from"
                     proxy.cut()
                     docker("exec", container, "touch", "/tmp/go")
                 result = outcome["result"].ok()
@@ -754,6 +781,8 @@ async def test_issue_30_an_answer_written_into_a_silently_dropped_connection_rea
                     assert sent, "the call never reached the server"
                     running = await apoll(lambda: "sleep" in docker("exec", container, "ps", check=False).stdout, 20, 0.05)
                     assert running
+                    resumable = await apoll(lambda: proxy.resumable(WAIT_FOR_GO.encode()), 20, 0.02)
+                    assert resumable, "the call's stream never carried an event id to resume from"
                     proxy.admit.clear()
                     proxy.vanish()
                     docker("exec", container, "touch", "/tmp/go")
