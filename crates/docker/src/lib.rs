@@ -56,6 +56,8 @@ const STARTUP_CHECK_TIMEOUT: Duration = Duration::from_secs(10);
 const API_TIMEOUT: Duration = Duration::from_secs(30);
 /// Readiness exec after create/start/restart (docs/decisions.md, "Constants").
 const READINESS_TIMEOUT: Duration = Duration::from_secs(15);
+/// How much of a failed readiness probe's output the log keeps.
+const READINESS_LOGGED_BYTES: usize = 200;
 /// Stop grace for restart: the keep-alive exits at once on SIGTERM, so 2 s only matters for
 /// the reference's `tail -f /dev/null` containers.
 const RESTART_GRACE_SECS: i32 = 2;
@@ -634,7 +636,11 @@ impl DockerBackend {
         };
         match outcome {
             Ok((0, stdout)) if posix::shows_ready(&stdout) => Ok(()),
-            Ok((code, _)) => {
+            Ok((code, stdout)) => {
+                // What the probe printed goes to the log only (it comes from the computer),
+                // and only its start: enough to tell a missing shell from an engine's refusal.
+                let start = &stdout[..stdout.len().min(READINESS_LOGGED_BYTES)];
+                warn!(container = %sandbox.sandbox_id, code, printed = ?String::from_utf8_lossy(start), "readiness probe answered without the marker");
                 let mut message = format!(
                     "Container {} started but readiness check failed (unexpected output)",
                     sandbox.sandbox_id
