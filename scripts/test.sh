@@ -130,11 +130,21 @@ lane_join() {
     fi
 }
 
+# Stops the lanes still running (the run failed or was interrupted) as Ctrl-C would: pytest
+# then runs its teardowns, so the computers and networks its tests made go too (a test's
+# permanent computer left on the engine would stand in a later run's way). A lane still
+# there after a minute is killed.
 stop_lanes() {
-    local lane
+    local lane pid tenths
     for lane in "${!LANE_PIDS[@]}"; do
-        kill -TERM -- "-${LANE_PIDS[$lane]}" 2>/dev/null || true
-        wait "${LANE_PIDS[$lane]}" 2>/dev/null || true
+        pid="${LANE_PIDS[$lane]}"
+        kill -INT -- "-$pid" 2>/dev/null || true
+        for ((tenths = 0; tenths < 600; tenths++)); do
+            kill -0 "$pid" 2>/dev/null || break
+            sleep 0.1
+        done
+        kill -KILL -- "-$pid" 2>/dev/null || true
+        wait "$pid" 2>/dev/null || true
     done
     LANE_PIDS=()
 }
