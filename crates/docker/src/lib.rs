@@ -86,6 +86,9 @@ async fn any_exec_running(docker: &Docker, exec_ids: &[String]) -> bool {
 /// How long a restart waits for the engine to record the exit of the old process when it
 /// answered before doing so; the keep-alive exits at once, so this is the engine's backlog.
 const STALE_EXIT_WAIT: Duration = Duration::from_secs(10);
+/// How long a removal asks again while Docker answers that another removal of the same
+/// container is under way.
+const REMOVAL_CONFLICT_WAIT: Duration = Duration::from_secs(15);
 /// Inspections in flight at once while listing, so a large inventory does not flood the engine.
 const LIST_CONCURRENCY: usize = 8;
 
@@ -327,14 +330,31 @@ impl DockerBackend {
             .force(true)
             .v(true)
             .build();
-        match docker.remove_container(name_or_id, Some(options)).await {
-            Ok(()) => Ok(()),
-            // Gone already, or Docker is already removing it (AutoRemove): the goal is met.
-            Err(e) if matches!(status_of(&e), Some(404 | 409)) => Ok(()),
-            Err(e) => Err(BackendError::Provider(format!(
-                "Docker remove of '{name_or_id}' failed: {}",
-                describe(&e)
-            ))),
+        let deadline = tokio::time::Instant::now() + REMOVAL_CONFLICT_WAIT;
+        let mut pause = Duration::from_millis(20);
+        loop {
+            match docker
+                .remove_container(name_or_id, Some(options.clone()))
+                .await
+            {
+                // Removed, or gone already.
+                Ok(()) => return Ok(()),
+                Err(e) if status_of(&e) == Some(404) => return Ok(()),
+                // Docker is removing it already, which is not yet its end: an AutoRemove
+                // started by a restart's stop can still fail once the container runs again
+                // (it does not force), leaving it running. Asked again once that removal is
+                // over, Docker answers 404 or removes it.
+                Err(e) if status_of(&e) == Some(409) && tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(Duration::from_millis(500));
+                }
+                Err(e) => {
+                    return Err(BackendError::Provider(format!(
+                        "Docker remove of '{name_or_id}' failed: {}",
+                        describe(&e)
+                    )));
+                }
+            }
         }
     }
 
