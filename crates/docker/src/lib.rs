@@ -1096,11 +1096,15 @@ impl Backend for DockerBackend {
         };
         // A refusal is on its way to this process before the computer hears of it.
         proxy.sync().await;
+        // A refusal is timed when this process reads it, which on a busy machine can be after
+        // the job's own record of its end: the window stays open for as long as a `sync`
+        // may take.
+        let read_by = to_ms.saturating_add(egress::REFUSAL_READ_DELAY_MS);
         proxy
             .denials
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .between(address, from_ms, to_ms)
+            .between(address, from_ms, read_by)
     }
 
     async fn exec(
