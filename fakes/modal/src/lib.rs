@@ -1346,9 +1346,13 @@ impl FakeModal {
     }
 
     /// Removes every container this fake started (synchronously, so it also works in `Drop`).
+    /// It asks again until none is left, for at most [`CLEANUP_WAIT`]: a container whose
+    /// removal a terminate began is refused (409) until that removal is over, and is still
+    /// listed meanwhile.
     pub fn cleanup(&self) {
         let filter = format!("label=fake-modal={}", self.config.label);
-        if let Ok(out) = std::process::Command::new("docker")
+        let deadline = std::time::Instant::now() + CLEANUP_WAIT;
+        while let Ok(out) = std::process::Command::new("docker")
             .args(["ps", "-aq", "--filter", &filter])
             .output()
         {
@@ -1356,14 +1360,17 @@ impl FakeModal {
                 .split_whitespace()
                 .map(str::to_owned)
                 .collect();
-            if !ids.is_empty() {
-                let _ = std::process::Command::new("docker")
-                    .args(["rm", "-f"])
-                    .args(&ids)
-                    .stdout(Stdio::null())
-                    .stderr(Stdio::null())
-                    .status();
+            if ids.is_empty() || std::time::Instant::now() >= deadline {
+                break;
             }
+            let _ = std::process::Command::new("docker")
+                .args(["rm", "-f"])
+                .args(&ids)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+            // Room for the removal under way to end before the next look.
+            std::thread::sleep(Duration::from_millis(100));
         }
         // The filesystem snapshots it committed (after their containers, which used them).
         let repository = format!("fake-modal-snapshot-{}", self.config.label);
@@ -1391,6 +1398,9 @@ impl FakeModal {
         }
     }
 }
+
+/// How long [`FakeModal::cleanup`] keeps removing containers that are still listed.
+const CLEANUP_WAIT: Duration = Duration::from_secs(30);
 
 impl Drop for FakeModal {
     fn drop(&mut self) {
