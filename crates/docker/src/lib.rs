@@ -890,7 +890,19 @@ impl Backend for DockerBackend {
         if old_pid != 0 && self.main_pid(sandbox).await? == old_pid {
             self.wait_until_not_running(sandbox).await?;
         }
-        let sandbox = self.ensure_running(sandbox).await?;
+        let sandbox = match self.ensure_running(sandbox).await {
+            Ok(sandbox) => sandbox,
+            // That late exit can also land after the start check, while the readiness probe
+            // runs (the engine then answers "cannot exec in a stopped state"): a computer found
+            // stopped after a failed probe is started once more.
+            Err(failed) => {
+                if self.main_pid(sandbox).await? != 0 {
+                    return Err(failed);
+                }
+                warn!(container = %sandbox.sandbox_id, error = %failed, "the restarted computer stopped during its readiness check; starting it again");
+                self.ensure_running(sandbox).await?
+            }
+        };
         Ok(Restarted {
             sandbox,
             state_preserved: true,
