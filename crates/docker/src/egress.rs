@@ -757,8 +757,9 @@ struct Syncs {
 /// Longest wait for a `sync` answer: past it a command's refusal lines may miss the last ones.
 const SYNC_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 /// How long after a job's recorded end a refusal read by this process still counts as the
-/// job's: as long as a `sync` may wait (refusals are timed when read, not when made).
-pub(crate) const REFUSAL_READ_DELAY_MS: u64 = 2_000;
+/// job's: [`SYNC_TIMEOUT`], as long as a `sync` may wait (refusals are timed when read, not
+/// when made).
+pub(crate) const REFUSAL_READ_DELAY_MS: u64 = SYNC_TIMEOUT.as_millis() as u64;
 /// `sync` round trips waiting at once; more are not sent (the lines are then best effort).
 const MAX_SYNCS: usize = 1024;
 
